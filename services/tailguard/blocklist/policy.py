@@ -1,0 +1,1 @@
+"""blocklist decision core (pure)."""

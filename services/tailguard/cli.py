@@ -1,0 +1,60 @@
+"""The `tailguard` command.
+
+Each subcommand lives in the package that owns it and exposes `add_arguments(parser)` and
+`run(args) -> int`; this module only wires them up, importing a subcommand's module when that
+subcommand is used, so `tailguard broker` does not pay for importing Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "broker": ("tailguard.log.broker_cli", "run the embedded Kafka-protocol broker"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tailguard",
+        description="Event-sourced control plane for PySpark batch jobs.",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML settings file (default: ./tailguard.toml if present; env TAILGUARD_* override)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        sub_parser.set_defaults(_module=module_name)
+        # Arguments are added lazily for the chosen command only; see main().
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # Find the subcommand first so only its module is imported.
+    chosen = next((a for a in argv if a in SUBCOMMANDS), None)
+    if chosen is not None:
+        module = importlib.import_module(SUBCOMMANDS[chosen][0])
+        sub_action = next(
+            a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+        )
+        module.add_arguments(sub_action.choices[chosen])
+    args = parser.parse_args(argv)
+    module = importlib.import_module(args._module)
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""decider decision core (pure)."""

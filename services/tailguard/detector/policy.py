@@ -1,0 +1,1 @@
+"""detector decision core (pure)."""

@@ -1,0 +1,1 @@
+"""failover decision core (pure)."""

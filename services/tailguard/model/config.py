@@ -1,0 +1,199 @@
+"""Policy settings: Flink's key names and defaults, typed accessors, no I/O.
+
+Values are kept as strings, exactly as a user writes them in TOML or an environment variable
+("1 min", "16 MiB"), and parsed on access, so a `JobSubmitted` record can carry the job's
+settings as a plain string map and a replay can override any of them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping
+
+DEFAULTS: dict[str, str] = {
+    # FLIP-168 slow task detection
+    "slow-task-detector.check-interval": "1 s",
+    "slow-task-detector.execution-time.baseline-ratio": "0.75",
+    "slow-task-detector.execution-time.baseline-multiplier": "1.5",
+    "slow-task-detector.execution-time.baseline-lower-bound": "1 min",
+    # FLIP-168 speculative execution and slow-node blocking (Flink 1.16+ key names)
+    "execution.batch.speculative.enabled": "true",
+    "execution.batch.speculative.max-concurrent-executions": "2",
+    "execution.batch.speculative.block-slow-node-duration": "1 min",
+    "blocklist.max-blocked-fraction": "0.5",
+    # FLIP-187 adaptive parallelism (Flink 1.17+ key names)
+    "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "16 MiB",
+    "execution.batch.adaptive.auto-parallelism.min-parallelism": "1",
+    "execution.batch.adaptive.auto-parallelism.max-parallelism": "128",
+    "execution.batch.adaptive.auto-parallelism.default-source-parallelism": "0",
+    "execution.batch.adaptive.auto-parallelism.normalize-to-power-of-two": "false",
+    "execution.batch.adaptive.auto-parallelism.max-broadcast-ratio": "0.5",
+    "decider.timeout": "10 s",
+    # FLIP-1 failover and restart limits
+    "restart-strategy.type": "exponential-delay",
+    "restart-strategy.fixed-delay.attempts": "3",
+    "restart-strategy.fixed-delay.delay": "1 s",
+    "restart-strategy.exponential-delay.initial-backoff": "1 s",
+    "restart-strategy.exponential-delay.max-backoff": "1 min",
+    "restart-strategy.exponential-delay.backoff-multiplier": "1.5",
+    "restart-strategy.exponential-delay.attempts-before-reset-backoff": "10",
+    "restart-strategy.exponential-delay.reset-backoff-threshold": "1 h",
+    "restart-strategy.failure-rate.max-failures-per-interval": "1",
+    "restart-strategy.failure-rate.failure-rate-interval": "1 min",
+    "restart-strategy.failure-rate.delay": "1 s",
+    "failover.restart-consumers": "unless-checksum-matches",
+}
+
+_DURATION_UNITS_MS: dict[str, float] = {
+    "ms": 1,
+    "milli": 1,
+    "millis": 1,
+    "millisecond": 1,
+    "milliseconds": 1,
+    "s": 1000,
+    "sec": 1000,
+    "secs": 1000,
+    "second": 1000,
+    "seconds": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "mins": 60_000,
+    "minute": 60_000,
+    "minutes": 60_000,
+    "h": 3_600_000,
+    "hour": 3_600_000,
+    "hours": 3_600_000,
+    "d": 86_400_000,
+    "day": 86_400_000,
+    "days": 86_400_000,
+}
+
+_SIZE_UNITS: dict[str, int] = {
+    "b": 1,
+    "bytes": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+    "tib": 1 << 40,
+}
+
+_NUMBER_WITH_UNIT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+class ConfigError(ValueError):
+    """A setting that is unknown or cannot be parsed; the message names the key and value."""
+
+
+def parse_duration_ms(text: str) -> int:
+    """'1 min' -> 60000. A bare number is milliseconds, as in Flink."""
+    match = _NUMBER_WITH_UNIT.match(text)
+    if not match:
+        raise ConfigError(f"not a duration: {text!r} (expected e.g. '500 ms', '1 s', '1 min')")
+    number, unit = match.groups()
+    factor = _DURATION_UNITS_MS.get(unit.lower() or "ms")
+    if factor is None:
+        raise ConfigError(f"unknown duration unit {unit!r} in {text!r}")
+    return int(round(float(number) * factor))
+
+
+def parse_size_bytes(text: str) -> int:
+    """'16 MiB' -> 16777216. Units are binary, as Flink's MemorySize; a bare number is bytes."""
+    match = _NUMBER_WITH_UNIT.match(text)
+    if not match:
+        raise ConfigError(f"not a size: {text!r} (expected e.g. '16 MiB', '512 kb')")
+    number, unit = match.groups()
+    factor = _SIZE_UNITS.get(unit.lower() or "b")
+    if factor is None:
+        raise ConfigError(f"unknown size unit {unit!r} in {text!r}")
+    return int(math.floor(float(number) * factor))
+
+
+class Settings(Mapping[str, str]):
+    """An immutable view of settings over the defaults, with typed accessors.
+
+    Unknown keys are accepted (other components may define their own, e.g. Kafka client
+    settings), but the typed accessors only read keys that have a default, so a typo in a
+    policy key is caught the first time the policy reads it.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self, overrides: Mapping[str, str] | None = None) -> None:
+        values = dict(DEFAULTS)
+        if overrides:
+            values.update({str(k): str(v) for k, v in overrides.items()})
+        self._values = values
+
+    def __getitem__(self, key: str) -> str:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self._values.items() if DEFAULTS.get(k) != v}
+        return f"Settings({changed!r})"
+
+    def merged(self, overrides: Mapping[str, str] | None) -> Settings:
+        """These settings with `overrides` on top (later wins)."""
+        if not overrides:
+            return self
+        return Settings({**self._values, **overrides})
+
+    def overrides(self) -> dict[str, str]:
+        """The settings that differ from the defaults."""
+        return {k: v for k, v in self._values.items() if DEFAULTS.get(k) != v}
+
+    def _raw(self, key: str) -> str:
+        if key not in DEFAULTS:
+            raise ConfigError(f"unknown setting {key!r}")
+        return self._values[key]
+
+    def duration_ms(self, key: str) -> int:
+        try:
+            return parse_duration_ms(self._raw(key))
+        except ConfigError as err:
+            raise ConfigError(f"{key}: {err}") from None
+
+    def size_bytes(self, key: str) -> int:
+        try:
+            return parse_size_bytes(self._raw(key))
+        except ConfigError as err:
+            raise ConfigError(f"{key}: {err}") from None
+
+    def integer(self, key: str) -> int:
+        raw = self._raw(key)
+        try:
+            return int(raw.strip())
+        except ValueError:
+            raise ConfigError(f"{key}: not an integer: {raw!r}") from None
+
+    def number(self, key: str) -> float:
+        raw = self._raw(key)
+        try:
+            return float(raw.strip())
+        except ValueError:
+            raise ConfigError(f"{key}: not a number: {raw!r}") from None
+
+    def flag(self, key: str) -> bool:
+        raw = self._raw(key).strip().lower()
+        if raw in ("true", "yes", "on", "1"):
+            return True
+        if raw in ("false", "no", "off", "0"):
+            return False
+        raise ConfigError(f"{key}: not a boolean: {raw!r}")
+
+    def text(self, key: str) -> str:
+        return self._raw(key).strip()

@@ -1,0 +1,411 @@
+"""The records of the three topics, as immutable dataclasses.
+
+`schemas/` is the contract; these classes mirror it field for field (a unit test checks that).
+Every record carries `job_id`, an event-time `ts` in milliseconds and an `id`. Findings and
+commands also carry `caused_by`: the ids of the records that led to them, which is what lets a
+replay line a decision up with its causes.
+
+The module is pure: standard library only.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+EVENTS_TOPIC = "tailguard.events"
+FINDINGS_TOPIC = "tailguard.findings"
+COMMANDS_TOPIC = "tailguard.commands"
+TOPICS = (EVENTS_TOPIC, FINDINGS_TOPIC, COMMANDS_TOPIC)
+
+# The input name under which a source's subtask is assigned a range of its splits, in the same
+# InputRange shape that consumers use for the partitions of their producers.
+SPLITS_INPUT = "@splits"
+
+
+# --------------------------------------------------------------------------- enums
+
+
+class VertexKind(enum.Enum):
+    SOURCE = "SOURCE"
+    OPERATOR = "OPERATOR"
+    SINK = "SINK"
+
+
+class Distribution(enum.Enum):
+    """How a producer's records reach the consumer's subtasks (Flink's distribution patterns)."""
+
+    FORWARD = "FORWARD"
+    POINTWISE = "POINTWISE"
+    ALL_TO_ALL = "ALL_TO_ALL"
+    BROADCAST = "BROADCAST"
+
+
+class Exchange(enum.Enum):
+    """Result partition type of an edge (FLIP-119 / FLIP-1)."""
+
+    BLOCKING = "BLOCKING"
+    PIPELINED = "PIPELINED"
+
+
+class ErrorKind(enum.Enum):
+    USER = "USER"
+    PARTITION_MISSING = "PARTITION_MISSING"
+    PARTITION_CORRUPT = "PARTITION_CORRUPT"
+    NODE_LOST = "NODE_LOST"
+    INFRA = "INFRA"
+
+
+class CancelReason(enum.Enum):
+    LOST_RACE = "LOST_RACE"
+    RESTART = "RESTART"
+    JOB_CANCELED = "JOB_CANCELED"
+
+
+class JobStatus(enum.Enum):
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELED = "CANCELED"
+
+
+# --------------------------------------------------------------------------- nested values
+
+
+@dataclass(frozen=True, slots=True)
+class VertexSpec:
+    """One vertex of the user's job graph as submitted."""
+
+    name: str
+    kind: VertexKind
+    # None: the decider chooses (adaptive); a number: fixed by the user.
+    parallelism: int | None = None
+    # None: the job's default max-parallelism applies.
+    max_parallelism: int | None = None
+    speculation_safe: bool = True
+    # Sources only: the size in bytes of each split, in the deterministic split order.
+    split_bytes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeSpec:
+    """A job edge; `index` orders a vertex's inputs (the first input of a join is 0)."""
+
+    source: str
+    target: str
+    distribution: Distribution
+    exchange: Exchange = Exchange.BLOCKING
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JobGraphSpec:
+    vertices: tuple[VertexSpec, ...]
+    edges: tuple[EdgeSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InputRange:
+    """What one consumer subtask reads of one input (Flink's ExecutionVertexInputInfo).
+
+    Producer subtasks `partition_start..partition_end` and, of each, subpartitions
+    `subpartition_start..subpartition_end`, all bounds inclusive. For a source the input is
+    `SPLITS_INPUT` and the partition range is a range of split indices.
+    """
+
+    input: str
+    partition_start: int
+    partition_end: int
+    subpartition_start: int
+    subpartition_end: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubtaskInputs:
+    subtask: int
+    inputs: tuple[InputRange, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRef:
+    """A result partition: the output of one attempt of one producer subtask."""
+
+    vertex: str
+    subtask: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRef:
+    vertex: str
+    subtask: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlowAttempt:
+    attempt: int
+    host: str
+    execution_time_ms: int
+    input_bytes: int | None = None
+    speculative: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SlowSubtask:
+    subtask: int
+    # The live attempts (deploying or running) at detection time; the slow ones among them.
+    live_attempts: tuple[SlowAttempt, ...]
+    # The highest attempt number the subtask has had; lets the speculator tell a new situation
+    # (an attempt failed or was added since) from a repeat of one it already answered.
+    latest_attempt: int
+
+
+# --------------------------------------------------------------------------- base
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Record:
+    """Fields every record has."""
+
+    TOPIC: ClassVar[str] = ""
+    job_id: str
+    ts: int
+    id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event(Record):
+    TOPIC: ClassVar[str] = EVENTS_TOPIC
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finding(Record):
+    TOPIC: ClassVar[str] = FINDINGS_TOPIC
+    caused_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Command(Record):
+    TOPIC: ClassVar[str] = COMMANDS_TOPIC
+    caused_by: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSubmitted(Event):
+    name: str
+    graph: JobGraphSpec
+    # Flink-style keys with string values, as in the job's TOML config.
+    config: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeAdded(Event):
+    host: str
+    slots: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeRemoved(Event):
+    host: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeBlocked(Event):
+    host: str
+    until_ts: int
+    cause: str = ""
+    command_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeUnblocked(Event):
+    host: str
+    command_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VertexInitialized(Event):
+    vertex: str
+    parallelism: int
+    subtask_inputs: tuple[SubtaskInputs, ...]
+    # "decider", "fixed", "forward-group", "agent-fallback", ...: who chose the parallelism.
+    decided_by: str
+    command_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptDeploying(Event):
+    vertex: str
+    subtask: int
+    attempt: int
+    host: str
+    speculative: bool = False
+    command_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptFinished(Event):
+    vertex: str
+    subtask: int
+    attempt: int
+    host: str
+    input_bytes: int | None
+    records: int
+    bytes_per_subpartition: tuple[int, ...]
+    checksums: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptFailed(Event):
+    vertex: str
+    subtask: int
+    attempt: int
+    host: str
+    error: ErrorKind
+    message: str
+    missing_partition: PartitionRef | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptCanceled(Event):
+    vertex: str
+    subtask: int
+    attempt: int
+    host: str
+    reason: CancelReason
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionReleased(Event):
+    partition: PartitionRef
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tick(Event):
+    pass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommandApplied(Event):
+    command_id: str
+    command_type: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommandRejected(Event):
+    command_id: str
+    command_type: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobFinished(Event):
+    status: JobStatus
+    message: str = ""
+
+
+# --------------------------------------------------------------------------- findings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowTasksDetected(Finding):
+    """Slow subtasks of one vertex at one check. An empty `slow` list says the vertex has no
+    slow subtask any more (sent once, after a check that found some), so readers of findings
+    alone can keep FLIP-168's numSlowExecutionVertices current."""
+
+    vertex: str
+    speculation_safe: bool
+    # Baseline execution time (ms) and, when input sizes are known, per input byte (ns/byte).
+    baseline_ms: int
+    baseline_ns_per_byte: float | None
+    slow: tuple[SlowSubtask, ...]
+    # Hosts registered with the job at detection time: what the blocklist needs to keep its
+    # max-blocked-fraction without reading another topic.
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeculativeAttemptWon(Finding):
+    """A speculative attempt finished before every other attempt of its subtask (FLIP-168's
+    numEffectiveSpeculativeExecutions counts these)."""
+
+    vertex: str
+    subtask: int
+    attempt: int
+    host: str
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchSpeculativeAttempts(Command):
+    vertex: str
+    subtask: int
+    count: int
+    avoid_hosts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockNodes(Command):
+    hosts: tuple[str, ...]
+    until_ts: int
+    cause: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnblockNodes(Command):
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetParallelism(Command):
+    vertex: str
+    parallelism: int
+    subtask_inputs: tuple[SubtaskInputs, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestartTasks(Command):
+    tasks: tuple[TaskRef, ...]
+    reason: str
+    not_before_ts: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailJob(Command):
+    reason: str
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    JobSubmitted,
+    NodeAdded,
+    NodeRemoved,
+    NodeBlocked,
+    NodeUnblocked,
+    VertexInitialized,
+    AttemptDeploying,
+    AttemptFinished,
+    AttemptFailed,
+    AttemptCanceled,
+    PartitionReleased,
+    Tick,
+    CommandApplied,
+    CommandRejected,
+    JobFinished,
+)
+FINDING_TYPES: tuple[type[Finding], ...] = (SlowTasksDetected, SpeculativeAttemptWon)
+COMMAND_TYPES: tuple[type[Command], ...] = (
+    LaunchSpeculativeAttempts,
+    BlockNodes,
+    UnblockNodes,
+    SetParallelism,
+    RestartTasks,
+    FailJob,
+)
+RECORD_TYPES: tuple[type[Record], ...] = EVENT_TYPES + FINDING_TYPES + COMMAND_TYPES
+RECORD_TYPES_BY_NAME: dict[str, type[Record]] = {t.__name__: t for t in RECORD_TYPES}

@@ -1,0 +1,1 @@
+"""speculator decision core (pure)."""
