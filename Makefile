@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check services tests benchmarks examples
+	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 

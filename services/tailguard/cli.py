@@ -44,9 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = next((a for a in argv if a in SUBCOMMANDS), None)
     if chosen is not None:
         module = importlib.import_module(SUBCOMMANDS[chosen][0])
-        sub_action = next(
-            a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-        )
+        sub_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         module.add_arguments(sub_action.choices[chosen])
     args = parser.parse_args(argv)
     module = importlib.import_module(args._module)

@@ -102,7 +102,7 @@ def parse_duration_ms(text: str) -> int:
     factor = _DURATION_UNITS_MS.get(unit.lower() or "ms")
     if factor is None:
         raise ConfigError(f"unknown duration unit {unit!r} in {text!r}")
-    return int(round(float(number) * factor))
+    return round(float(number) * factor)
 
 
 def parse_size_bytes(text: str) -> int:
@@ -114,7 +114,7 @@ def parse_size_bytes(text: str) -> int:
     factor = _SIZE_UNITS.get(unit.lower() or "b")
     if factor is None:
         raise ConfigError(f"unknown size unit {unit!r} in {text!r}")
-    return int(math.floor(float(number) * factor))
+    return math.floor(float(number) * factor)
 
 
 class Settings(Mapping[str, str]):

@@ -1,0 +1,129 @@
+"""Sales by region: a two-stage aggregation on generated data.
+
+    source (Parquet row groups) -> score (per-row Python work) -> partial sums
+        -> partition_by("region") -> final sums -> Parquet sink
+
+Run it with `tailguard run examples/sales_by_region.py` (generates its data under work/ first),
+or import `make_job` / `generate` / `reference` from tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tailguard.agent.api import Job
+
+REGIONS = ("north", "south", "east", "west", "central", "coast", "mountain", "islands")
+
+
+def generate(
+    path: str | Path,
+    files: int = 8,
+    rows_per_file: int = 20_000,
+    row_groups_per_file: int = 2,
+    seed: int = 7,
+    skew: float = 0.0,
+) -> Path:
+    """Write the sales data set; `skew` > 0 makes the first region that many times larger."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    weights = np.ones(len(REGIONS))
+    weights[0] += skew
+    weights /= weights.sum()
+    for f in range(files):
+        n = rows_per_file
+        table = pa.table(
+            {
+                "order_id": np.arange(f * n, (f + 1) * n, dtype=np.int64),
+                "region": rng.choice(REGIONS, size=n, p=weights),
+                "quantity": rng.integers(1, 20, size=n, dtype=np.int64),
+                # Cents, so sums are exact whatever the order of addition.
+                "price_cents": rng.integers(100, 50_000, size=n, dtype=np.int64),
+            }
+        )
+        pq.write_table(
+            table, path / f"sales-{f:04d}.parquet", row_group_size=max(1, n // row_groups_per_file)
+        )
+    return path
+
+
+def score(table: pa.Table, work: int = 0) -> pa.Table:
+    """Revenue per row, plus `work` rounds of fixed CPU work per row (stands in for the real
+    Python work of a job; it slows down on a throttled node, unlike a sleep)."""
+    revenue = pc.multiply(table["quantity"], table["price_cents"])
+    acc = revenue.to_numpy(zero_copy_only=False).astype(np.float64)
+    for _ in range(work):
+        acc = np.sqrt(acc * acc + 1.0)
+    return table.append_column("revenue", revenue)
+
+
+def partial_sums(table: pa.Table) -> pa.Table:
+    if table.num_rows == 0:
+        return pa.table(
+            {
+                "region": pa.array([], pa.string()),
+                "revenue": pa.array([], pa.int64()),
+                "orders": pa.array([], pa.int64()),
+            }
+        )
+    grouped = table.group_by("region").aggregate([("revenue", "sum"), ("order_id", "count")])
+    return grouped.rename_columns({"revenue_sum": "revenue", "order_id_count": "orders"})
+
+
+def final_sums(table: pa.Table) -> pa.Table:
+    if table.num_rows == 0:
+        return table
+    grouped = table.group_by("region").aggregate([("revenue", "sum"), ("orders", "sum")])
+    return grouped.rename_columns({"revenue_sum": "revenue", "orders_sum": "orders"}).sort_by(
+        "region"
+    )
+
+
+def make_job(
+    input_path: str | Path, output_path: str | Path, work: int = 0, name: str = "sales-by-region"
+) -> Job:
+    job = Job(name)
+    sales = job.read_parquet(str(input_path), name="sales")
+    scored = sales.map(lambda t: score(t, work), name="score")
+    partial = scored.map(partial_sums, name="partial")
+    totals = partial.partition_by("region").map(final_sums, name="final")
+    totals.write_parquet(str(output_path), name="sink")
+    return job
+
+
+def reference(input_path: str | Path) -> pd.DataFrame:
+    """The same result computed by pandas, for checking."""
+    frame = pd.read_parquet(input_path)
+    frame["revenue"] = frame["quantity"] * frame["price_cents"]
+    out = (
+        frame.groupby("region")
+        .agg(revenue=("revenue", "sum"), orders=("order_id", "count"))
+        .reset_index()
+        .sort_values("region")
+        .reset_index(drop=True)
+    )
+    return out
+
+
+def read_output(output_path: str | Path) -> pd.DataFrame:
+    frame = pq.read_table(str(output_path)).to_pandas()
+    return frame.sort_values("region").reset_index(drop=True)
+
+
+def main(params: dict[str, Any]) -> Job:
+    """Entry point for `tailguard run`: generates the data under the work dir if missing."""
+    work_dir = Path(params.get("work_dir", "work"))
+    data = work_dir / "data" / "sales"
+    if not data.exists():
+        generate(
+            data, files=int(params.get("files", 8)), rows_per_file=int(params.get("rows", 20_000))
+        )
+    return make_job(data, work_dir / "out" / "sales_by_region", work=int(params.get("work", 0)))

@@ -1,0 +1,366 @@
+"""The job-graph API a PySpark user writes against.
+
+    job = Job("sales-by-region")
+    sales = job.read_parquet("data/sales")                     # a source: one split per row group
+    partial = sales.map(partial_sums)                          # forward: same parallelism
+    totals = partial.partition_by("region").map(final_sums)    # hash exchange on "region"
+    totals.write_parquet("out/sales_by_region")                # a sink with the commit protocol
+    result = tailguard.run(job, spark)
+
+Operators take and return Arrow tables (`map`) or pandas frames (`map_pandas`); either kind of
+result is accepted and converted. A vertex with several inputs (a join) is built with `join` or
+`Job.combine`. Every vertex is adaptive (the decider chooses its parallelism from the data) unless
+given `parallelism=`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tailguard.model.records import (
+    Distribution,
+    EdgeSpec,
+    Exchange,
+    JobGraphSpec,
+    VertexKind,
+    VertexSpec,
+)
+
+SourceFormat = Literal["parquet", "csv", "json"]
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class JobDefinitionError(ValueError):
+    """The job graph is not valid; the message says what and where."""
+
+
+@dataclass
+class SourceDef:
+    format: SourceFormat
+    paths: tuple[str, ...]
+    # Read options handed to pyarrow (e.g. csv column types); kept picklable.
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SinkDef:
+    format: Literal["parquet"]
+    path: str
+
+
+@dataclass
+class InputDef:
+    """One input of a vertex: the producer and how its records are distributed."""
+
+    producer: str
+    distribution: Distribution
+    keys: tuple[str, ...] = ()
+    exchange: Exchange = Exchange.BLOCKING
+
+
+@dataclass
+class VertexDef:
+    name: str
+    kind: VertexKind
+    inputs: list[InputDef] = field(default_factory=list)
+    fn: Callable[..., Any] | None = None
+    # "arrow": fn gets pyarrow Tables; "pandas": fn gets pandas DataFrames.
+    style: Literal["arrow", "pandas"] = "arrow"
+    parallelism: int | None = None
+    max_parallelism: int | None = None
+    speculation_safe: bool = True
+    source: SourceDef | None = None
+    sink: SinkDef | None = None
+
+
+class Job:
+    """A batch job graph under construction."""
+
+    def __init__(self, name: str) -> None:
+        if not name or not _NAME.match(name):
+            raise JobDefinitionError(
+                f"job name {name!r} must be non-empty and use only letters, digits, '_', '.', '-'"
+            )
+        self.name = name
+        self.vertices: dict[str, VertexDef] = {}
+
+    # ----------------------------------------------------------------- sources
+
+    def read_parquet(self, *paths: str, name: str | None = None, **options: Any) -> Dataset:
+        """Parquet files or directories; one split per row group."""
+        return self._source("parquet", paths, name, options)
+
+    def read_csv(self, *paths: str, name: str | None = None, **options: Any) -> Dataset:
+        """CSV files or directories; one split per file. `options` go to pyarrow.csv."""
+        return self._source("csv", paths, name, options)
+
+    def read_json(self, *paths: str, name: str | None = None, **options: Any) -> Dataset:
+        """JSON-lines files or directories; one split per file."""
+        return self._source("json", paths, name, options)
+
+    def _source(
+        self,
+        fmt: SourceFormat,
+        paths: Sequence[str],
+        name: str | None,
+        options: dict[str, Any],
+    ) -> Dataset:
+        if not paths:
+            raise JobDefinitionError(f"read_{fmt} needs at least one path")
+        parallelism = options.pop("parallelism", None)
+        vertex = self._add(
+            VertexDef(
+                name=name or self._fresh(f"read_{fmt}"),
+                kind=VertexKind.SOURCE,
+                source=SourceDef(fmt, tuple(str(p) for p in paths), options),
+                parallelism=parallelism,
+            )
+        )
+        return Dataset(self, vertex.name)
+
+    # ----------------------------------------------------------------- many inputs
+
+    def combine(
+        self,
+        inputs: Sequence[Dataset | Exchanged],
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        pandas: bool = False,
+        **vertex_options: Any,
+    ) -> Dataset:
+        """A vertex reading several inputs; `fn` gets one table per input, in order."""
+        if not inputs:
+            raise JobDefinitionError("combine needs at least one input")
+        defs = [_as_exchanged(i).input_def() for i in inputs]
+        for i in inputs:
+            if _as_exchanged(i).dataset.job is not self:
+                raise JobDefinitionError("combine: every input must belong to this job")
+        return self._operator(defs, fn, name, pandas, vertex_options)
+
+    # ----------------------------------------------------------------- internals
+
+    def _operator(
+        self,
+        inputs: list[InputDef],
+        fn: Callable[..., Any],
+        name: str | None,
+        pandas: bool,
+        options: dict[str, Any],
+    ) -> Dataset:
+        if not callable(fn):
+            raise JobDefinitionError(f"operator function must be callable, got {fn!r}")
+        vertex = self._add(
+            VertexDef(
+                name=name or self._fresh(getattr(fn, "__name__", "op")),
+                kind=VertexKind.OPERATOR,
+                inputs=inputs,
+                fn=fn,
+                style="pandas" if pandas else "arrow",
+                **_vertex_options(options),
+            )
+        )
+        return Dataset(self, vertex.name)
+
+    def _add(self, vertex: VertexDef) -> VertexDef:
+        if not _NAME.match(vertex.name) or vertex.name.startswith("@"):
+            raise JobDefinitionError(
+                f"vertex name {vertex.name!r}: use only letters, digits, '_', '.', '-'"
+            )
+        if vertex.name in self.vertices:
+            raise JobDefinitionError(f"duplicate vertex name {vertex.name!r}")
+        for option in ("parallelism", "max_parallelism"):
+            value = getattr(vertex, option)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise JobDefinitionError(f"{vertex.name}: {option} must be a positive integer")
+        self.vertices[vertex.name] = vertex
+        return vertex
+
+    def _fresh(self, base: str) -> str:
+        base = re.sub(r"[^A-Za-z0-9_.-]", "_", base).strip("_") or "op"
+        if base not in self.vertices:
+            return base
+        n = 2
+        while f"{base}_{n}" in self.vertices:
+            n += 1
+        return f"{base}_{n}"
+
+    # ----------------------------------------------------------------- the contract form
+
+    def spec(self, split_bytes: dict[str, tuple[int, ...]] | None = None) -> JobGraphSpec:
+        """The graph as submitted in `JobSubmitted` (split sizes filled in by the agent)."""
+        self.validate()
+        split_bytes = split_bytes or {}
+        vertices = tuple(
+            VertexSpec(
+                name=v.name,
+                kind=v.kind,
+                parallelism=v.parallelism,
+                max_parallelism=v.max_parallelism,
+                speculation_safe=v.speculation_safe,
+                split_bytes=split_bytes.get(v.name, ()),
+            )
+            for v in self.vertices.values()
+        )
+        edges = tuple(
+            EdgeSpec(
+                source=i.producer,
+                target=v.name,
+                distribution=i.distribution,
+                exchange=i.exchange,
+                index=index,
+            )
+            for v in self.vertices.values()
+            for index, i in enumerate(v.inputs)
+        )
+        return JobGraphSpec(vertices=vertices, edges=edges)
+
+    def validate(self) -> None:
+        if not self.vertices:
+            raise JobDefinitionError(f"job {self.name!r} has no vertices")
+        consumed = {i.producer for v in self.vertices.values() for i in v.inputs}
+        for v in self.vertices.values():
+            if v.kind is not VertexKind.SINK and v.name not in consumed:
+                raise JobDefinitionError(
+                    f"vertex {v.name!r} has no consumer: end the branch with write_parquet()"
+                )
+        if not any(v.kind is VertexKind.SINK for v in self.vertices.values()):
+            raise JobDefinitionError(f"job {self.name!r} has no sink")
+
+
+def _vertex_options(options: dict[str, Any]) -> dict[str, Any]:
+    allowed = {"parallelism", "max_parallelism", "speculation_safe"}
+    unknown = set(options) - allowed
+    if unknown:
+        raise JobDefinitionError(
+            f"unknown vertex option(s) {sorted(unknown)}; allowed: {sorted(allowed)}"
+        )
+    return options
+
+
+@dataclass(frozen=True)
+class Exchanged:
+    """A dataset together with the way its consumer will read it."""
+
+    dataset: Dataset
+    distribution: Distribution
+    keys: tuple[str, ...] = ()
+    exchange: Exchange = Exchange.BLOCKING
+
+    def input_def(self) -> InputDef:
+        return InputDef(self.dataset.name, self.distribution, self.keys, self.exchange)
+
+    def pipelined(self) -> Exchanged:
+        """Make this edge PIPELINED: producer and consumer form one pipelined region that is
+        scheduled as a whole (FLIP-119)."""
+        return Exchanged(self.dataset, self.distribution, self.keys, Exchange.PIPELINED)
+
+    def map(self, fn: Callable[..., Any], *, name: str | None = None, **options: Any) -> Dataset:
+        return self.dataset.job._operator([self.input_def()], fn, name, False, options)
+
+    def map_pandas(
+        self, fn: Callable[..., Any], *, name: str | None = None, **options: Any
+    ) -> Dataset:
+        return self.dataset.job._operator([self.input_def()], fn, name, True, options)
+
+    def write_parquet(self, path: str, *, name: str | None = None, **options: Any) -> Dataset:
+        job = self.dataset.job
+        vertex = job._add(
+            VertexDef(
+                name=name or job._fresh("write_parquet"),
+                kind=VertexKind.SINK,
+                inputs=[self.input_def()],
+                sink=SinkDef("parquet", str(path)),
+                **_vertex_options(options),
+            )
+        )
+        return Dataset(job, vertex.name)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """The output of one vertex. Reading it without an exchange is FORWARD."""
+
+    job: Job
+    name: str
+
+    def _forward(self) -> Exchanged:
+        return Exchanged(self, Distribution.FORWARD)
+
+    # exchanges
+    def partition_by(self, *keys: str) -> Exchanged:
+        """Hash-partition by `keys` (ALL_TO_ALL): equal keys meet in one subtask."""
+        if not keys:
+            raise JobDefinitionError("partition_by needs at least one key column")
+        return Exchanged(self, Distribution.ALL_TO_ALL, tuple(keys))
+
+    def rebalance(self) -> Exchanged:
+        """Round-robin redistribution (ALL_TO_ALL) to even out sizes."""
+        return Exchanged(self, Distribution.ALL_TO_ALL)
+
+    def broadcast(self) -> Exchanged:
+        """Every consumer subtask reads all of it (the small side of a join)."""
+        return Exchanged(self, Distribution.BROADCAST)
+
+    def pipelined(self) -> Exchanged:
+        return self._forward().pipelined()
+
+    # operators
+    def map(self, fn: Callable[..., Any], *, name: str | None = None, **options: Any) -> Dataset:
+        """fn(pyarrow.Table) -> pyarrow.Table or pandas.DataFrame, per subtask."""
+        return self._forward().map(fn, name=name, **options)
+
+    def map_pandas(
+        self, fn: Callable[..., Any], *, name: str | None = None, **options: Any
+    ) -> Dataset:
+        """fn(pandas.DataFrame) -> pandas.DataFrame or pyarrow.Table, per subtask."""
+        return self._forward().map_pandas(fn, name=name, **options)
+
+    def join(
+        self,
+        other: Dataset | Exchanged,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        pandas: bool = False,
+        **options: Any,
+    ) -> Dataset:
+        """fn(this_table, other_table) per subtask. Co-partition both sides with
+        partition_by on the join keys, or broadcast the small side."""
+        return self.job.combine([self, other], fn, name=name, pandas=pandas, **options)
+
+    def write_parquet(self, path: str, *, name: str | None = None, **options: Any) -> Dataset:
+        """A Parquet sink; only the winning attempt of each subtask is committed."""
+        return self._forward().write_parquet(path, name=name, **options)
+
+    # vertex options, Spark-style chaining on the vertex just built
+    def _vertex(self) -> VertexDef:
+        return self.job.vertices[self.name]
+
+    def with_parallelism(self, parallelism: int) -> Dataset:
+        if not isinstance(parallelism, int) or parallelism < 1:
+            raise JobDefinitionError(f"{self.name}: parallelism must be a positive integer")
+        self._vertex().parallelism = parallelism
+        return self
+
+    def with_max_parallelism(self, max_parallelism: int) -> Dataset:
+        if not isinstance(max_parallelism, int) or max_parallelism < 1:
+            raise JobDefinitionError(f"{self.name}: max_parallelism must be a positive integer")
+        self._vertex().max_parallelism = max_parallelism
+        return self
+
+    def speculation_unsafe(self) -> Dataset:
+        """This vertex has side effects outside its sink: never run two attempts at once."""
+        self._vertex().speculation_safe = False
+        return self
+
+
+def _as_exchanged(value: Dataset | Exchanged) -> Exchanged:
+    if isinstance(value, Dataset):
+        return Exchanged(value, Distribution.FORWARD)
+    if isinstance(value, Exchanged):
+        return value
+    raise JobDefinitionError(f"expected a Dataset or an exchange of one, got {value!r}")

@@ -1,0 +1,120 @@
+"""From execution state to what a task needs, and the driver's side of outputs.
+
+Kept apart from the runner so the mapping of ranges, winners and checksums to a `TaskSpec` can be
+tested without a cluster.
+"""
+
+from __future__ import annotations
+
+from tailguard.agent import commit as sink_commit
+from tailguard.agent import partitions
+from tailguard.agent.api import SinkDef, VertexDef
+from tailguard.agent.sources import Split
+from tailguard.agent.state import Attempt, ExecutionState, Subtask
+from tailguard.agent.storage import Storage
+from tailguard.agent.task import InputPlan, OutputPlan, TaskSpec
+from tailguard.decider.policy import static_subtask_inputs as _static_inputs
+from tailguard.model.records import SPLITS_INPUT, PartitionRef, SubtaskInputs
+
+
+def static_subtask_inputs(
+    state: ExecutionState, name: str, splits: list[Split] | None
+) -> tuple[SubtaskInputs, ...] | None:
+    """Ranges for a vertex with a fixed parallelism, or None while an input is not initialised.
+
+    Uses the decider's own range rules, so a fixed vertex reads its inputs exactly as an
+    adaptive one would at the same parallelism.
+    """
+    vertex = state.vertices[name]
+    parallelism = vertex.definition.parallelism
+    assert parallelism is not None
+    producers: dict[str, tuple[int, int]] = {}
+    for i in vertex.definition.inputs:
+        producer = state.vertices[i.producer]
+        if not producer.initialized:
+            return None
+        assert producer.parallelism is not None
+        producers[i.producer] = (producer.parallelism, producer.subpartitions)
+    split_bytes = tuple(s.bytes for s in splits) if splits is not None else None
+    return _static_inputs(
+        parallelism=parallelism,
+        inputs=[(i.producer, i.distribution) for i in vertex.definition.inputs],
+        producers=producers,
+        split_bytes=split_bytes,
+    )
+
+
+def task_spec(
+    state: ExecutionState,
+    job_id: str,
+    storage: Storage,
+    subtask: Subtask,
+    attempt: int,
+    splits: list[Split],
+    fail_with: str | None,
+) -> TaskSpec:
+    vertex = state.vertices[subtask.vertex]
+    definition = vertex.definition
+    chosen_splits: tuple[Split, ...] = ()
+    inputs: list[InputPlan] = []
+    for rng in subtask.inputs:
+        if rng.input == SPLITS_INPUT:
+            chosen_splits += tuple(splits[rng.partition_start : rng.partition_end + 1])
+            continue
+    by_producer = {rng.input: rng for rng in subtask.inputs if rng.input != SPLITS_INPUT}
+    for i in definition.inputs:
+        rng = by_producer[i.producer]
+        producer = state.vertices[i.producer]
+        winners: dict[int, int] = {}
+        checksums: dict[tuple[int, int], str] = {}
+        for p in range(rng.partition_start, rng.partition_end + 1):
+            winner = producer.subtasks[p].winner
+            assert winner is not None and winner.outcome is not None
+            winners[p] = winner.number
+            for sp in range(rng.subpartition_start, rng.subpartition_end + 1):
+                checksums[(p, sp)] = winner.outcome.checksums[sp]
+        inputs.append(InputPlan(rng, i.distribution, winners, checksums))
+    output = None
+    if definition.sink is None:
+        distribution, keys = state.output_distribution(definition.name)
+        output = OutputPlan(distribution, keys, vertex.subpartitions)
+    return TaskSpec(
+        job_id=job_id,
+        storage=storage,
+        vertex=definition.name,
+        subtask=subtask.index,
+        attempt=attempt,
+        fn=definition.fn,
+        style=definition.style,
+        source=definition.source,
+        splits=chosen_splits,
+        inputs=tuple(inputs),
+        output=output,
+        sink=definition.sink,
+        fail_with=fail_with,
+    )
+
+
+def commit(storage: Storage, sink: SinkDef, staged: object) -> None:
+    sink_commit.commit_sink_output(storage, staged, sink.path)
+
+
+def finalize_sink(storage: Storage, sink: SinkDef) -> None:
+    sink_commit.finalize_sink(sink.path)
+
+
+def discard(storage: Storage, job_id: str, definition: VertexDef, attempt: Attempt) -> None:
+    """Remove what a losing or cancelled attempt wrote (it may still be writing: best effort;
+    the job's release at the end sweeps the rest)."""
+    outcome = attempt.outcome
+    if definition.sink is not None:
+        if outcome is not None and outcome.staged is not None:
+            sink_commit.abort_staged(storage, outcome.staged)
+        return
+    partitions.release_partition(
+        storage, job_id, PartitionRef(attempt.vertex, attempt.subtask, attempt.number)
+    )
+
+
+def release_job(storage: Storage, job_id: str) -> None:
+    partitions.sweep_job(storage, job_id)

@@ -1,0 +1,91 @@
+"""What `tailguard.run` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class AttemptSummary:
+    vertex: str
+    subtask: int
+    attempt: int
+    host: str
+    speculative: bool
+    status: str  # FINISHED, FAILED, CANCELED
+    won: bool
+    duration_ms: int
+    cancel_reason: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    job_id: str
+    status: str  # SUCCEEDED, FAILED, CANCELED
+    message: str
+    started_ms: int
+    finished_ms: int
+    attempts: tuple[AttemptSummary, ...]
+    parallelism: dict[str, tuple[int, str]]  # vertex -> (parallelism, decided_by)
+    outputs: dict[str, str]  # sink vertex -> output location
+    archive: str | None
+    blocked: tuple[tuple[str, int, int], ...] = ()  # (host, from ms, until ms)
+    commands_applied: int = 0
+    commands_rejected: tuple[tuple[str, str, str], ...] = ()  # (id, type, reason)
+    fallbacks: tuple[str, ...] = ()
+    events_published: int = 0
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "SUCCEEDED"
+
+    @property
+    def duration_s(self) -> float:
+        return (self.finished_ms - self.started_ms) / 1000.0
+
+    @property
+    def speculative_attempts(self) -> int:
+        return sum(1 for a in self.attempts if a.speculative)
+
+    @property
+    def speculative_wins(self) -> int:
+        return sum(1 for a in self.attempts if a.speculative and a.won)
+
+    @property
+    def restarts(self) -> int:
+        """Attempts beyond the first of each subtask that were not speculative."""
+        return sum(1 for a in self.attempts if a.attempt > 0 and not a.speculative)
+
+    @property
+    def failures(self) -> int:
+        return sum(1 for a in self.attempts if a.status == "FAILED")
+
+    def summary(self) -> str:
+        lines = [
+            f"job {self.job_id}: {self.status} in {self.duration_s:.1f} s"
+            + (f" ({self.message})" if self.message else ""),
+            f"attempts: {len(self.attempts)} ({self.speculative_attempts} speculative, "
+            f"{self.speculative_wins} of them won; {self.failures} failed, "
+            f"{self.restarts} restarts)",
+        ]
+        for vertex, (p, by) in self.parallelism.items():
+            lines.append(f"  {vertex}: parallelism {p} decided by {by}")
+        if self.blocked:
+            for host, start, until in self.blocked:
+                lines.append(f"blocked {host} for {(until - start) / 1000:.1f} s")
+        else:
+            lines.append("blocked hosts: none")
+        lines.append(
+            f"commands: {self.commands_applied} applied, {len(self.commands_rejected)} rejected"
+        )
+        for cid, ctype, reason in self.commands_rejected[:10]:
+            lines.append(f"  rejected {ctype} {cid}: {reason}")
+        for note in self.fallbacks:
+            lines.append(f"fallback: {note}")
+        for sink, where in self.outputs.items():
+            lines.append(f"output {sink}: {where}")
+        if self.archive:
+            lines.append(f"archive: {self.archive}")
+        return "\n".join(lines)

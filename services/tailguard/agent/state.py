@@ -1,0 +1,175 @@
+"""The agent's view of a running job: vertices, subtasks, attempts, partitions.
+
+Plain bookkeeping with no Spark, Kafka or clock in it, so the scheduling rules can be tested on
+their own. The runner drives it and turns its changes into events.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from tailguard.agent.api import Job, VertexDef
+from tailguard.model.records import (
+    SPLITS_INPUT,
+    Distribution,
+    InputRange,
+    SubtaskInputs,
+    VertexKind,
+)
+
+
+class AttemptStatus(enum.Enum):
+    DEPLOYING = "DEPLOYING"
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    CANCELED = "CANCELED"
+
+
+@dataclass
+class Attempt:
+    vertex: str
+    subtask: int
+    number: int
+    host: str
+    speculative: bool
+    command_id: str | None
+    deployed_at: int
+    status: AttemptStatus = AttemptStatus.DEPLOYING
+    finished_at: int | None = None
+    outcome: Any = None  # task.AttemptOutcome once it ended
+    # Set when the agent asked Spark to cancel it, so its late outcome is discarded.
+    cancel_reason: str | None = None
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.vertex, self.subtask, self.number)
+
+    @property
+    def live(self) -> bool:
+        return self.status is AttemptStatus.DEPLOYING and self.cancel_reason is None
+
+
+@dataclass
+class Subtask:
+    vertex: str
+    index: int
+    inputs: tuple[InputRange, ...]
+    attempts: list[Attempt] = field(default_factory=list)
+    winner: Attempt | None = None
+    # The partition of the winner is readable (not released or reported missing).
+    available: bool = False
+    # Needs a (new) attempt: set at initialisation and by restarts.
+    wanted: bool = True
+    not_before: int = 0
+    committed: bool = False
+
+    def live_attempts(self) -> list[Attempt]:
+        return [a for a in self.attempts if a.live]
+
+    def next_number(self) -> int:
+        return len(self.attempts)
+
+
+@dataclass
+class Vertex:
+    definition: VertexDef
+    parallelism: int | None = None
+    decided_by: str | None = None
+    subtasks: list[Subtask] = field(default_factory=list)
+    # How many subpartitions each of its result partitions has (set by its consumers' needs).
+    subpartitions: int = 1
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    @property
+    def initialized(self) -> bool:
+        return self.parallelism is not None
+
+    def finished(self) -> bool:
+        return self.initialized and all(s.winner is not None for s in self.subtasks)
+
+
+class ExecutionState:
+    """Vertices in topological order, initialised lazily (FLIP-187's dynamic graph)."""
+
+    def __init__(self, job: Job, default_max_parallelism: int) -> None:
+        self.job = job
+        self.default_max_parallelism = default_max_parallelism
+        self.vertices: dict[str, Vertex] = {name: Vertex(v) for name, v in job.vertices.items()}
+        self.consumers: dict[str, list[tuple[str, int]]] = {name: [] for name in job.vertices}
+        for v in job.vertices.values():
+            for index, i in enumerate(v.inputs):
+                self.consumers[i.producer].append((v.name, index))
+        for vertex in self.vertices.values():
+            vertex.subpartitions = self._subpartitions_of(vertex.name)
+
+    def max_parallelism(self, name: str) -> int:
+        return self.vertices[name].definition.max_parallelism or self.default_max_parallelism
+
+    def _subpartitions_of(self, producer: str) -> int:
+        """ALL_TO_ALL consumers read ranges of max-parallelism subpartitions (FLIP-187);
+        FORWARD, POINTWISE and BROADCAST consumers read whole partitions: one subpartition."""
+        counts = {1}
+        for consumer, index in self.consumers[producer]:
+            distribution = self.job.vertices[consumer].inputs[index].distribution
+            if distribution is Distribution.ALL_TO_ALL:
+                counts.add(self.max_parallelism(consumer))
+        return max(counts)
+
+    def output_distribution(self, producer: str) -> tuple[Distribution, tuple[str, ...]]:
+        for consumer, index in self.consumers[producer]:
+            definition = self.job.vertices[consumer].inputs[index]
+            if definition.distribution is Distribution.ALL_TO_ALL:
+                return definition.distribution, definition.keys
+        return Distribution.FORWARD, ()
+
+    def initialize(
+        self, name: str, parallelism: int, subtask_inputs: tuple[SubtaskInputs, ...], by: str
+    ) -> None:
+        vertex = self.vertices[name]
+        by_index = {s.subtask: s.inputs for s in subtask_inputs}
+        vertex.parallelism = parallelism
+        vertex.decided_by = by
+        vertex.subtasks = [Subtask(name, k, by_index.get(k, ())) for k in range(parallelism)]
+
+    def subtask(self, vertex: str, index: int) -> Subtask | None:
+        v = self.vertices.get(vertex)
+        if v is None or not v.initialized or not 0 <= index < len(v.subtasks):
+            return None
+        return v.subtasks[index]
+
+    def inputs_available(self, subtask: Subtask) -> bool:
+        """Vertex-wise scheduling: every partition the subtask consumes is available."""
+        for r in subtask.inputs:
+            if r.input == SPLITS_INPUT:
+                continue
+            producer = self.vertices[r.input]
+            if not producer.initialized:
+                return False
+            for p in range(r.partition_start, r.partition_end + 1):
+                if p >= len(producer.subtasks) or not producer.subtasks[p].available:
+                    return False
+        return True
+
+    def all_done(self) -> bool:
+        for vertex in self.vertices.values():
+            if not vertex.finished():
+                return False
+            if vertex.definition.kind is VertexKind.SINK and not all(
+                s.committed for s in vertex.subtasks
+            ):
+                return False
+        return True
+
+    def live_attempts(self) -> list[Attempt]:
+        return [a for v in self.vertices.values() for s in v.subtasks for a in s.live_attempts()]
+
+    def counts(self) -> tuple[int, int]:
+        """(finished subtasks, known subtasks) for progress."""
+        known = sum(len(v.subtasks) for v in self.vertices.values())
+        done = sum(1 for v in self.vertices.values() for s in v.subtasks if s.winner is not None)
+        return done, known

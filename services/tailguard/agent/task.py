@@ -1,0 +1,228 @@
+"""What one attempt does inside a Spark task (a Python worker on the chosen host).
+
+The driver pickles a `TaskSpec`; the task reads its inputs (splits, or subpartition ranges of the
+winning producer attempts, checksum-verified), runs the user's function, and writes its output
+(result partition files, or a staged sink file). It never raises: every failure comes back as an
+`AttemptOutcome` with an error kind, because an exception crossing Spark's boundary arrives in
+the driver as an opaque string.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from tailguard.agent.api import SinkDef, SourceDef
+from tailguard.agent.exchange import hash_partition, round_robin_partition
+from tailguard.agent.partitions import (
+    PartitionCorrupt,
+    PartitionMissing,
+    read_subpartitions,
+    write_partition,
+)
+from tailguard.agent.sources import Split, read_splits
+from tailguard.agent.storage import Storage
+from tailguard.model.records import Distribution, ErrorKind, InputRange, PartitionRef
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """How to read one input: its ranges plus the winners and checksums of its producers."""
+
+    range: InputRange
+    distribution: Distribution
+    # producer subtask -> winning attempt
+    attempts: dict[int, int]
+    # (producer subtask, subpartition) -> checksum
+    checksums: dict[tuple[int, int], str]
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    """How to split the result for the consumers: one distribution for all of them."""
+
+    distribution: Distribution
+    keys: tuple[str, ...]
+    subpartitions: int
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    job_id: str
+    storage: Storage
+    vertex: str
+    subtask: int
+    attempt: int
+    fn: Any = None  # the user function, or None for sources and sinks
+    style: str = "arrow"
+    source: SourceDef | None = None
+    splits: tuple[Split, ...] = ()
+    inputs: tuple[InputPlan, ...] = ()
+    output: OutputPlan | None = None
+    sink: SinkDef | None = None
+    # Test hooks that exercise failure paths for real: fail this attempt with a USER error.
+    fail_with: str | None = None
+
+
+@dataclass
+class AttemptOutcome:
+    ok: bool
+    host: str
+    started_at_ms: int
+    finished_at_ms: int
+    input_bytes: int | None = None
+    records: int = 0
+    bytes_per_subpartition: tuple[int, ...] = ()
+    checksums: tuple[str, ...] = ()
+    staged: Any = None  # sink: what commit needs
+    error: ErrorKind | None = None
+    message: str = ""
+    missing_partition: PartitionRef | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def task_host() -> str:
+    """The host this task runs on, as the cluster knows it."""
+    return os.environ.get("SPARK_LOCAL_IP") or socket.gethostname()
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _to_arrow(value: Any) -> pa.Table:
+    if isinstance(value, pa.Table):
+        return value
+    if isinstance(value, pa.RecordBatch):
+        return pa.Table.from_batches([value])
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas is a dependency
+        pd = None
+    if pd is not None and isinstance(value, pd.DataFrame):
+        return pa.Table.from_pandas(value, preserve_index=False)
+    raise TypeError(
+        f"an operator must return a pyarrow.Table or a pandas.DataFrame, got {type(value).__name__}"
+    )
+
+
+def _call_user(spec: TaskSpec, tables: list[pa.Table]) -> pa.Table:
+    if spec.style == "pandas":
+        args: list[Any] = [t.to_pandas() for t in tables]
+    else:
+        args = list(tables)
+    return _to_arrow(spec.fn(*args))
+
+
+def _read_inputs(spec: TaskSpec) -> tuple[list[pa.Table], int]:
+    tables: list[pa.Table] = []
+    total_bytes = 0
+    for plan in spec.inputs:
+        table, read_bytes = read_subpartitions(
+            spec.storage,
+            spec.job_id,
+            plan.range.input,
+            plan.attempts,
+            (plan.range.partition_start, plan.range.partition_end),
+            (plan.range.subpartition_start, plan.range.subpartition_end),
+            plan.checksums,
+        )
+        tables.append(table)
+        total_bytes += read_bytes
+    return tables, total_bytes
+
+
+def _split_output(table: pa.Table, output: OutputPlan, subtask: int) -> list[pa.Table]:
+    if output.subpartitions <= 1:
+        return [table]
+    if output.distribution is Distribution.ALL_TO_ALL and output.keys:
+        return hash_partition(table, output.keys, output.subpartitions)
+    return round_robin_partition(table, output.subpartitions, offset=subtask)
+
+
+def execute(spec: TaskSpec) -> AttemptOutcome:
+    started = _now_ms()
+    host = task_host()
+    try:
+        if spec.fail_with:
+            raise RuntimeError(spec.fail_with)
+        if spec.source is not None:
+            table = read_splits(spec.source, list(spec.splits))
+            input_bytes = sum(s.bytes for s in spec.splits)
+        else:
+            inputs, input_bytes = _read_inputs(spec)
+            table = inputs[0] if spec.sink is not None else _call_user(spec, inputs)
+        if spec.sink is not None:
+            from tailguard.agent.commit import stage_sink_output
+
+            staged = stage_sink_output(
+                spec.storage, spec.job_id, spec.vertex, spec.subtask, spec.attempt, table
+            )
+            return AttemptOutcome(
+                ok=True,
+                host=host,
+                started_at_ms=started,
+                finished_at_ms=_now_ms(),
+                input_bytes=input_bytes,
+                records=table.num_rows,
+                bytes_per_subpartition=(staged.bytes,),
+                checksums=(staged.checksum,),
+                staged=staged,
+            )
+        assert spec.output is not None, "a non-sink vertex needs an output plan"
+        written = write_partition(
+            spec.storage,
+            spec.job_id,
+            PartitionRef(spec.vertex, spec.subtask, spec.attempt),
+            _split_output(table, spec.output, spec.subtask),
+        )
+        return AttemptOutcome(
+            ok=True,
+            host=host,
+            started_at_ms=started,
+            finished_at_ms=_now_ms(),
+            input_bytes=input_bytes,
+            records=written.records,
+            bytes_per_subpartition=written.bytes_per_subpartition,
+            checksums=written.checksums,
+        )
+    except PartitionMissing as err:
+        return _failed(spec, host, started, ErrorKind.PARTITION_MISSING, str(err), err.partition)
+    except PartitionCorrupt as err:
+        return _failed(spec, host, started, ErrorKind.PARTITION_CORRUPT, str(err), err.partition)
+    except Exception as err:  # user code: any error is the user's
+        detail = "".join(traceback.format_exception_only(type(err), err)).strip()
+        return _failed(spec, host, started, ErrorKind.USER, detail, None)
+
+
+def _failed(
+    spec: TaskSpec,
+    host: str,
+    started: int,
+    kind: ErrorKind,
+    message: str,
+    partition: PartitionRef | None,
+) -> AttemptOutcome:
+    return AttemptOutcome(
+        ok=False,
+        host=host,
+        started_at_ms=started,
+        finished_at_ms=_now_ms(),
+        error=kind,
+        message=message[:2000],
+        missing_partition=partition,
+    )
+
+
+def run_pickled(payload: bytes) -> bytes:
+    """Entry point used by the Spark runtime: pickled TaskSpec in, pickled outcome out."""
+    from pyspark import cloudpickle
+
+    spec: TaskSpec = cloudpickle.loads(payload)
+    return cloudpickle.dumps(execute(spec))
