@@ -1,3 +1,29 @@
-"""tailguard: an event-sourced control plane for PySpark batch jobs."""
+"""tailguard: an event-sourced control plane for PySpark batch jobs.
+
+    import tailguard
+    job = tailguard.Job("sales")
+    ...
+    result = tailguard.run(job, spark)
+
+`Job` and `run` are imported on first use, so `import tailguard` stays light for the services,
+which never need Spark or pyarrow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["Job", "run"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Job":
+        from tailguard.agent.api import Job
+
+        return Job
+    if name == "run":
+        from tailguard.agent.entry import run
+
+        return run
+    raise AttributeError(f"module 'tailguard' has no attribute {name!r}")

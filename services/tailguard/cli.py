@@ -15,6 +15,14 @@ from collections.abc import Sequence
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("tailguard.log.broker_cli", "run the embedded Kafka-protocol broker"),
+    "services": ("tailguard.shell.services_cli", "start, stop or list the five services"),
+    "run": (
+        "tailguard.agent.run_cli",
+        "run a job file (main(params) -> Job) under the control plane",
+    ),
+    "demo": ("tailguard.demo", "the end-to-end demo: broker, 3-node cluster, services, a job"),
+    "replay": ("tailguard.replay.cli", "re-run the decision cores over a recorded log and compare"),
+    "cluster": ("tailguard.cluster.cluster_cli", "local Spark cluster: up, status, down, throttle"),
 }
 
 

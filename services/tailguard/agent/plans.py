@@ -99,6 +99,10 @@ def commit(storage: Storage, sink: SinkDef, staged: object) -> None:
     sink_commit.commit_sink_output(storage, staged, sink.path)
 
 
+def prepare_sink(sink: SinkDef) -> None:
+    sink_commit.prepare_sink(sink.path)
+
+
 def finalize_sink(storage: Storage, sink: SinkDef) -> None:
     sink_commit.finalize_sink(sink.path)
 

@@ -28,7 +28,7 @@ from tailguard.agent.validation import CommandValidator
 from tailguard.decider.policy import ParallelismDecider
 from tailguard.failover.policy import FailoverStrategy
 from tailguard.model import records as r
-from tailguard.model.config import Settings
+from tailguard.model.config import SERVICES_KEY, Settings
 from tailguard.model.ids import event_id
 
 log = logging.getLogger("tailguard.agent")
@@ -56,6 +56,11 @@ class Publisher:
         raise NotImplementedError
 
     def received(self, record: r.Record) -> None:
+        """A finding or command from the services (archived on arrival)."""
+        raise NotImplementedError
+
+    def local(self, record: r.Record) -> None:
+        """A decision the agent made itself as a fallback."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -185,8 +190,17 @@ class JobRunner:
             if vertex.source is not None:
                 self.splits[name] = discover_splits(vertex.source)
                 split_bytes[name] = tuple(s.bytes for s in self.splits[name])
+        for vertex in self.job.vertices.values():
+            if vertex.sink is not None:
+                plans.prepare_sink(vertex.sink)
         spec = self.job.spec(split_bytes)
-        self.emit(r.JobSubmitted, name=self.job.name, graph=spec, config=self.settings.overrides())
+        # Whether the services run is part of the record: a replay must know which decisions
+        # were made live and which only by the local fallbacks.
+        config = {
+            **self.settings.overrides(),
+            SERVICES_KEY: "on" if self.options.services else "off",
+        }
+        self.emit(r.JobSubmitted, name=self.job.name, graph=spec, config=config)
         self._await_executors()
         self._refresh_nodes()
         if self.options.on_start is not None:
@@ -452,7 +466,24 @@ class JobRunner:
         subtask.wanted = False
         vertex = self.state.vertices[subtask.vertex]
         if vertex.definition.sink is not None:
-            plans.commit(self.storage, vertex.definition.sink, outcome.staged)
+            try:
+                plans.commit(self.storage, vertex.definition.sink, outcome.staged)
+            except OSError as err:
+                # The staged file is gone or changed: this attempt did not produce the output.
+                subtask.winner = None
+                subtask.available = False
+                attempt.status = AttemptStatus.FAILED
+                self.emit(
+                    r.AttemptFailed,
+                    vertex=attempt.vertex,
+                    subtask=attempt.subtask,
+                    attempt=attempt.number,
+                    host=attempt.host,
+                    error=r.ErrorKind.INFRA,
+                    message=f"sink commit failed: {err}",
+                    missing_partition=None,
+                )
+                return
             subtask.committed = True
         self.emit(
             r.AttemptFinished,
@@ -467,7 +498,7 @@ class JobRunner:
         )
         for other in subtask.live_attempts():
             self._cancel(other, r.CancelReason.LOST_RACE)
-        self.pool.cancel(("speculative", subtask.vertex, subtask.index))
+        self.pool.cancel_task((subtask.vertex, subtask.index), "speculative")
 
     def _cancel(self, attempt: Attempt, reason: r.CancelReason) -> None:
         if not attempt.live:
@@ -498,7 +529,6 @@ class JobRunner:
     def _on_command(self, command: r.Command) -> None:
         if command.job_id != self.job_id:
             return
-        self.publisher.received(command)
         if command.id in self.applied:
             return  # each id at most once: a restarted service re-emits the same ids
         self.applied.add(command.id)
@@ -577,6 +607,7 @@ class JobRunner:
             note = f"{pending.what}: {why}, applied local {kind} {cid}"
             self.fallback_notes.append(note)
             log.info(note)
+            self.publisher.local(pending.command)
             self._apply(pending.command, fallback=True)
 
     # ================================================================ the end

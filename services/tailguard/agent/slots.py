@@ -81,6 +81,14 @@ class SlotPool:
     def cancel(self, key: object) -> None:
         self._queue = [r for r in self._queue if r.key != key]
 
+    def cancel_task(self, task: object, kind: str) -> None:
+        """Drop queued requests of `kind` (the first element of their key) for `task`."""
+        self._queue = [
+            r
+            for r in self._queue
+            if not (isinstance(r.key, tuple) and r.key[0] == kind and task in r.tasks)
+        ]
+
     def pending(self) -> list[SlotRequest]:
         return list(self._queue)
 

@@ -43,7 +43,12 @@ DEFAULTS: dict[str, str] = {
     "restart-strategy.failure-rate.failure-rate-interval": "1 min",
     "restart-strategy.failure-rate.delay": "1 s",
     "failover.restart-consumers": "unless-checksum-matches",
+    # How long the agent waits for the failover service before restarting a region itself.
+    "failover.timeout": "5 s",
 }
+
+# Recorded in JobSubmitted.config by the agent: whether the services ran for the job ("on"/"off").
+SERVICES_KEY = "tailguard.services"
 
 _DURATION_UNITS_MS: dict[str, float] = {
     "ms": 1,
@@ -125,12 +130,12 @@ class Settings(Mapping[str, str]):
     policy key is caught the first time the policy reads it.
     """
 
-    __slots__ = ("_values",)
+    __slots__ = ("_explicit", "_values")
 
     def __init__(self, overrides: Mapping[str, str] | None = None) -> None:
         values = dict(DEFAULTS)
-        if overrides:
-            values.update({str(k): str(v) for k, v in overrides.items()})
+        self._explicit = {str(k): str(v) for k, v in (overrides or {}).items()}
+        values.update(self._explicit)
         self._values = values
 
     def __getitem__(self, key: str) -> str:
@@ -151,6 +156,12 @@ class Settings(Mapping[str, str]):
         if not overrides:
             return self
         return Settings({**self._values, **overrides})
+
+    def for_job(self, job_config: Mapping[str, str]) -> Settings:
+        """The settings for one job: the job's own config (from `JobSubmitted`) over the
+        defaults, and this instance's explicit settings over both, so an operator's (or a
+        what-if replay's) configuration wins over what a job asked for."""
+        return Settings({**{str(k): str(v) for k, v in job_config.items()}, **self._explicit})
 
     def overrides(self) -> dict[str, str]:
         """The settings that differ from the defaults."""

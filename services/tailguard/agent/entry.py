@@ -1,0 +1,96 @@
+"""`tailguard.run(job, spark)`: run a job graph on a Spark cluster under the control plane."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tailguard.agent import partitions
+from tailguard.agent.api import Job
+from tailguard.agent.result import RunResult
+from tailguard.agent.runner import JobRunner, Publisher, RunOptions
+from tailguard.agent.storage import Storage
+from tailguard.model import records as r
+from tailguard.model.config import Settings
+
+log = logging.getLogger(__name__)
+
+LOG_MODES = ("kafka", "archive")
+
+
+def new_job_id(job: Job) -> str:
+    return f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def run(
+    job: Job,
+    spark: Any,
+    *,
+    log_mode: str = "kafka",
+    services: bool = True,
+    settings: Settings | None = None,
+    storage: str | None = None,
+    job_id: str | None = None,
+    progress: bool = True,
+    options: RunOptions | None = None,
+) -> RunResult:
+    """Run `job` on the cluster behind `spark` (a SparkSession) and return its result.
+
+    - `log_mode="kafka"` publishes every fact to Kafka (the configured broker, or the embedded
+      one found in the work directory) and applies the services' decisions; `"archive"` keeps
+      the facts in the archive only and decides everything locally.
+    - `services=False` does not wait for the services: the local fallbacks decide at once.
+    - `storage` is where result partitions live (a path or a `pyarrow.fs` URI; default
+      `<work-dir>/storage`). Every executor must reach it.
+    The per-job Avro archive (`<archive-dir>/<job id>.avro`) is written in both modes.
+    """
+    from tailguard.agent.spark_runtime import SparkRuntime
+    from tailguard.codec import codec_for
+    from tailguard.settings_file import load_settings
+
+    if log_mode not in LOG_MODES:
+        raise ValueError(f"log_mode must be one of {LOG_MODES}, not {log_mode!r}")
+    job.validate()
+    settings = settings or load_settings()
+    work_dir = Path(settings.get("tailguard.work-dir", "work"))
+    archive_dir = Path(settings.get("tailguard.archive-dir", str(work_dir / "archive")))
+    archive_dir.mkdir(parents=True, exist_ok=True)
+    store = Storage(storage or str((work_dir / "storage").resolve()))
+    swept = partitions.sweep_abandoned(store, partitions.local_owner_alive)
+    if swept:
+        log.info("swept the leftovers of %d crashed job(s): %s", len(swept), ", ".join(swept))
+
+    job_id = job_id or new_job_id(job)
+    archive_path = archive_dir / f"{job_id}.avro"
+    codec = codec_for(settings)
+    options = options or RunOptions()
+    options.storage = store
+    options.progress = progress
+    use_services = services and log_mode == "kafka"
+    options.services = use_services
+
+    inbox: list[JobRunner] = []
+
+    def deliver(command: r.Command) -> None:
+        inbox[0].post("command", command)
+
+    publisher: Publisher
+    if log_mode == "kafka":
+        from tailguard.agent.publish import KafkaPublisher
+
+        publisher = KafkaPublisher(archive_path, codec, settings, job_id, deliver)
+    else:
+        from tailguard.agent.publish import ArchivePublisher
+
+        publisher = ArchivePublisher(archive_path, codec)
+    runtime = SparkRuntime(spark)
+    runner = JobRunner(job, runtime, publisher, settings, options, job_id=job_id)
+    inbox.append(runner)
+    partitions.mark_job_running(store, job_id, partitions.JobOwner.current())
+    try:
+        return runner.run()
+    finally:
+        runtime.close()

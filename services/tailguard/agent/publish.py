@@ -1,0 +1,124 @@
+"""Where the agent's facts go, and how the services' decisions come back.
+
+Every event the agent publishes and every finding and command it receives is also appended to
+the job's Avro archive, the durable audit log that `tailguard replay` reads (the embedded broker
+keeps nothing once stopped). Decisions the agent made itself as fallbacks are archived with
+direction `local`, so a replay can tell them from the services' own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tailguard.agent.runner import Publisher
+from tailguard.codec import RecordCodec
+from tailguard.log.archive import ArchiveWriter
+from tailguard.model import records as r
+from tailguard.model.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+class ArchivePublisher(Publisher):
+    """Facts to the archive only: a run with no broker (services off, nothing to tell)."""
+
+    def __init__(self, archive_path: Path, codec: RecordCodec) -> None:
+        self.archive_path = archive_path
+        self.codec = codec
+        self._archive = ArchiveWriter(archive_path)
+        self._lock = threading.Lock()
+
+    def _append(self, record: r.Record, direction: str) -> None:
+        payload = self.codec.encode(record)
+        with self._lock:
+            self._archive.append(type(record).TOPIC, direction, payload, record.ts)
+
+    def publish(self, record: r.Record) -> None:
+        self._append(record, "published")
+
+    def received(self, record: r.Record) -> None:
+        self._append(record, "received")
+
+    def local(self, record: r.Record) -> None:
+        self._append(record, "local")
+
+    def close(self) -> None:
+        with self._lock:
+            self._archive.close()
+
+
+class KafkaPublisher(ArchivePublisher):
+    """Facts to Kafka and the archive; decisions from Kafka to the runner.
+
+    A background thread consumes the findings and commands topics: commands for this job go to
+    `deliver` (the runner's inbox, where they are validated and applied on the runner's thread);
+    findings are only archived, because the agent acts on commands, not on findings — but the
+    findings are the speculator's and blocklist's input, which a replay needs.
+    """
+
+    def __init__(
+        self,
+        archive_path: Path,
+        codec: RecordCodec,
+        settings: Settings,
+        job_id: str,
+        deliver: Callable[[r.Command], None],
+        drain_quiet_ms: int = 750,
+        drain_max_ms: int = 5000,
+    ) -> None:
+        from tailguard.log.consumer import RecordConsumer
+        from tailguard.log.producer import RecordProducer
+
+        super().__init__(archive_path, codec)
+        self.job_id = job_id
+        self._deliver = deliver
+        self._producer = RecordProducer(settings, codec)
+        self._consumer = RecordConsumer(
+            settings,
+            codec,
+            [r.FINDINGS_TOPIC, r.COMMANDS_TOPIC],
+            group_id=f"tailguard-agent-{job_id}",
+            from_beginning=True,
+        )
+        self._stop = threading.Event()
+        self._drain_quiet_ms = drain_quiet_ms
+        self._drain_max_ms = drain_max_ms
+        self._last_seen = time.monotonic()
+        self._thread = threading.Thread(target=self._consume, name="tg-decisions", daemon=True)
+        self._thread.start()
+
+    def publish(self, record: r.Record) -> None:
+        self._producer.send(record)
+        # Per-job order on the topic is what the services depend on; the producer keeps it.
+        super().publish(record)
+
+    def _consume(self) -> None:
+        while not self._stop.is_set():
+            for item in self._consumer.poll(0.1):
+                record = item.record
+                if record.job_id != self.job_id:
+                    continue
+                self._last_seen = time.monotonic()
+                # Archived on arrival, including what comes after the runner stopped applying.
+                self.received(record)
+                if isinstance(record, r.Command):
+                    self._deliver(record)
+
+    def close(self) -> None:
+        """Flush, then keep listening until the services have gone quiet, so the decisions
+        they made about the job's last events still reach the archive."""
+        self._producer.flush(10.0)
+        started = time.monotonic()
+        while (time.monotonic() - started) * 1000 < self._drain_max_ms:
+            quiet_ms = (time.monotonic() - self._last_seen) * 1000
+            if quiet_ms >= self._drain_quiet_ms:
+                break
+            self._stop.wait(0.05)
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._consumer.close()
+        super().close()

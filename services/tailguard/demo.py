@@ -1,0 +1,209 @@
+"""`tailguard demo` (and `make demo`): the whole system on one machine.
+
+1. the embedded broker, a 3-worker local Spark cluster and the five services;
+2. one worker throttled 5x after its executor registered: a genuinely slow node;
+3. the sales example at a size that takes about a minute, with progress;
+4. the summary: job time, attempts, speculation, blocked hosts, parallelism and who decided it,
+   failures and restarts, where the output and the archive are; the output checked against a
+   pandas reference;
+5. `tailguard replay` over the archive;
+6. everything it started, stopped again (what was already running is left running).
+
+`--no-services` runs the same job with the services down, for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tailguard.settings_file import SHELL_DEFAULTS, load_settings
+
+DEMO_DIR = Path("work") / "demo"
+SLOW_FACTOR = 5.0
+WORKERS = 3
+
+# Policy settings scaled to a one-minute job (Flink's defaults suit hour-long jobs: a one-minute
+# lower bound would never flag anything here).
+DEMO_POLICY: dict[str, str] = {
+    "slow-task-detector.check-interval": "500 ms",
+    "slow-task-detector.execution-time.baseline-lower-bound": "1500 ms",
+    "execution.batch.speculative.block-slow-node-duration": "20 s",
+    "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "256 KiB",
+    "execution.batch.adaptive.auto-parallelism.max-parallelism": "12",
+    "decider.timeout": "5 s",
+    "failover.timeout": "5 s",
+}
+# The data: enough splits for several waves on 3 slots; `work` sets the CPU per row.
+DEMO_DATA = {"files": 24, "rows": 12_000, "work": 3}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-services", action="store_true", help="run with the services down (local fallbacks)"
+    )
+    parser.add_argument("--work-dir", default=str(DEMO_DIR), help=f"default {DEMO_DIR}")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply the data size")
+    parser.add_argument(
+        "--slow-factor", type=float, default=SLOW_FACTOR, help="how much slower the slow node is"
+    )
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def _say(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+def write_settings(work_dir: Path) -> Path:
+    """The demo's settings file, which the services read too (replay must use the same)."""
+    values = {
+        **DEMO_POLICY,
+        "tailguard.work-dir": str(work_dir),
+        "tailguard.archive-dir": str(work_dir / "archive"),
+    }
+    lines = [f'"{k}" = "{v}"' for k, v in sorted(values.items())]
+    path = work_dir / "tailguard.toml"
+    path.write_text("# written by `tailguard demo`\n" + "\n".join(lines) + "\n")
+    return path
+
+
+@contextlib.contextmanager
+def _broker(work_dir: Path) -> Iterator[str]:
+    from tailguard.log.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker(work_dir)
+    bootstrap = broker.start()
+    _say(f"broker at {bootstrap} ({'started' if broker.started_here else 'already running'})")
+    try:
+        yield bootstrap
+    finally:
+        if broker.started_here:
+            broker.stop()
+            _say("broker stopped")
+
+
+@contextlib.contextmanager
+def _cluster(work_dir: Path) -> Iterator[Any]:
+    from tailguard.cluster.local import ClusterError, LocalCluster
+
+    started = True
+    with contextlib.suppress(ClusterError):
+        started = not LocalCluster.attach(work_dir / "cluster").processes_alive()
+    cluster = LocalCluster(WORKERS, 1, "1g", work_dir / "cluster", progress=_say)
+    cluster.start()
+    _say(f"Spark cluster at {cluster.master_url}, workers {', '.join(cluster.hosts())}")
+    try:
+        yield cluster
+    finally:
+        if started:
+            cluster.stop()
+            _say("cluster stopped")
+
+
+@contextlib.contextmanager
+def _services(work_dir: Path, config: Path, enabled: bool) -> Iterator[None]:
+    if not enabled:
+        _say("services: not started (--no-services): every decision is a local fallback")
+        yield
+        return
+    from tailguard.shell import supervisor
+
+    before = set(supervisor.running(work_dir))
+    supervisor.start(work_dir, config=str(config), report=lambda m: _say(f"service {m}"))
+    try:
+        yield
+    finally:
+        started = [n for n in supervisor.running(work_dir) if n not in before]
+        supervisor.stop(work_dir, started, report=lambda m: _say(f"service {m}"))
+
+
+def _await_executors(spark: Any, hosts: list[str], timeout_s: float = 120.0) -> None:
+    from tailguard.agent.spark_runtime import SparkRuntime
+
+    runtime = SparkRuntime(spark)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while set(runtime.executors()) != set(hosts):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"executors registered: {sorted(runtime.executors())}")
+            time.sleep(0.2)  # Spark's status tracker has no registration callback
+    finally:
+        runtime.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from tailguard.agent.entry import run as run_job
+    from tailguard.agent.spark_runtime import session_builder
+    from tailguard.examples import sales_by_region as example
+    from tailguard.replay.engine import replay
+    from tailguard.replay.inputs import read_archive
+
+    work_dir = Path(args.work_dir).resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    config = write_settings(work_dir)
+    settings = load_settings(config, environ={})
+    assert all(k in settings for k in SHELL_DEFAULTS)
+    data = work_dir / "data" / "sales"
+    files = max(3, int(DEMO_DATA["files"] * args.scale))
+    if not data.exists():
+        _say(f"generating {files} Parquet files of sales under {data}")
+        example.generate(data, files=files, rows_per_file=DEMO_DATA["rows"])
+    output = work_dir / "out" / "sales_by_region"
+    started = time.monotonic()
+    with (
+        _broker(work_dir),
+        _cluster(work_dir) as cluster,
+        _services(work_dir, config, not args.no_services),
+    ):
+        spark = session_builder(cluster.master_url, app_name="tailguard demo").getOrCreate()
+        try:
+            _await_executors(spark, cluster.hosts())
+            slow = cluster.hosts()[-1]
+            cluster.throttle(slow, args.slow_factor)
+            _say(f"{slow} throttled {args.slow_factor:g}x: the slow node")
+            job = example.make_job(data, output, work=DEMO_DATA["work"])
+            result = run_job(
+                job,
+                spark,
+                services=not args.no_services,
+                settings=settings,
+                progress=not args.no_progress,
+            )
+        finally:
+            spark.stop()
+            with contextlib.suppress(Exception):
+                cluster.unthrottle(cluster.hosts()[-1])
+    print()
+    print(result.summary())
+    ok = result.ok
+    if ok:
+        expected = example.reference(data)
+        actual = example.read_output(output)
+        same = expected.equals(actual[expected.columns.tolist()])
+        print(
+            f"output: {len(actual)} rows, {'equal to' if same else 'DIFFERENT from'} "
+            "the pandas reference"
+        )
+        ok = same
+    if result.archive:
+        report = replay(read_archive(Path(result.archive), settings), settings)
+        print(f"replay of {result.archive}:")
+        for service in report.services:
+            print(f"  {service.line()}")
+        ok = ok and report.differences == 0
+    print(
+        f"demo finished in {time.monotonic() - started:.0f} s "
+        f"(job {result.duration_s:.1f} s, services {'off' if args.no_services else 'on'})"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    from tailguard.cli import main
+
+    sys.exit(main(["demo", *sys.argv[1:]]))

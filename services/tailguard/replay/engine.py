@@ -1,0 +1,223 @@
+"""Re-running the decision cores over a recorded log, and comparing what they emit.
+
+Each service reads exactly one topic, so its decisions are a function of that topic's order. An
+audit replay therefore feeds every core the input it saw live — the recorded events for the
+detector, decider and failover, the recorded findings for the speculator and blocklist — and
+compares its outputs with the recorded outputs of that service, in order.
+
+A what-if replay (other settings) chains the cores instead: the speculator and blocklist read the
+findings the *replayed* detector emits, since with other detector settings the recorded findings
+are no longer what they would have seen.
+
+Outputs are matched to services by their id prefix (ids are `derived_id(service, ...)`), and both
+sides are deduplicated by id: delivery is at least once, so a service that restarted may have
+re-emitted a decision, which the agent ignored and the comparison must too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Protocol
+
+from tailguard.blocklist.policy import BlocklistTracker
+from tailguard.decider.policy import ParallelismDecider
+from tailguard.detector.policy import SlowTaskDetector
+from tailguard.failover.policy import FailoverStrategy
+from tailguard.model import records as r
+from tailguard.model.config import SERVICES_KEY, Settings
+from tailguard.speculator.policy import SpeculationStrategy
+
+
+class Core(Protocol):
+    def handle(self, record: r.Record) -> list[r.Record]: ...
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    input_topic: str
+    output_kind: str  # "findings" or "commands", for the report line
+    factory: Callable[[Settings], Core]
+
+
+SERVICES: tuple[ServiceSpec, ...] = (
+    ServiceSpec("detector", r.EVENTS_TOPIC, "findings", SlowTaskDetector),
+    ServiceSpec("speculator", r.FINDINGS_TOPIC, "commands", SpeculationStrategy),
+    ServiceSpec("blocklist", r.FINDINGS_TOPIC, "commands", BlocklistTracker),
+    ServiceSpec("decider", r.EVENTS_TOPIC, "commands", ParallelismDecider),
+    ServiceSpec("failover", r.EVENTS_TOPIC, "commands", FailoverStrategy),
+)
+# Services the agent also runs itself as fallbacks, so they have a live record either way.
+LOCAL_FALLBACKS = frozenset({"decider", "failover"})
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One record of the log, with the topic it travelled on."""
+
+    topic: str
+    record: r.Record
+
+
+@dataclass(frozen=True)
+class Difference:
+    position: int
+    recorded: r.Record | None
+    replayed: r.Record | None
+
+    def describe(self) -> str:
+        if self.recorded is None:
+            assert self.replayed is not None
+            return f"#{self.position}: replay emitted {_short(self.replayed)}, not in the log"
+        if self.replayed is None:
+            return f"#{self.position}: log has {_short(self.recorded)}, replay did not emit it"
+        changed = _changed_fields(self.recorded, self.replayed)
+        return f"#{self.position}: {_short(self.recorded)} differs in {', '.join(changed)}"
+
+
+@dataclass
+class ServiceReport:
+    service: str
+    output_kind: str
+    compared: bool  # False when the service did not run live for these jobs
+    recorded: int = 0
+    replayed: int = 0
+    reproduced: int = 0
+    differences: list[Difference] = field(default_factory=list)
+
+    def line(self) -> str:
+        if not self.compared:
+            return (
+                f"{self.service}: not run live (services off); replay would emit "
+                f"{self.replayed} {self.output_kind}"
+            )
+        return (
+            f"{self.service}: {self.reproduced} {self.output_kind} reproduced, "
+            f"{len(self.differences)} differences"
+        )
+
+
+@dataclass
+class ReplayReport:
+    services: list[ServiceReport]
+    jobs: list[str]
+    events: int
+
+    @property
+    def differences(self) -> int:
+        return sum(len(s.differences) for s in self.services)
+
+
+def _short(record: r.Record) -> str:
+    return f"{type(record).__name__}({record.id})"
+
+
+def _changed_fields(a: r.Record, b: r.Record) -> list[str]:
+    if type(a) is not type(b):
+        return [f"type ({type(a).__name__} vs {type(b).__name__})"]
+    return [f.name for f in fields(a) if getattr(a, f.name) != getattr(b, f.name)] or ["nothing"]
+
+
+def service_of(record: r.Record) -> str:
+    """The service that emitted a finding or command (ids are `<service>-<hash>`)."""
+    return record.id.split("-", 1)[0]
+
+
+def dedupe(records: Iterable[r.Record]) -> list[r.Record]:
+    seen: set[str] = set()
+    out: list[r.Record] = []
+    for record in records:
+        if record.id not in seen:
+            seen.add(record.id)
+            out.append(record)
+    return out
+
+
+def _run(core: Core, inputs: Iterable[r.Record]) -> list[r.Record]:
+    outputs: list[r.Record] = []
+    for record in inputs:
+        outputs.extend(core.handle(record))
+    return outputs
+
+
+def _compare(recorded: Sequence[r.Record], replayed: Sequence[r.Record]) -> list[Difference]:
+    diffs: list[Difference] = []
+    for i in range(max(len(recorded), len(replayed))):
+        a = recorded[i] if i < len(recorded) else None
+        b = replayed[i] if i < len(replayed) else None
+        if a != b:
+            diffs.append(Difference(i, a, b))
+    return diffs
+
+
+def replay(
+    log: Iterable[Recorded],
+    settings: Settings,
+    *,
+    what_if: bool = False,
+    job: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> ReplayReport:
+    """Replay the cores over `log` (every topic, in the order it was recorded)."""
+    events: list[r.Event] = []
+    findings: list[r.Finding] = []
+    commands: list[r.Command] = []
+    for n, item in enumerate(log, 1):
+        record = item.record
+        if job is not None and record.job_id != job:
+            continue
+        if item.topic == r.EVENTS_TOPIC and isinstance(record, r.Event):
+            events.append(record)
+        elif isinstance(record, r.Finding):
+            findings.append(record)
+        elif isinstance(record, r.Command):
+            commands.append(record)
+        if progress is not None and n % 10_000 == 0:
+            progress(n)
+
+    recorded_by_service: dict[str, list[r.Record]] = {s.name: [] for s in SERVICES}
+    for out in dedupe([*findings, *commands]):
+        recorded_by_service.setdefault(service_of(out), []).append(out)
+
+    live = _services_live(events)
+    detector_out: list[r.Record] = []
+    reports: list[ServiceReport] = []
+    for spec in SERVICES:
+        core = spec.factory(settings)
+        if spec.input_topic == r.EVENTS_TOPIC:
+            inputs: Sequence[r.Record] = events
+        elif what_if:
+            inputs = dedupe(detector_out)
+        else:
+            inputs = dedupe(findings)
+        replayed = dedupe(_run(core, inputs))
+        if spec.name == "detector":
+            detector_out = replayed
+        recorded = recorded_by_service.get(spec.name, [])
+        compared = live or spec.name in LOCAL_FALLBACKS
+        report = ServiceReport(spec.name, spec.output_kind, compared)
+        report.recorded, report.replayed = len(recorded), len(replayed)
+        if compared:
+            report.differences = _compare(recorded, replayed)
+            report.reproduced = sum(1 for a, b in zip(recorded, replayed, strict=False) if a == b)
+        reports.append(report)
+    jobs = sorted({e.job_id for e in events})
+    return ReplayReport(reports, jobs, len(events))
+
+
+def _services_live(events: Iterable[r.Event]) -> bool:
+    """Whether the services ran: False only if every job says they were off."""
+    flags: list[bool] = [
+        _flag(e.config.get(SERVICES_KEY, "on")) for e in events if isinstance(e, r.JobSubmitted)
+    ]
+    return not flags or any(flags)
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() not in ("off", "false", "no", "0")
+
+
+def settings_diff(base: Settings, other: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """The policy settings a what-if replay changes: key -> (live value, what-if value)."""
+    return {k: (base[k], v) for k, v in other.items() if k in base and base[k] != v}

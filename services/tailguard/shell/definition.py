@@ -1,0 +1,54 @@
+"""What a service is, to the shell: a name, its one input topic, and its core."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from tailguard.model import records as r
+from tailguard.model.config import Settings
+
+
+class Core(Protocol):
+    def handle(self, record: r.Record) -> list[r.Record]: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class ServiceDefinition:
+    name: str
+    input_topic: str
+    core: Callable[[Settings], Core]
+
+    @property
+    def group_id(self) -> str:
+        # The consumer group is the service's identity on the broker: a restarted service
+        # resumes from the offsets its previous incarnation committed.
+        return f"tailguard-{self.name}"
+
+
+# name -> module holding its DEFINITION (imported on demand: each service imports only its own
+# package, so the services stay independent of one another).
+SERVICE_MODULES: dict[str, str] = {
+    "detector": "tailguard.detector.service",
+    "speculator": "tailguard.speculator.service",
+    "blocklist": "tailguard.blocklist.service",
+    "decider": "tailguard.decider.service",
+    "failover": "tailguard.failover.service",
+}
+SERVICE_NAMES: tuple[str, ...] = tuple(SERVICE_MODULES)
+
+
+def load_definition(name: str) -> ServiceDefinition:
+    try:
+        module = importlib.import_module(SERVICE_MODULES[name])
+    except KeyError:
+        raise ValueError(
+            f"unknown service {name!r}; the services are {', '.join(SERVICE_NAMES)}"
+        ) from None
+    definition = module.DEFINITION
+    assert isinstance(definition, ServiceDefinition)
+    return definition

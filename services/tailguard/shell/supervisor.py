@@ -1,0 +1,182 @@
+"""Starting and stopping the services as separate processes (`tailguard services up|down|status`).
+
+Each service runs as `python -m tailguard.shell.worker NAME` in its own session, logs to
+`<work>/services/NAME.log`, and announces itself in `<work>/services/NAME.json` (pid and metrics
+address) once its metrics endpoint listens. `up` returns when every service reports ready.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tailguard.shell.definition import SERVICE_NAMES
+
+
+class ServiceError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class RunningService:
+    name: str
+    pid: int
+    metrics_url: str
+
+    def healthy(self, timeout: float = 1.0) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.metrics_url}/health", timeout=timeout) as reply:
+                return bool(reply.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def metrics(self, timeout: float = 2.0) -> dict[str, float]:
+        with urllib.request.urlopen(f"{self.metrics_url}/metrics", timeout=timeout) as reply:
+            text = reply.read().decode()
+        values: dict[str, float] = {}
+        prefix = f"tailguard_{self.name}_"
+        for line in text.splitlines():
+            if line.startswith(prefix):
+                key, _, value = line.partition(" ")
+                values[key[len(prefix) :]] = float(value)
+        return values
+
+
+def services_dir(work_dir: Path) -> Path:
+    return work_dir / "services"
+
+
+def announce(work_dir: Path, name: str, pid: int, metrics_url: str) -> None:
+    """Called by a worker once its metrics endpoint listens."""
+    path = services_dir(work_dir) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": pid, "metrics_url": metrics_url}))
+    tmp.replace(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours is not alive for our purposes.
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        return waited == 0
+    except ChildProcessError:
+        return True
+
+
+def running(work_dir: Path) -> dict[str, RunningService]:
+    found: dict[str, RunningService] = {}
+    for name in SERVICE_NAMES:
+        path = services_dir(work_dir) / f"{name}.json"
+        try:
+            data = json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        if _alive(int(data["pid"])):
+            found[name] = RunningService(name, int(data["pid"]), str(data["metrics_url"]))
+        else:
+            path.unlink(missing_ok=True)
+    return found
+
+
+def start(
+    work_dir: Path,
+    names: Sequence[str] = SERVICE_NAMES,
+    config: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 90.0,
+    report: Callable[[str], None] = print,
+) -> dict[str, RunningService]:
+    """Start the named services that are not already running; wait until all are ready."""
+    unknown = sorted(set(names) - set(SERVICE_NAMES))
+    if unknown:
+        raise ServiceError(f"unknown service(s) {unknown}; choose from {list(SERVICE_NAMES)}")
+    directory = services_dir(work_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    already = running(work_dir)
+    launched: dict[str, int] = {}
+    for name in names:
+        if name in already:
+            report(f"{name}: already running (pid {already[name].pid})")
+            continue
+        (directory / f"{name}.json").unlink(missing_ok=True)
+        command = [
+            sys.executable,
+            "-m",
+            "tailguard.shell.worker",
+            name,
+            "--work-dir",
+            str(work_dir),
+        ]
+        if config:
+            command += ["--config", config]
+        with (directory / f"{name}.log").open("ab") as log_file:
+            process = subprocess.Popen(
+                command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+            )
+        launched[name] = process.pid
+        report(f"{name}: starting (pid {process.pid})")
+    deadline = time.monotonic() + timeout_s
+    waiting = set(launched)
+    while waiting:
+        current = running(work_dir)
+        for name in sorted(waiting):
+            if not _alive(launched[name]):
+                raise ServiceError(
+                    f"{name} exited during start-up; see {directory / (name + '.log')}"
+                )
+            if name in current and current[name].healthy():
+                report(f"{name}: ready, metrics at {current[name].metrics_url}/metrics")
+                waiting.discard(name)
+        if waiting and time.monotonic() > deadline:
+            raise ServiceError(f"not ready after {timeout_s:.0f} s: {sorted(waiting)}")
+        if waiting:
+            time.sleep(0.2)  # polling HTTP health: the services have no other way to call back
+    return {n: s for n, s in running(work_dir).items() if n in names}
+
+
+def stop(
+    work_dir: Path,
+    names: Sequence[str] = SERVICE_NAMES,
+    timeout_s: float = 20.0,
+    report: Callable[[str], None] = print,
+) -> list[str]:
+    """SIGTERM the named services (faust commits and leaves cleanly), SIGKILL after a grace."""
+    current = running(work_dir)
+    stopped = []
+    for name in names:
+        service = current.get(name)
+        if service is None:
+            continue
+        os.kill(service.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _alive(service.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(service.pid):
+            os.kill(service.pid, signal.SIGKILL)
+            report(f"{name}: did not stop within {timeout_s:.0f} s, killed")
+        else:
+            report(f"{name}: stopped")
+        (services_dir(work_dir) / f"{name}.json").unlink(missing_ok=True)
+        stopped.append(name)
+    return stopped

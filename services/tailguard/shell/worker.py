@@ -1,0 +1,142 @@
+"""Running one service: `python -m tailguard.shell.worker NAME` (what `tailguard services up`
+starts, once per service, as its own process).
+
+Start-up order matters: metrics first (so a supervisor sees the process), then the state rebuild
+from the input topic up to the group's committed offsets, then the faust stream from those
+offsets. `/health` turns ready only when the stream runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import faust
+from faust.worker import Worker
+
+from tailguard.codec import codec_for
+from tailguard.log.broker import resolve_bootstrap
+from tailguard.model.config import Settings
+from tailguard.settings_file import load_settings
+from tailguard.shell.definition import SERVICE_NAMES, ServiceDefinition, load_definition
+from tailguard.shell.metrics_http import MetricsServer
+from tailguard.shell.processor import Processor
+from tailguard.shell.rebuild import rebuild
+from tailguard.shell.supervisor import announce
+
+log = logging.getLogger("tailguard.service")
+
+# Commit offsets often: outputs are awaited before the input is acknowledged, so the interval only
+# bounds how much input a restarted service processes a second time.
+COMMIT_INTERVAL_S = 0.5
+
+
+class ServiceState:
+    def __init__(self) -> None:
+        self.ready = False
+        self.lag = 0.0
+
+
+def build_app(
+    definition: ServiceDefinition,
+    bootstrap: str,
+    processor: Processor,
+    state: ServiceState,
+    data_dir: Path,
+) -> faust.App:
+    app = faust.App(
+        definition.group_id,
+        broker=";".join(f"kafka://{b}" for b in bootstrap.split(",")),
+        # The embedded broker has no CreateTopics: topics appear on first produce, and faust
+        # must neither declare them nor use its leader-election topic.
+        topic_allow_declare=False,
+        topic_disable_leader=True,
+        store="memory://",
+        web_enabled=False,
+        datadir=str(data_dir),
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=COMMIT_INTERVAL_S,
+    )
+    source = app.topic(definition.input_topic, key_serializer="raw", value_serializer="raw")
+    sinks: dict[str, Any] = {}
+
+    def sink(name: str) -> Any:
+        if name not in sinks:
+            sinks[name] = app.topic(name, key_serializer="raw", value_serializer="raw")
+        return sinks[name]
+
+    @app.agent(source, name=f"{definition.name}-core")
+    async def process(stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            for out in processor.process(event.value, message.partition, message.offset):
+                # Sent at once and awaited: the input is acknowledged (and later committed)
+                # only after its outputs are on the broker, so a crash loses no decision.
+                pending = await sink(out.topic).send(
+                    key=out.key, value=out.value, headers=out.headers or None, force=True
+                )
+                await pending
+            highwater = app.consumer.highwater(message.tp)
+            state.lag = max(0.0, float((highwater or 0) - message.offset - 1))
+
+    @app.task
+    async def started() -> None:
+        state.ready = True
+        log.info("%s consuming %s", definition.name, definition.input_topic)
+
+    return app
+
+
+def serve(
+    name: str, settings: Settings, work_dir: Path, metrics_port: int, metrics_host: str
+) -> int:
+    definition = load_definition(name)
+    codec = codec_for(settings)
+    processor = Processor(definition, settings, codec)
+    state = ServiceState()
+
+    def values() -> dict[str, float]:
+        return {**processor.metrics(), "lag": state.lag, "ready": float(state.ready)}
+
+    metrics = MetricsServer(name, metrics_host, metrics_port, values, lambda: state.ready)
+    metrics.start()
+    metrics_url = f"http://{metrics_host}:{metrics.port}"
+    announce(work_dir, name, os.getpid(), metrics_url)
+    log.info("%s metrics on %s/metrics", name, metrics_url)
+    rebuilt = rebuild(settings, definition.group_id, definition.input_topic, processor.replay)
+    log.info("%s rebuilt its state from %d committed input records", name, rebuilt)
+    data_dir = work_dir / "services" / name
+    data_dir.mkdir(parents=True, exist_ok=True)
+    app = build_app(definition, resolve_bootstrap(settings), processor, state, data_dir)
+    worker = Worker(app, loglevel="warn", quiet=True, redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as done:
+        return int(done.code or 0)
+    finally:
+        metrics.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tailguard.shell.worker")
+    parser.add_argument("service", choices=SERVICE_NAMES)
+    parser.add_argument("--config", help="TOML settings file")
+    parser.add_argument("--metrics-port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--metrics-host", default="127.0.0.1")
+    parser.add_argument("--work-dir", help="default: the tailguard.work-dir setting")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {args.service} %(levelname)s %(message)s"
+    )
+    settings = load_settings(args.config)
+    work_dir = Path(args.work_dir or settings.get("tailguard.work-dir", "work"))
+    return serve(args.service, settings, work_dir, args.metrics_port, args.metrics_host)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
