@@ -60,11 +60,11 @@ class CommandValidator:
         fixed = vertex.definition.parallelism
         if fixed is not None and c.parallelism != fixed:
             return f"vertex {c.vertex!r} has a fixed parallelism of {fixed}"
-        settings = self.runner.settings
-        low = settings.integer("execution.batch.adaptive.auto-parallelism.min-parallelism")
+        # Not min-parallelism: the data may cap a vertex below it (a source with fewer splits, a
+        # producer with fewer subpartitions), and no subtask may be given an empty range.
         high = state.max_parallelism(c.vertex)
-        if not low <= c.parallelism <= high:
-            return f"parallelism {c.parallelism} outside bounds [{low}, {high}]"
+        if not 1 <= c.parallelism <= high:
+            return f"parallelism {c.parallelism} outside bounds [1, {high}]"
         if sorted(s.subtask for s in c.subtask_inputs) != list(range(c.parallelism)):
             return "subtask_inputs must name each subtask 0..parallelism-1 exactly once"
         expected = {i.producer for i in vertex.definition.inputs}

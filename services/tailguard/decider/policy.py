@@ -1,1 +1,0 @@
-"""decider decision core (pure)."""

@@ -1,0 +1,279 @@
+"""ParallelismDecider: FLIP-187 adaptive parallelism and subpartition ranges, from events alone.
+
+- `JobSubmitted`: sources without a fixed parallelism are decided at once, from their splits.
+- `VertexInitialized`: a vertex's parallelism is known (whoever decided it).
+- `AttemptFinished`: the first finished attempt of a subtask is its result. When every producer
+  of an undecided adaptive vertex is initialised and has all its results, the vertex is decided:
+  P = ceil(S / (V − min(Sb, ratio·V))), bounded, with byte-balanced ranges.
+
+Forward groups share one parallelism: the first member decided sets it, the others take it when
+their own inputs are ready. A member that cannot take it (a POINTWISE or FORWARD producer has
+fewer partitions, or its own bounds are lower) takes the largest parallelism it can and reads its
+FORWARD inputs as contiguous partition ranges, so every partition is still read exactly once;
+`forward_group_breaks` counts those.
+
+One decision per vertex per job, id `derived_id("decider", job_id, vertex)`: a restarted service,
+a replay and the agent's local fallback all emit the same id, and the agent applies it once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from tailguard.decider.policy.assign import InputInfo, data_bound, split_inputs, subtask_inputs
+from tailguard.decider.policy.formula import (
+    DeciderParams,
+    capped_broadcast_bytes,
+    source_parallelism,
+    unclamped_parallelism,
+)
+from tailguard.decider.policy.graph import GraphView
+from tailguard.model import records as r
+from tailguard.model.config import ConfigError, Settings
+from tailguard.model.ids import derived_id
+
+
+@dataclass
+class _Results:
+    """What a vertex produced: the first result of each subtask, folded into byte sums so the
+    state stays O(parallelism + subpartitions) per vertex."""
+
+    parallelism: int
+    partition_bytes: list[int]
+    seen: list[bool]
+    missing: int
+    subpartition_bytes: list[int] = field(default_factory=lambda: [0])
+
+    @classmethod
+    def empty(cls, parallelism: int) -> _Results:
+        return cls(parallelism, [0] * parallelism, [False] * parallelism, parallelism)
+
+    def add(self, subtask: int, bytes_per_subpartition: tuple[int, ...]) -> bool:
+        """Record a subtask's first result; True if this one completed the vertex."""
+        if not 0 <= subtask < self.parallelism or self.seen[subtask]:
+            return False
+        sizes = [max(0, b) for b in bytes_per_subpartition]
+        if len(sizes) > len(self.subpartition_bytes):
+            self.subpartition_bytes.extend([0] * (len(sizes) - len(self.subpartition_bytes)))
+        for i, b in enumerate(sizes):
+            self.subpartition_bytes[i] += b
+        self.seen[subtask] = True
+        self.partition_bytes[subtask] = sum(sizes)
+        self.missing -= 1
+        return self.missing == 0
+
+
+@dataclass
+class _Job:
+    params: DeciderParams
+    graph: GraphView
+    # Vertices the core will not decide (any more): fixed, initialised, or already decided.
+    settled: set[str]
+    results: dict[str, _Results] = field(default_factory=dict)
+    group_parallelism: dict[str, int] = field(default_factory=dict)
+    group_bound: dict[str, int] = field(default_factory=dict)
+
+    def bound(self, vertex: str) -> int:
+        return self.params.upper_bound(self.graph.vertices[vertex].max_parallelism)
+
+    def complete(self, vertex: str) -> bool:
+        produced = self.results.get(vertex)
+        return produced is not None and produced.missing == 0
+
+
+class ParallelismDecider:
+    SERVICE: ClassVar[str] = "decider"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._jobs: dict[str, _Job] = {}
+        self._counters: dict[str, int] = dict.fromkeys(
+            (
+                "decisions_emitted",
+                "vertices_decided",
+                "sources_decided",
+                "forward_group_followers",
+                "forward_group_breaks",
+                "broadcast_capped",
+                "sources_without_splits",
+                "config_errors",
+            ),
+            0,
+        )
+
+    # ------------------------------------------------------------------ interface
+
+    def handle(self, record: r.Record) -> list[r.Record]:
+        if isinstance(record, r.JobSubmitted):
+            return self._on_submitted(record)
+        job = self._jobs.get(record.job_id)
+        if job is None:
+            return []
+        if isinstance(record, r.VertexInitialized):
+            return self._on_initialized(job, record)
+        if isinstance(record, r.AttemptFinished):
+            return self._on_finished(job, record)
+        if isinstance(record, r.JobFinished):
+            del self._jobs[record.job_id]
+        return []
+
+    def metrics(self) -> dict[str, float]:
+        out = {name: float(value) for name, value in self._counters.items()}
+        out["jobs_active"] = float(len(self._jobs))
+        return out
+
+    # ------------------------------------------------------------------ events
+
+    def _on_submitted(self, event: r.JobSubmitted) -> list[r.Record]:
+        if event.job_id in self._jobs:
+            return []  # a repeated submission (redelivery) changes nothing
+        try:
+            params = DeciderParams.from_settings(self.settings.for_job(event.config))
+        except ConfigError:
+            # A job's bad setting must not stop the service for every job: decide it with the
+            # service's own settings (which are checked here too, and must be valid).
+            self._counters["config_errors"] += 1
+            params = DeciderParams.from_settings(self.settings)
+        graph = GraphView.of(event.graph)
+        fixed = {name for name, v in graph.vertices.items() if v.parallelism is not None}
+        job = _Job(params, graph, settled=set(fixed))
+        for leader, members in graph.members.items():
+            bounds = [job.bound(m) for m in members]
+            bounds += [
+                len(graph.vertices[m].split_bytes) for m in members if _is_split_source(graph, m)
+            ]
+            job.group_bound[leader] = max(1, min(bounds))
+            preset = [p for m in members if (p := graph.vertices[m].parallelism) is not None]
+            if preset:
+                job.group_parallelism[leader] = preset[0]
+                if len(set(preset)) > 1:
+                    # Fixed members that disagree: the user's graph cannot be uniform.
+                    self._counters["forward_group_breaks"] += 1
+        self._jobs[event.job_id] = job
+        out: list[r.Record] = []
+        for name in graph.order:
+            if name in job.settled or graph.inputs[name]:
+                continue
+            decision = self._decide_source(job, event, name)
+            if decision is not None:
+                out.append(decision)
+        return out
+
+    def _on_initialized(self, job: _Job, event: r.VertexInitialized) -> list[r.Record]:
+        name = event.vertex
+        if name not in job.graph.vertices or name in job.results or event.parallelism < 1:
+            return []
+        job.settled.add(name)
+        job.results[name] = _Results.empty(event.parallelism)
+        job.group_parallelism.setdefault(job.graph.leader[name], event.parallelism)
+        return self._decide_consumers(job, event, name)
+
+    def _on_finished(self, job: _Job, event: r.AttemptFinished) -> list[r.Record]:
+        produced = job.results.get(event.vertex)
+        if produced is None or not produced.add(event.subtask, event.bytes_per_subpartition):
+            return []
+        return self._decide_consumers(job, event, event.vertex)
+
+    # ------------------------------------------------------------------ decisions
+
+    def _decide_consumers(self, job: _Job, cause: r.Event, producer: str) -> list[r.Record]:
+        if not job.complete(producer):
+            return []
+        out: list[r.Record] = []
+        for consumer in job.graph.consumers[producer]:
+            decision = self._decide_operator(job, cause, consumer)
+            if decision is not None:
+                out.append(decision)
+        return out
+
+    def _decide_source(self, job: _Job, cause: r.Event, name: str) -> r.Record | None:
+        splits = job.graph.vertices[name].split_bytes
+        if not splits:
+            # No split to hand out: an InputRange cannot be empty. Left to the agent.
+            self._counters["sources_without_splits"] += 1
+            return None
+        leader = job.graph.leader[name]
+        hard = min(job.bound(name), len(splits))
+        if leader in job.group_parallelism:
+            parallelism = self._follow(job, leader, hard)
+        else:
+            wish = source_parallelism(sum(max(0, b) for b in splits), job.params)
+            parallelism = min(hard, job.params.clamp(wish, job.group_bound[leader]))
+            self._counters["sources_decided"] += 1
+        return self._emit(job, cause, name, parallelism, split_inputs(parallelism, splits))
+
+    def _decide_operator(self, job: _Job, cause: r.Event, name: str) -> r.Record | None:
+        if name in job.settled:
+            return None
+        infos: list[InputInfo] = []
+        for edge in job.graph.inputs[name]:
+            if not job.complete(edge.source):
+                return None
+            produced = job.results[edge.source]
+            infos.append(
+                InputInfo(
+                    producer=edge.source,
+                    distribution=edge.distribution,
+                    parallelism=produced.parallelism,
+                    subpartitions=len(produced.subpartition_bytes),
+                    partition_bytes=tuple(produced.partition_bytes),
+                    subpartition_bytes=tuple(produced.subpartition_bytes),
+                )
+            )
+        hard = job.bound(name)
+        data = data_bound(infos)
+        if data is not None:
+            hard = min(hard, data)
+        leader = job.graph.leader[name]
+        if leader in job.group_parallelism:
+            parallelism = self._follow(job, leader, hard)
+        else:
+            parallelism = min(hard, self._formula(job, infos, job.group_bound[leader]))
+            self._counters["vertices_decided"] += 1
+        return self._emit(job, cause, name, parallelism, subtask_inputs(parallelism, infos))
+
+    def _formula(self, job: _Job, infos: list[InputInfo], upper: int) -> int:
+        non_broadcast = broadcast = 0
+        for i in infos:
+            assert i.partition_bytes is not None
+            if i.distribution is r.Distribution.BROADCAST:
+                broadcast += sum(i.partition_bytes)
+            else:
+                non_broadcast += sum(i.partition_bytes)
+        if capped_broadcast_bytes(broadcast, job.params) < broadcast:
+            self._counters["broadcast_capped"] += 1
+        return job.params.clamp(unclamped_parallelism(non_broadcast, broadcast, job.params), upper)
+
+    def _follow(self, job: _Job, leader: str, hard: int) -> int:
+        """A forward group's parallelism, as far as this member can take it."""
+        group = job.group_parallelism[leader]
+        self._counters["forward_group_followers"] += 1
+        if hard < group:
+            self._counters["forward_group_breaks"] += 1
+        return max(1, min(group, hard))
+
+    def _emit(
+        self,
+        job: _Job,
+        cause: r.Event,
+        name: str,
+        parallelism: int,
+        inputs: tuple[r.SubtaskInputs, ...],
+    ) -> r.SetParallelism:
+        job.settled.add(name)
+        job.group_parallelism.setdefault(job.graph.leader[name], parallelism)
+        self._counters["decisions_emitted"] += 1
+        return r.SetParallelism(
+            job_id=cause.job_id,
+            ts=cause.ts,
+            id=derived_id(self.SERVICE, cause.job_id, name),
+            caused_by=(cause.id,),
+            vertex=name,
+            parallelism=parallelism,
+            subtask_inputs=inputs,
+        )
+
+
+def _is_split_source(graph: GraphView, name: str) -> bool:
+    return not graph.inputs[name] and bool(graph.vertices[name].split_bytes)
