@@ -148,6 +148,9 @@ class SlowAttempt:
     execution_time_ms: int
     input_bytes: int | None = None
     speculative: bool = False
+    # Whether this live attempt met the slow rule itself. A slow subtask lists all its live
+    # attempts (the speculator must count them), but only the slow ones' hosts may be blocked.
+    slow: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,167 @@
+"""The .avsc contracts and the record dataclasses must never drift apart."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import subprocess
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tailguard.codec.schemas import current_schemas, released_schemas, schema_root
+from tailguard.model import records as r
+
+REPO = Path(__file__).resolve().parents[2]
+NAMESPACE = "io.tailguard"
+TOPIC_DIRS = {r.EVENTS_TOPIC: "events", r.FINDINGS_TOPIC: "findings", r.COMMANDS_TOPIC: "commands"}
+PRIMITIVES = {str: "string", int: "long", float: "double", bool: "boolean"}
+
+
+class _NamedTypes:
+    """Named types seen so far in one schema: the first use defines, later ones reference."""
+
+    def __init__(self) -> None:
+        self.defined: dict[str, Any] = {}
+
+    def resolve(self, avro_type: Any) -> Any:
+        if isinstance(avro_type, str) and avro_type in self.defined:
+            return self.defined[avro_type]
+        if isinstance(avro_type, dict) and avro_type.get("type") in ("record", "enum"):
+            full = f"{avro_type.get('namespace', NAMESPACE)}.{avro_type['name']}"
+            assert full not in self.defined, f"{full} defined twice"
+            self.defined[full] = avro_type
+        return avro_type
+
+
+def _assert_matches(hint: Any, avro_type: Any, named: _NamedTypes, where: str) -> None:
+    avro_type = named.resolve(avro_type)
+    if hint in PRIMITIVES:
+        assert avro_type == PRIMITIVES[hint], f"{where}: {avro_type!r} for {hint!r}"
+        return
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is types.UnionType or origin is typing.Union:
+        assert isinstance(avro_type, list), f"{where}: optional field is not a union"
+        assert len(avro_type) == 2 and avro_type[0] == "null", f"{where}: not [null, T]"
+        (inner,) = [a for a in args if a is not type(None)]
+        _assert_matches(inner, avro_type[1], named, where)
+        return
+    assert not isinstance(avro_type, list), f"{where}: union for a required field"
+    if origin is tuple:
+        assert avro_type["type"] == "array", where
+        _assert_matches(args[0], avro_type["items"], named, f"{where}[]")
+    elif origin is dict:
+        assert args[0] is str and avro_type["type"] == "map", where
+        _assert_matches(args[1], avro_type["values"], named, f"{where}{{}}")
+    elif isinstance(hint, type) and issubclass(hint, enum.Enum):
+        assert avro_type["type"] == "enum" and avro_type["name"] == hint.__name__, where
+        assert avro_type["symbols"] == [m.name for m in hint], f"{where}: enum symbols differ"
+        assert avro_type.get("doc"), f"{where}: enum without doc"
+    else:
+        assert dataclasses.is_dataclass(hint), f"{where}: unexpected hint {hint!r}"
+        _assert_record_matches(hint, avro_type, named)
+
+
+def _expected_default(f: dataclasses.Field[Any], hint: Any) -> Any:
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return None
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return dataclasses.MISSING
+    if isinstance(value, enum.Enum):
+        return value.name
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _assert_record_matches(cls: type, schema: dict[str, Any], named: _NamedTypes) -> None:
+    assert schema["type"] == "record" and schema["name"] == cls.__name__
+    assert schema.get("namespace", NAMESPACE) == NAMESPACE
+    assert schema.get("doc"), f"{cls.__name__} has no doc"
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)
+    assert [f["name"] for f in schema["fields"]] == [f.name for f in fields], cls.__name__
+    for f, avro_field in zip(fields, schema["fields"], strict=True):
+        where = f"{cls.__name__}.{f.name}"
+        assert avro_field.get("doc"), f"{where} has no doc"
+        _assert_matches(hints[f.name], avro_field["type"], named, where)
+        expected = _expected_default(f, hints[f.name])
+        if expected is dataclasses.MISSING:
+            assert "default" not in avro_field, f"{where}: default the dataclass does not have"
+        else:
+            assert avro_field.get("default", dataclasses.MISSING) == expected, where
+
+
+@pytest.mark.parametrize("cls", r.RECORD_TYPES, ids=lambda c: c.__name__)
+def test_schema_matches_dataclass_field_for_field(cls: type[r.Record]) -> None:
+    path = REPO / "schemas" / TOPIC_DIRS[cls.TOPIC] / f"{cls.__name__}.avsc"
+    _assert_record_matches(cls, json.loads(path.read_text()), _NamedTypes())
+
+
+def test_every_record_type_has_exactly_one_schema_with_its_own_fingerprint() -> None:
+    schemas = current_schemas()
+    assert set(schemas) == {cls.__name__ for cls in r.RECORD_TYPES}
+    files = sorted(p.stem for d in TOPIC_DIRS.values() for p in (REPO / "schemas" / d).iterdir())
+    assert files == sorted(schemas)
+    fingerprints = {s.fingerprint for s in schemas.values()}
+    assert len(fingerprints) == len(schemas)
+
+
+def test_released_v1_is_a_complete_release() -> None:
+    released = released_schemas()
+    assert "v1" in released
+    assert set(released["v1"]) == {cls.__name__ for cls in r.RECORD_TYPES}
+
+
+def _crc64_avro(data: bytes) -> bytes:
+    """The Avro spec's reference CRC-64-AVRO, written out independently of fastavro."""
+    empty = 0xC15D213AA4D7A795
+    table = []
+    for i in range(256):
+        fp = i
+        for _ in range(8):
+            fp = (fp >> 1) ^ (empty & -(fp & 1))
+        table.append(fp)
+    fp = empty
+    for byte in data:
+        fp = (fp >> 8) ^ table[(fp ^ byte) & 0xFF]
+    return fp.to_bytes(8, "little")
+
+
+def test_fingerprints_are_crc64_avro_of_the_canonical_form() -> None:
+    for schema in current_schemas().values():
+        assert schema.fingerprint == _crc64_avro(schema.canonical_form.encode())
+        assert '"doc"' not in schema.canonical_form
+
+
+def test_generator_output_equals_the_committed_schemas() -> None:
+    # The committed files are the contract; this only says whether tools/gen_schemas.py still
+    # reproduces them, so that rerunning it after a dataclass change gives a reviewable diff.
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "gen_schemas.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_schemas_are_found_from_the_package_not_the_working_directory(tmp_path: Path) -> None:
+    script = (
+        "from tailguard.codec import load_schemas, released_schemas\n"
+        "from tailguard.codec.schemas import schema_root\n"
+        "print(len(load_schemas()), len(released_schemas()['v1']), schema_root())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    count, released_count, root = result.stdout.split(maxsplit=2)
+    assert int(count) == int(released_count) == len(r.RECORD_TYPES)
+    assert Path(root.strip()).resolve() == Path(str(schema_root())).resolve()
