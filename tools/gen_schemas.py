@@ -132,6 +132,7 @@ FIELD_DOCS: dict[str, str] = {
     "baseline_ms": "Baseline execution time in ms (median of the fastest finished x multiplier).",
     "baseline_ns_per_byte": "Baseline time per input byte in ns; null when input sizes unknown.",
     "slow": "The slow subtasks; empty: the vertex has no slow subtask any more.",
+    "SlowAttempt.slow": "Whether this live attempt met the slow rule itself (blockable host).",
     "hosts": "Hosts concerned.",
     "SlowTasksDetected.hosts": "Hosts registered with the job at detection time.",
     "avoid_hosts": "Hosts on which the new attempts must not run.",

@@ -133,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {args.service} %(levelname)s %(message)s"
     )
-    settings = load_settings(args.config)
-    work_dir = Path(args.work_dir or settings.get("tailguard.work-dir", "work"))
+    extra = {"tailguard.work-dir": args.work_dir} if args.work_dir else None
+    settings = load_settings(args.config, extra=extra)
+    work_dir = Path(settings["tailguard.work-dir"])
     return serve(args.service, settings, work_dir, args.metrics_port, args.metrics_host)
 
 

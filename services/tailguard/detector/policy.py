@@ -1,1 +1,0 @@
-"""detector decision core (pure)."""

@@ -1,0 +1,425 @@
+"""Slow task detection (FLIP-168's ExecutionTimeBasedSlowTaskDetector), as a pure core.
+
+Events in, findings out. On every `Tick` each initialised vertex with at least R·N finished
+subtasks gets a baseline: the median of the K = round(N·R) smallest execution times per input
+byte among its finished attempts, times M. A live (deploying or running) attempt is slow when it
+has run for at least the lower bound B and its time per assigned input byte reaches the
+baseline; when the bytes are unknown, plain times are compared against median × M instead.
+
+Execution time, as FLIP-168 defines it: finish − deploying for a finished attempt, now −
+deploying for a live one, 0 for a failed or cancelled one (so those are never slow and never in
+the baseline). Only `Tick` triggers a check, so every decision happens at a logged instant.
+
+Work per Tick does not grow with the finished attempts: the baselines are kept incrementally as
+attempts finish (`SmallestKMedian`), assigned input bytes are cached per subtask, and a Tick
+walks the live attempts oldest first and stops at the first one younger than B (none after it
+can be slow), so it touches only the live attempts that have run for at least B, plus one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from tailguard.detector.policy.inputs import ProducerOutputs, assigned_bytes, split_prefix_sums
+from tailguard.detector.policy.median import SmallestKMedian
+from tailguard.model.config import ConfigError, Settings
+from tailguard.model.ids import derived_id
+from tailguard.model.records import (
+    AttemptCanceled,
+    AttemptDeploying,
+    AttemptFailed,
+    AttemptFinished,
+    InputRange,
+    JobFinished,
+    JobSubmitted,
+    NodeAdded,
+    NodeRemoved,
+    Record,
+    SlowAttempt,
+    SlowSubtask,
+    SlowTasksDetected,
+    SpeculativeAttemptWon,
+    Tick,
+    VertexInitialized,
+    VertexSpec,
+)
+
+__all__ = ["SlowTaskDetector"]
+
+_NS_PER_MS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    ratio: float
+    multiplier: float
+    lower_bound_ms: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> _Rule:
+        return cls(
+            ratio=settings.number("slow-task-detector.execution-time.baseline-ratio"),
+            multiplier=settings.number("slow-task-detector.execution-time.baseline-multiplier"),
+            lower_bound_ms=settings.duration_ms(
+                "slow-task-detector.execution-time.baseline-lower-bound"
+            ),
+        )
+
+
+@dataclass(slots=True)
+class _LiveAttempt:
+    attempt: int
+    host: str
+    speculative: bool
+    deploying_ts: int
+
+
+class _VertexState:
+    __slots__ = (
+        "assigned",
+        "baseline_count",
+        "done",
+        "finished",
+        "inputs",
+        "latest_attempt",
+        "live",
+        "live_by_age",
+        "outputs",
+        "parallelism",
+        "per_byte",
+        "plain",
+        "reported_slow",
+        "spec",
+        "split_prefix",
+    )
+
+    def __init__(self, spec: VertexSpec) -> None:
+        self.spec = spec
+        self.parallelism: int | None = None
+        self.inputs: dict[int, tuple[InputRange, ...]] = {}
+        self.split_prefix = split_prefix_sums(spec.split_bytes)
+        self.outputs = ProducerOutputs()
+        # subtask -> attempt number -> live attempt; the only thing a Tick iterates.
+        self.live: dict[int, dict[int, _LiveAttempt]] = {}
+        # The same live attempts in deploying order (a job's events are in time order), which
+        # is all a Tick walks.
+        self.live_by_age: dict[tuple[int, int], _LiveAttempt] = {}
+        self.latest_attempt: dict[int, int] = {}
+        # Subtasks that have finished at least once: the R·N condition.
+        self.finished: set[int] = set()
+        # Subtasks whose current run has a finished attempt: their other attempts are about to
+        # be cancelled and are not checked (a restart deploys a new attempt and clears this).
+        self.done: set[int] = set()
+        # Known assigned input bytes per subtask (inputs never change once initialised).
+        self.assigned: dict[int, int] = {}
+        self.baseline_count = 0
+        self.plain: SmallestKMedian | None = None
+        self.per_byte: SmallestKMedian | None = None
+        self.reported_slow = False
+
+    def initialise(self, event: VertexInitialized, rule: _Rule) -> None:
+        n = event.parallelism
+        self.parallelism = n
+        self.inputs = {s.subtask: s.inputs for s in event.subtask_inputs}
+        self.assigned.clear()
+        # Java's Math.round (half up), as Flink computes the baseline count.
+        k = min(n, max(1, math.floor(n * rule.ratio + 0.5)))
+        # "At least R·N finished": the smallest integer >= R·N, never below K.
+        self.baseline_count = max(k, math.ceil(n * rule.ratio - 1e-9))
+        if self.plain is None or self.plain.k != k:
+            self.plain = SmallestKMedian(k)
+            self.per_byte = SmallestKMedian(k)
+
+
+class _JobState:
+    __slots__ = ("hosts", "rule", "sorted_hosts", "vertices")
+
+    def __init__(self, event: JobSubmitted, rule: _Rule) -> None:
+        self.rule = rule
+        self.vertices = {spec.name: _VertexState(spec) for spec in event.graph.vertices}
+        self.hosts: set[str] = set()
+        self.sorted_hosts: tuple[str, ...] | None = ()
+
+    def host_list(self) -> tuple[str, ...]:
+        if self.sorted_hosts is None:
+            self.sorted_hosts = tuple(sorted(self.hosts))
+        return self.sorted_hosts
+
+
+class SlowTaskDetector:
+    SERVICE: ClassVar[str] = "detector"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._jobs: dict[str, _JobState] = {}
+        self._findings = 0
+        self._attempts_examined = 0
+        self._speculative_wins = 0
+        self._config_errors = 0
+        self._default_rule = _Rule.from_settings(settings)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def handle(self, record: Record) -> list[Record]:
+        if isinstance(record, JobSubmitted):
+            if record.job_id not in self._jobs:
+                self._jobs[record.job_id] = _JobState(record, self._job_rule(record))
+            return []
+        job = self._jobs.get(record.job_id)
+        if job is None:
+            return []
+        if isinstance(record, Tick):
+            return self._check(record, job)
+        if isinstance(record, AttemptDeploying | AttemptFinished | AttemptFailed | AttemptCanceled):
+            vertex = self._subtask_vertex(job, record.vertex, record.subtask)
+            if vertex is None:
+                return []
+            if isinstance(record, AttemptDeploying):
+                self._deploying(record, vertex)
+            elif isinstance(record, AttemptFinished):
+                return self._finished(record, job, vertex)
+            else:
+                self._pop_live(vertex, record.subtask, record.attempt)
+        elif isinstance(record, VertexInitialized):
+            vertex = job.vertices.get(record.vertex)
+            if vertex is not None and record.parallelism > 0:
+                vertex.initialise(record, job.rule)
+        elif isinstance(record, NodeAdded):
+            job.hosts.add(record.host)
+            job.sorted_hosts = None
+        elif isinstance(record, NodeRemoved):
+            job.hosts.discard(record.host)
+            job.sorted_hosts = None
+        elif isinstance(record, JobFinished):
+            return self._job_finished(record, job)
+        return []
+
+    def _job_rule(self, event: JobSubmitted) -> _Rule:
+        """The job's own thresholds; the service's when the job's cannot be parsed (a job with
+        a typo in its config is still watched rather than crashing the service)."""
+        try:
+            return _Rule.from_settings(self.settings.for_job(event.config))
+        except ConfigError:
+            self._config_errors += 1
+            return self._default_rule
+
+    def metrics(self) -> dict[str, float]:
+        slow_vertices = sum(
+            1 for job in self._jobs.values() for v in job.vertices.values() if v.reported_slow
+        )
+        return {
+            "jobs": float(len(self._jobs)),
+            "findings_emitted": float(self._findings),
+            "slow_vertices": float(slow_vertices),
+            "speculative_wins": float(self._speculative_wins),
+            "config_errors": float(self._config_errors),
+            # Live attempts walked by Ticks: what the per-Tick cost is proportional to.
+            "attempts_examined": float(self._attempts_examined),
+        }
+
+    # ------------------------------------------------------------------ attempt lifecycle
+
+    @staticmethod
+    def _subtask_vertex(job: _JobState, name: str, subtask: int) -> _VertexState | None:
+        """The vertex, if it is initialised and has this subtask (else the event is ignored)."""
+        vertex = job.vertices.get(name)
+        if vertex is None or vertex.parallelism is None or not 0 <= subtask < vertex.parallelism:
+            return None
+        return vertex
+
+    def _deploying(self, event: AttemptDeploying, vertex: _VertexState) -> None:
+        live = _LiveAttempt(event.attempt, event.host, event.speculative, event.ts)
+        vertex.live.setdefault(event.subtask, {})[event.attempt] = live
+        vertex.live_by_age.pop((event.subtask, event.attempt), None)  # a repeat moves to the end
+        vertex.live_by_age[(event.subtask, event.attempt)] = live
+        previous = vertex.latest_attempt.get(event.subtask, event.attempt)
+        vertex.latest_attempt[event.subtask] = max(previous, event.attempt)
+        if not event.speculative:
+            # A restart runs the subtask again; a late mirror of a finished one does not.
+            vertex.done.discard(event.subtask)
+
+    @staticmethod
+    def _pop_live(vertex: _VertexState, subtask: int, attempt: int) -> _LiveAttempt | None:
+        attempts = vertex.live.get(subtask)
+        if attempts is None:
+            return None
+        live = attempts.pop(attempt, None)
+        if not attempts:
+            del vertex.live[subtask]
+        vertex.live_by_age.pop((subtask, attempt), None)
+        return live
+
+    def _finished(
+        self, event: AttemptFinished, job: _JobState, vertex: _VertexState
+    ) -> list[Record]:
+        live = self._pop_live(vertex, event.subtask, event.attempt)
+        won = event.subtask not in vertex.done
+        vertex.done.add(event.subtask)
+        vertex.finished.add(event.subtask)
+        vertex.outputs.record(event.subtask, event.bytes_per_subpartition)
+        if live is None:
+            return []
+        execution_ms = event.ts - live.deploying_ts
+        if vertex.plain is not None and vertex.per_byte is not None:
+            vertex.plain.add(execution_ms)
+            size = event.input_bytes or self._assigned(job, vertex, event.subtask)
+            if size:
+                vertex.per_byte.add(execution_ms * _NS_PER_MS / size)
+        if not (won and live.speculative):
+            return []
+        self._speculative_wins += 1
+        return [
+            SpeculativeAttemptWon(
+                job_id=event.job_id,
+                ts=event.ts,
+                id=derived_id(self.SERVICE, event.id),
+                caused_by=(event.id,),
+                vertex=event.vertex,
+                subtask=event.subtask,
+                attempt=event.attempt,
+                host=event.host,
+            )
+        ]
+
+    def _assigned(self, job: _JobState, vertex: _VertexState, subtask: int) -> int | None:
+        known = vertex.assigned.get(subtask)
+        if known is not None:
+            return known
+        ranges = vertex.inputs.get(subtask)
+        if ranges is None:
+            return None
+        size = assigned_bytes(
+            ranges,
+            vertex.split_prefix,
+            {r.input: job.vertices[r.input].outputs for r in ranges if r.input in job.vertices},
+            {
+                r.input: p
+                for r in ranges
+                if r.input in job.vertices and (p := job.vertices[r.input].parallelism) is not None
+            },
+        )
+        if size is not None:
+            vertex.assigned[subtask] = size
+        return size
+
+    # ------------------------------------------------------------------ the check
+
+    def _check(self, tick: Tick, job: _JobState) -> list[Record]:
+        out: list[Record] = []
+        for name, vertex in job.vertices.items():
+            finding = self._check_vertex(tick, job, name, vertex)
+            if finding is not None:
+                out.append(finding)
+        self._findings += len(out)
+        return out
+
+    def _check_vertex(
+        self, tick: Tick, job: _JobState, name: str, vertex: _VertexState
+    ) -> SlowTasksDetected | None:
+        if vertex.plain is None or vertex.per_byte is None:
+            return None
+        if len(vertex.finished) < vertex.baseline_count:
+            return None
+        plain_median = vertex.plain.median()
+        if plain_median is None:
+            return None
+        rule = job.rule
+        baseline_ms = max(math.ceil(plain_median * rule.multiplier), rule.lower_bound_ms)
+        per_byte_median = vertex.per_byte.median()
+        baseline_ns = None if per_byte_median is None else per_byte_median * rule.multiplier
+        slow: list[SlowSubtask] = []
+        for subtask in self._old_enough(tick.ts, rule.lower_bound_ms, vertex):
+            attempts = vertex.live[subtask]
+            entries = self._judge(tick.ts, job, vertex, subtask, attempts, baseline_ms, baseline_ns)
+            if entries is not None:
+                slow.append(SlowSubtask(subtask, entries, vertex.latest_attempt[subtask]))
+        if not slow and not vertex.reported_slow:
+            return None
+        vertex.reported_slow = bool(slow)
+        slow.sort(key=lambda s: s.subtask)
+        return SlowTasksDetected(
+            job_id=tick.job_id,
+            ts=tick.ts,
+            id=derived_id(self.SERVICE, tick.id, name),
+            caused_by=(tick.id,),
+            vertex=name,
+            speculation_safe=vertex.spec.speculation_safe,
+            baseline_ms=baseline_ms,
+            baseline_ns_per_byte=baseline_ns,
+            slow=tuple(slow),
+            hosts=job.host_list(),
+        )
+
+    def _old_enough(self, now: int, lower_bound_ms: int, vertex: _VertexState) -> list[int]:
+        """Unfinished subtasks with a live attempt that has run for at least the lower bound."""
+        subtasks: dict[int, None] = {}
+        examined = 0
+        for (subtask, _), live in vertex.live_by_age.items():
+            examined += 1
+            if now - live.deploying_ts < lower_bound_ms:
+                break
+            if subtask not in vertex.done:
+                subtasks[subtask] = None
+        self._attempts_examined += examined
+        return list(subtasks)
+
+    def _judge(
+        self,
+        now: int,
+        job: _JobState,
+        vertex: _VertexState,
+        subtask: int,
+        attempts: dict[int, _LiveAttempt],
+        baseline_ms: int,
+        baseline_ns: float | None,
+    ) -> tuple[SlowAttempt, ...] | None:
+        """All live attempts of `subtask` if at least one of them is slow, else None."""
+        lower_bound = job.rule.lower_bound_ms
+        size = self._assigned(job, vertex, subtask)
+        entries: list[SlowAttempt] = []
+        any_slow = False
+        for live in attempts.values():
+            execution_ms = now - live.deploying_ts
+            if execution_ms < lower_bound:
+                is_slow = False
+            elif size and baseline_ns is not None:
+                is_slow = execution_ms * _NS_PER_MS / size >= baseline_ns
+            else:
+                is_slow = execution_ms >= baseline_ms
+            any_slow = any_slow or is_slow
+            entries.append(
+                SlowAttempt(live.attempt, live.host, execution_ms, size, live.speculative, is_slow)
+            )
+        if not any_slow:
+            return None
+        entries.sort(key=lambda a: a.attempt)
+        return tuple(entries)
+
+    # ------------------------------------------------------------------ end of a job
+
+    def _job_finished(self, event: JobFinished, job: _JobState) -> list[Record]:
+        """Clear every vertex still reported slow, so readers of findings alone (speculator
+        metrics, blocklist) do not keep a finished job's vertices slow forever."""
+        out: list[Record] = []
+        for name, vertex in job.vertices.items():
+            if not vertex.reported_slow:
+                continue
+            out.append(
+                SlowTasksDetected(
+                    job_id=event.job_id,
+                    ts=event.ts,
+                    id=derived_id(self.SERVICE, event.id, name),
+                    caused_by=(event.id,),
+                    vertex=name,
+                    speculation_safe=vertex.spec.speculation_safe,
+                    baseline_ms=0,
+                    baseline_ns_per_byte=None,
+                    slow=(),
+                    hosts=job.host_list(),
+                )
+            )
+        del self._jobs[event.job_id]
+        self._findings += len(out)
+        return out

@@ -1,1 +1,0 @@
-"""failover decision core (pure)."""
