@@ -7,6 +7,7 @@ task retries and speculation are off for these jobs, because the control plane o
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -35,6 +36,8 @@ def session_builder(master: str, app_name: str = "tailguard") -> SparkSession.Bu
     """A SparkSession builder with the settings attempt jobs rely on."""
     builder = SparkSession.builder.master(master).appName(app_name)
     # Executors must run the tasks with this interpreter: it is the one with tailguard installed.
+    # PySpark 4 takes the executors' Python from the driver's environment.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = builder.config("spark.pyspark.python", sys.executable)
     for key, value in REQUIRED_CONF.items():
         builder = builder.config(key, value)

@@ -33,6 +33,7 @@ log = logging.getLogger("tailguard.service")
 # Commit offsets often: outputs are awaited before the input is acknowledged, so the interval only
 # bounds how much input a restarted service processes a second time.
 COMMIT_INTERVAL_S = 0.5
+SESSION_TIMEOUT_S = 6.0
 
 
 class ServiceState:
@@ -60,6 +61,11 @@ def build_app(
         datadir=str(data_dir),
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=COMMIT_INTERVAL_S,
+        # A service killed with -9 leaves its group membership behind; its restart gets the
+        # partitions only once that session expires, so keep it short (heartbeats every 1 s).
+        broker_session_timeout=SESSION_TIMEOUT_S,
+        broker_heartbeat_interval=1.0,
+        broker_rebalance_timeout=SESSION_TIMEOUT_S,
     )
     source = app.topic(definition.input_topic, key_serializer="raw", value_serializer="raw")
     sinks: dict[str, Any] = {}

@@ -1,0 +1,156 @@
+"""`tailguard cluster up|status|down|throttle`: the local standalone cluster from the shell.
+
+The cluster outlives the command; later calls find it through `<work-dir>/cluster.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tailguard.cluster.local import DEFAULT_WORK_DIR, ClusterError, LocalCluster
+from tailguard.cluster.throttle import parse_duration
+
+
+def _host_factor(text: str) -> tuple[str, float]:
+    host, sep, factor = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected HOST=FACTOR, got {text!r}")
+    try:
+        return host, float(factor)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad factor in {text!r}") from exc
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r} (e.g. 30s, 2m)") from exc
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=DEFAULT_WORK_DIR,
+        help=f"state file, logs and worker dirs (default: {DEFAULT_WORK_DIR})",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+
+    up = actions.add_parser("up", help="start the cluster (or reuse a running one of this shape)")
+    up.add_argument("--workers", type=int, default=3, help="workers on 127.0.0.2, .3, ...")
+    up.add_argument("--cores", type=int, default=1, help="cores per worker")
+    up.add_argument("--memory", default="1g", help="memory per worker (Spark size, e.g. 1g)")
+    up.add_argument(
+        "--throttle",
+        type=_host_factor,
+        action="append",
+        default=[],
+        metavar="HOST=FACTOR",
+        help="slow a worker down once the cluster is up (repeatable); note that an executor "
+        "started on a throttled node registers late",
+    )
+    up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for workers")
+
+    status = actions.add_parser("status", help="show the running cluster")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+    actions.add_parser("down", help="stop the cluster and every throttler")
+
+    throttle = actions.add_parser("throttle", help="slow a worker down, or stop doing so")
+    throttle.add_argument("host", help="worker address, e.g. 127.0.0.3")
+    which = throttle.add_mutually_exclusive_group(required=True)
+    which.add_argument("--factor", type=float, help="run FACTOR times slower (>= 1)")
+    which.add_argument("--off", action="store_true", help="stop throttling this host")
+    throttle.add_argument(
+        "--for", dest="duration", type=_duration, help="only for this long (e.g. 30s, 2m)"
+    )
+    throttle.add_argument("--period-ms", type=float, default=100.0, help="duty-cycle period")
+
+
+def _say(message: str) -> None:
+    print(f"tailguard cluster: {message}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.action == "up":
+            return _up(args)
+        cluster = LocalCluster.attach(args.work_dir)
+        if args.action == "status":
+            return _status(cluster, args.json)
+        if args.action == "down":
+            cluster._progress = _say
+            cluster.stop()
+            _say("stopped")
+            return 0
+        if args.action == "throttle":
+            return _throttle(cluster, args)
+    except ClusterError as exc:
+        _say(f"error: {exc}")
+        return 1
+    raise AssertionError(f"unknown action {args.action}")
+
+
+def _up(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(
+        workers=args.workers,
+        cores=args.cores,
+        memory=args.memory,
+        work_dir=args.work_dir,
+        start_timeout_s=args.timeout,
+        progress=_say,
+    )
+    master_url = cluster.start()
+    for host, factor in args.throttle:
+        cluster.throttle(host, factor)
+        _say(f"throttling {host} x{factor:g}")
+    print(master_url)
+    return 0
+
+
+def _status(cluster: LocalCluster, as_json: bool) -> int:
+    status = cluster.status()
+    if as_json:
+        print(json.dumps(status, indent=2))
+    else:
+        print(_format_status(status))
+    healthy = status["master_answers"] and all(
+        w["running"] and w["registered"] for w in status["workers"]
+    )
+    return 0 if healthy else 2
+
+
+def _format_status(status: dict[str, Any]) -> str:
+    master = "up" if status["master_answers"] else "NOT ANSWERING"
+    lines = [
+        f"master   {status['master_url']}  web UI {status['web_ui']}  "
+        f"pid {status['master']['pid']}  {master}",
+    ]
+    for w in status["workers"]:
+        state = "ALIVE" if w["registered"] else ("running" if w["running"] else "DOWN")
+        line = f"worker   {w['host']:<12} pid {w['pid']:<8} {state}"
+        if w["throttle"]:
+            t = w["throttle"]
+            left = t["seconds_left"]
+            line += f"  throttled x{t['factor']:g}" + (
+                "" if left is None else f" ({left:.0f}s left)"
+            )
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _throttle(cluster: LocalCluster, args: argparse.Namespace) -> int:
+    if args.off:
+        cluster.unthrottle(args.host)
+        _say(f"{args.host} runs at full speed")
+        return 0
+    pid = cluster.throttle(args.host, args.factor, args.duration, args.period_ms)
+    span = "" if args.duration is None else f" for {args.duration:g}s"
+    _say(f"throttling {args.host} x{args.factor:g}{span} (throttler pid {pid})")
+    return 0

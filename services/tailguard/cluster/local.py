@@ -1,0 +1,473 @@
+"""A Spark standalone cluster on this machine, started from the pyspark wheel.
+
+One Master on 127.0.0.1 and N Workers, worker i bound to its own loopback address 127.0.0.(i+2),
+so Spark sees N distinct hosts and an attempt can be pinned to one of them by location
+preference. Every daemon runs detached in its own session with its output in a log file under
+`work_dir`; the pids go into `<work_dir>/cluster.json` so another process (`tailguard cluster
+status|down|throttle`) can find and manage the cluster.
+
+Spark 4 needs a full JDK 17 (it uses the `jdk.incubator.vector` module; a jlinked minimal JRE
+fails), found through `JAVA_HOME` or `PATH`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tailguard.cluster import procs
+
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+THROTTLE_MODULE = "tailguard.cluster.throttle"
+STATE_FILE = "cluster.json"
+DEFAULT_WORK_DIR = Path("work") / "cluster"
+
+
+class ClusterError(RuntimeError):
+    """The local cluster cannot be started, found or managed."""
+
+
+def spark_home() -> Path:
+    """The installed pyspark package directory: it holds `bin/spark-class` and the jars."""
+    import pyspark  # deferred: importing pyspark is slow and `status`/`down` do not need it
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def find_java() -> str:
+    """Path of the `java` binary, or a ClusterError that says what to install."""
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").is_file():
+        return str(Path(java_home) / "bin" / "java")
+    found = shutil.which("java")
+    if found is None:
+        raise ClusterError(
+            "`java` not found: the local Spark cluster needs a JDK 17 (for example "
+            "`apt-get install openjdk-17-jdk-headless`), on PATH or via JAVA_HOME"
+        )
+    return found
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def worker_host(index: int) -> str:
+    """Loopback address of worker `index` (0-based): 127.0.0.2, 127.0.0.3, ..."""
+    if not 0 <= index < 250:
+        raise ValueError(f"worker index out of range: {index}")
+    return f"127.0.0.{index + 2}"
+
+
+@dataclass
+class WorkerState:
+    host: str
+    pid: int
+    webui_port: int
+    log: str
+
+
+@dataclass
+class ThrottleState:
+    pid: int
+    factor: float
+    until: float | None  # wall-clock epoch seconds, None = until turned off
+
+
+@dataclass
+class ClusterState:
+    """What `<work_dir>/cluster.json` holds."""
+
+    master_url: str
+    web_ui: str
+    master_pid: int
+    workers: list[WorkerState]
+    cores: int
+    memory: str
+    spark_home: str
+    python: str
+    throttles: dict[str, ThrottleState] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterState:
+        raw = json.loads(text)
+        raw["workers"] = [WorkerState(**w) for w in raw["workers"]]
+        raw["throttles"] = {h: ThrottleState(**t) for h, t in raw.get("throttles", {}).items()}
+        return cls(**raw)
+
+
+def master_status(web_ui: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    """The Master's JSON status (`/json/`), or None if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{web_ui}/json/", timeout=timeout_s) as resp:
+            data: dict[str, Any] = json.load(resp)
+            return data
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def alive_worker_hosts(status: dict[str, Any]) -> set[str]:
+    return {w["host"] for w in status.get("workers", []) if w.get("state") == "ALIVE"}
+
+
+class LocalCluster:
+    """Start, find, throttle and stop the local standalone cluster.
+
+    `start()` reuses a live cluster of the same shape recorded in the state file, so `up` is
+    idempotent; a live cluster of another shape is an error (stop it first).
+    """
+
+    def __init__(
+        self,
+        workers: int = 3,
+        cores: int = 1,
+        memory: str = "1g",
+        work_dir: Path = DEFAULT_WORK_DIR,
+        master_port: int | None = None,
+        start_timeout_s: float = 90.0,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("a cluster needs at least one worker")
+        self.workers = workers
+        self.cores = cores
+        self.memory = memory
+        self.work_dir = Path(work_dir).resolve()
+        self.master_port = master_port
+        self.start_timeout_s = start_timeout_s
+        self._progress = progress or (lambda _msg: None)
+        self.state: ClusterState | None = None
+
+    # ----------------------------------------------------------------- finding
+    @property
+    def state_path(self) -> Path:
+        return self.work_dir / STATE_FILE
+
+    @classmethod
+    def attach(cls, work_dir: Path = DEFAULT_WORK_DIR) -> LocalCluster:
+        """The cluster recorded in `<work_dir>/cluster.json` (started by any process)."""
+        state = cls._read_state(Path(work_dir).resolve())
+        if state is None:
+            raise ClusterError(f"no cluster state file in {Path(work_dir).resolve()}")
+        # max(1, ...): a start interrupted before its first worker still has to be stoppable.
+        cluster = cls(max(1, len(state.workers)), state.cores, state.memory, work_dir)
+        cluster.state = state
+        return cluster
+
+    @staticmethod
+    def _read_state(work_dir: Path) -> ClusterState | None:
+        path = work_dir / STATE_FILE
+        try:
+            return ClusterState.from_json(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ClusterError(f"unreadable cluster state file {path}: {exc}") from exc
+
+    def _refresh(self) -> ClusterState:
+        """Re-read the state file: another process (the CLI) may have changed the throttles."""
+        on_disk = self._read_state(self.work_dir)
+        if on_disk is not None:
+            self.state = on_disk
+        return self._require_state()
+
+    def _write_state(self) -> None:
+        assert self.state is not None
+        tmp = self.state_path.with_suffix(".json.tmp")
+        tmp.write_text(self.state.to_json())
+        tmp.replace(self.state_path)  # readers never see a half-written file
+
+    @property
+    def master_url(self) -> str:
+        return self._require_state().master_url
+
+    def hosts(self) -> list[str]:
+        """The worker addresses, in worker order."""
+        if self.state is not None:
+            return [w.host for w in self.state.workers]
+        return [worker_host(i) for i in range(self.workers)]
+
+    def _require_state(self) -> ClusterState:
+        if self.state is None:
+            raise ClusterError("the cluster is not started")
+        return self.state
+
+    def processes_alive(self) -> bool:
+        """Master and every worker process are still running."""
+        state = self._require_state()
+        return procs.is_alive(state.master_pid, MASTER_CLASS) and all(
+            procs.is_alive(w.pid, WORKER_CLASS) for w in state.workers
+        )
+
+    def status(self) -> dict[str, Any]:
+        """A summary for `tailguard cluster status`: processes, Master's view, throttles."""
+        state = self._require_state()
+        master = master_status(state.web_ui)
+        alive = alive_worker_hosts(master) if master else set()
+        now = time.time()
+        return {
+            "master_url": state.master_url,
+            "web_ui": state.web_ui,
+            "master": {"pid": state.master_pid, "running": procs.is_alive(state.master_pid)},
+            "master_answers": master is not None,
+            "workers": [
+                {
+                    "host": w.host,
+                    "pid": w.pid,
+                    "running": procs.is_alive(w.pid, WORKER_CLASS),
+                    "registered": w.host in alive,
+                    "throttle": self._throttle_summary(w.host, now),
+                }
+                for w in state.workers
+            ],
+            "cores": state.cores,
+            "memory": state.memory,
+        }
+
+    def _throttle_summary(self, host: str, now: float) -> dict[str, Any] | None:
+        t = self._require_state().throttles.get(host)
+        if t is None or not procs.is_alive(t.pid, THROTTLE_MODULE):
+            return None
+        left = None if t.until is None else max(0.0, t.until - now)
+        return {"factor": t.factor, "pid": t.pid, "seconds_left": left}
+
+    # ----------------------------------------------------------------- starting
+    def start(self) -> str:
+        """Start (or reuse) the cluster; returns the master URL once every worker is ALIVE."""
+        existing = self._read_state(self.work_dir)
+        if existing is not None:
+            self.state = existing
+            if self.processes_alive():
+                if (len(existing.workers), existing.cores, existing.memory) != (
+                    self.workers,
+                    self.cores,
+                    self.memory,
+                ):
+                    raise ClusterError(
+                        f"a cluster of another shape ({len(existing.workers)} workers, "
+                        f"{existing.cores} cores, {existing.memory}) is running from "
+                        f"{self.state_path}; stop it first (`tailguard cluster down`)"
+                    )
+                self._progress(f"reusing the running cluster at {existing.master_url}")
+                self._await_workers()
+                return existing.master_url
+            self._progress("the recorded cluster is no longer complete; replacing it")
+            self.stop()
+        return self._launch()
+
+    def _launch(self) -> str:
+        java = find_java()
+        home = spark_home()
+        spark_class = home / "bin" / "spark-class"
+        logs = self.work_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        base_env = {
+            **os.environ,
+            "SPARK_HOME": str(home),
+            "JAVA_HOME": os.environ.get("JAVA_HOME") or str(Path(java).resolve().parents[1]),
+            # Executors start Python workers with this interpreter, so they can import tailguard.
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_LOG_DIR": str(logs),
+            # Keep Spark's default conf dir from leaking a user's spark-defaults into tests.
+            "SPARK_CONF_DIR": str(self.work_dir / "conf"),
+        }
+        (self.work_dir / "conf").mkdir(exist_ok=True)
+        master_port = self.master_port or free_port()
+        webui_port = free_port()
+        master_url = f"spark://127.0.0.1:{master_port}"
+        web_ui = f"http://127.0.0.1:{webui_port}"
+
+        self._progress(f"starting Spark master at {master_url} (web UI {web_ui})")
+        master = self._spawn(
+            [
+                str(spark_class),
+                MASTER_CLASS,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(master_port),
+                "--webui-port",
+                str(webui_port),
+            ],
+            {**base_env, "SPARK_LOCAL_IP": "127.0.0.1"},
+            logs / "master.log",
+        )
+        self.state = ClusterState(
+            master_url=master_url,
+            web_ui=web_ui,
+            master_pid=master.pid,
+            workers=[],
+            cores=self.cores,
+            memory=self.memory,
+            spark_home=str(home),
+            python=sys.executable,
+        )
+        self._write_state()  # from here on, `down` can clean up even a half-started cluster
+        try:
+            self._await(lambda: master_status(web_ui, 1.0) is not None, "the master's web UI")
+            for i in range(self.workers):
+                host = worker_host(i)
+                worker_dir = self.work_dir / f"worker-{i + 2}"
+                worker_dir.mkdir(parents=True, exist_ok=True)
+                port = free_port(host)
+                self._progress(f"starting worker {host} ({self.cores} cores, {self.memory})")
+                proc = self._spawn(
+                    [
+                        str(spark_class),
+                        WORKER_CLASS,
+                        "--host",
+                        host,
+                        "--cores",
+                        str(self.cores),
+                        "--memory",
+                        self.memory,
+                        "--webui-port",
+                        str(port),
+                        master_url,
+                    ],
+                    {**base_env, "SPARK_LOCAL_IP": host, "SPARK_WORKER_DIR": str(worker_dir)},
+                    logs / f"worker-{host}.log",
+                )
+                self.state.workers.append(
+                    WorkerState(host, proc.pid, port, str(logs / f"worker-{host}.log"))
+                )
+                self._write_state()
+            self._await_workers()
+        except BaseException:
+            self.stop()
+            raise
+        self._progress(f"cluster up: {master_url}, workers {', '.join(self.hosts())}")
+        return master_url
+
+    @staticmethod
+    def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group; survives the launching CLI
+            )
+
+    def _await_workers(self) -> None:
+        state = self._require_state()
+        wanted = set(self.hosts())
+        self._progress(f"waiting for {len(wanted)} workers to register with the master")
+        self._await(
+            lambda: (
+                (s := master_status(state.web_ui, 1.0)) is not None
+                and wanted <= alive_worker_hosts(s)
+            ),
+            f"workers {', '.join(sorted(wanted))} to register as ALIVE",
+        )
+
+    def _await(self, condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while not condition():
+            if not self.processes_alive():
+                raise ClusterError(
+                    f"a Spark daemon exited while waiting for {what}; see the logs in "
+                    f"{self.work_dir / 'logs'}"
+                )
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"timed out after {self.start_timeout_s:.0f}s waiting for {what}; see "
+                    f"{self.work_dir / 'logs'}"
+                )
+            time.sleep(0.2)
+
+    # ----------------------------------------------------------------- throttling
+    def worker(self, host: str) -> WorkerState:
+        for w in self._require_state().workers:
+            if w.host == host:
+                return w
+        raise ClusterError(f"no worker {host}; workers are {', '.join(self.hosts())}")
+
+    def throttle(
+        self, host: str, factor: float, duration_s: float | None = None, period_ms: float = 100
+    ) -> int:
+        """Slow `host` down `factor` times (for `duration_s`, or until `unthrottle`).
+
+        Returns the throttler's pid. Throttle only after the host's executor has registered:
+        an executor that starts on a throttled node registers late.
+        """
+        self.unthrottle(host)  # also re-reads the state file and checks the host
+        worker = self.worker(host)
+        argv = [
+            sys.executable,
+            "-m",
+            THROTTLE_MODULE,
+            "--pid",
+            str(worker.pid),
+            "--factor",
+            str(factor),
+            "--period-ms",
+            str(period_ms),
+        ]
+        if duration_s is not None:
+            argv += ["--for", str(duration_s)]
+        log = self.work_dir / "logs" / f"throttle-{host}.log"
+        proc = self._spawn(argv, dict(os.environ), log)
+        state = self._require_state()
+        until = None if duration_s is None else time.time() + duration_s
+        state.throttles[host] = ThrottleState(proc.pid, factor, until)
+        self._write_state()
+        return proc.pid
+
+    def unthrottle(self, host: str) -> None:
+        """Stop throttling `host`; its processes are running again when this returns."""
+        state = self._refresh()
+        worker = self.worker(host)
+        t = state.throttles.pop(host, None)
+        if t is not None:
+            if procs.is_alive(t.pid, THROTTLE_MODULE):
+                procs.terminate_trees([t.pid], grace_s=5.0)
+            self._write_state()
+        # Belt and braces: a throttler killed with SIGKILL could not resume the tree itself.
+        procs.signal_all(procs.descendants(worker.pid), signal.SIGCONT)
+
+    # ----------------------------------------------------------------- stopping
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Terminate every process this cluster started and remove the state file."""
+        state = self._read_state(self.work_dir) or self.state
+        if state is None:
+            return
+        self.state = state
+        for host in list(state.throttles):
+            with contextlib.suppress(ClusterError):
+                self.unthrottle(host)
+        roots = [w.pid for w in state.workers if procs.is_alive(w.pid, WORKER_CLASS)]
+        if procs.is_alive(state.master_pid, MASTER_CLASS):
+            roots.append(state.master_pid)
+        self._progress(f"stopping {len(roots)} Spark daemons")
+        procs.terminate_trees(roots, grace_s)
+        self.state_path.unlink(missing_ok=True)
+        self.state = None
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,345 @@
+"""The local standalone cluster: distinct hosts, pinned attempts, throttled nodes, the CLI.
+
+One module-scoped 2-worker cluster and one SparkSession serve every Spark test; the CLI test
+drives its own 1-worker cluster in another work dir so that `down` cannot break the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tailguard.cluster import procs
+from tailguard.cluster.local import ClusterError, LocalCluster, find_java
+from tailguard.cluster.throttle import Throttler
+
+try:
+    find_java()
+    JAVA_MISSING = ""
+except ClusterError as exc:
+    JAVA_MISSING = str(exc)
+
+needs_java = pytest.mark.skipif(bool(JAVA_MISSING), reason=JAVA_MISSING or "java found")
+spark = pytest.mark.spark
+
+WORKERS = 2  # two hosts suffice (slow vs fast) and keep the JVM count low on 2 cores
+
+
+def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+    return result
+
+
+def tree_states(root: int) -> dict[int, str | None]:
+    return {pid: procs.state_of(pid) for pid in procs.descendants(root)}
+
+
+# --------------------------------------------------------------------------- throttler alone
+# A plain process tree stands in for a worker: fast, and it exercises re-discovery of
+# descendants that appear after throttling started.
+
+SPAWNS_LATE_CHILD = """
+import subprocess, sys, time
+time.sleep(0.3)
+child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+while True:
+    pass
+"""
+
+
+@pytest.fixture
+def busy_tree() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", SPAWNS_LATE_CHILD], start_new_session=True)
+    yield proc
+    procs.terminate_trees([proc.pid], grace_s=2.0)
+
+
+def test_throttler_pauses_late_children_and_resumes_all_on_stop(
+    busy_tree: subprocess.Popen[bytes],
+) -> None:
+    throttler = Throttler(busy_tree.pid, factor=5, period_ms=50)
+    seen_stopped: set[int] = set()
+    runner = threading.Thread(target=throttler.run)
+    runner.start()
+    try:
+
+        def child_seen_stopped() -> bool:
+            states = tree_states(busy_tree.pid)
+            seen_stopped.update(pid for pid, s in states.items() if s == "T")
+            return len(states) == 2 and any(p != busy_tree.pid for p in seen_stopped)
+
+        poll(child_seen_stopped, 10.0, "the late child to be paused too")
+    finally:
+        throttler.stop()
+        runner.join(5.0)
+    assert not runner.is_alive()
+    assert busy_tree.pid in seen_stopped
+    states = tree_states(busy_tree.pid)
+    assert len(states) == 2
+    assert "T" not in states.values(), states
+
+
+def test_detached_throttler_resumes_tree_on_sigterm(busy_tree: subprocess.Popen[bytes]) -> None:
+    throttler = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tailguard.cluster.throttle",
+            "--pid",
+            str(busy_tree.pid),
+            "--factor",
+            "20",
+            "--period-ms",
+            "200",
+        ],
+    )
+    try:
+        poll(lambda: procs.state_of(busy_tree.pid) == "T", 10.0, "the tree to be paused")
+        throttler.send_signal(signal.SIGTERM)  # most likely while the tree is stopped
+        assert throttler.wait(5.0) == 0
+    finally:
+        if throttler.poll() is None:
+            throttler.kill()
+    assert "T" not in tree_states(busy_tree.pid).values()
+
+
+def test_throttler_with_duration_ends_by_itself(busy_tree: subprocess.Popen[bytes]) -> None:
+    started = time.monotonic()
+    Throttler(busy_tree.pid, factor=4, period_ms=50, duration_s=0.5).run()
+    assert 0.45 <= time.monotonic() - started < 5.0
+    assert "T" not in tree_states(busy_tree.pid).values()
+
+
+def test_throttler_rejects_speed_up() -> None:
+    with pytest.raises(ValueError, match="factor"):
+        Throttler(os.getpid(), factor=0.5)
+
+
+# --------------------------------------------------------------------------- Spark cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    if JAVA_MISSING:
+        pytest.skip(JAVA_MISSING)
+    local = LocalCluster(
+        workers=WORKERS, cores=1, memory="1g", work_dir=tmp_path_factory.mktemp("cluster")
+    )
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="module")
+def sc(cluster: LocalCluster) -> Iterator[Any]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the driver tells executors which Python
+    from pyspark import cloudpickle
+    from pyspark.sql import SparkSession
+
+    # Executors cannot import this test module, so ship its functions by value.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    session = (
+        SparkSession.builder.master(cluster.master_url)
+        .appName("tailguard-test-cluster")
+        .config("spark.task.maxFailures", "1")
+        .config("spark.speculation", "false")
+        .config("spark.locality.wait", "1h")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.memory", "512m")
+        .config("spark.executor.cores", "1")
+        .config("spark.executor.memory", "512m")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    context = session.sparkContext
+    try:
+        poll(
+            lambda: set(cluster.hosts()) <= executor_hosts(context),
+            60.0,
+            "an executor on every worker",
+        )
+        yield context
+    finally:
+        session.stop()
+
+
+def executor_hosts(sc: Any) -> set[str]:
+    return {e.host() for e in sc._jsc.sc().statusTracker().getExecutorInfos()}
+
+
+def where_am_i(_payload: object) -> str:
+    return os.environ["SPARK_LOCAL_IP"]
+
+
+def timed_spin(n: int) -> float:
+    """Fixed CPU-bound work; returns its wall time measured where it ran."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(n):
+        total += i * i
+    assert total >= 0
+    return time.perf_counter() - started
+
+
+@spark
+@needs_java
+def test_workers_have_distinct_loopback_hosts(cluster: LocalCluster, sc: Any) -> None:
+    assert cluster.hosts() == [f"127.0.0.{i + 2}" for i in range(WORKERS)]
+    assert set(cluster.hosts()) <= executor_hosts(sc)
+    state = json.loads((cluster.work_dir / "cluster.json").read_text())
+    assert [w["host"] for w in state["workers"]] == cluster.hosts()
+    assert state["master_url"] == cluster.master_url
+    # Work files must not land inside site-packages.
+    assert all((cluster.work_dir / f"worker-{i + 2}").is_dir() for i in range(WORKERS))
+
+
+@spark
+@needs_java
+def test_pinned_tasks_run_on_the_requested_host(cluster: LocalCluster, sc: Any) -> None:
+    from tailguard.cluster.pinning import pinned_rdd
+
+    for host in cluster.hosts():
+        for _ in range(3):
+            assert pinned_rdd(sc, [(None, host)]).map(where_am_i).collect() == [host]
+    # Several items at once: one partition each, each on its own host.
+    items = [(i, h) for i, h in enumerate(reversed(cluster.hosts() * 2))]
+    rdd = pinned_rdd(sc, items)
+    assert rdd.getNumPartitions() == len(items)
+    ran = rdd.map(lambda p: (p, os.environ["SPARK_LOCAL_IP"])).collect()
+    assert ran == items
+
+
+@spark
+@needs_java
+def test_pinned_payload_arrives_as_the_original_object(cluster: LocalCluster, sc: Any) -> None:
+    from tailguard.cluster.pinning import pinned_rdd
+
+    payloads: list[object] = [b"\x00raw bytes\xff", {"vertex": "v1", "subtask": 3}, ("t", 1.5)]
+    host = cluster.hosts()[0]
+    got = pinned_rdd(sc, [(p, host) for p in payloads]).map(lambda p: (type(p).__name__, p))
+    assert got.collect() == [(type(p).__name__, p) for p in payloads]
+
+
+@spark
+@needs_java
+def test_throttled_host_is_measurably_slower_until_unthrottled(
+    cluster: LocalCluster, sc: Any
+) -> None:
+    from tailguard.cluster.pinning import pinned_rdd
+
+    slow, fast = cluster.hosts()[0], cluster.hosts()[1]
+    work = 3_000_000  # ~0.15 s of pure Python on an idle core
+
+    def slowdown() -> float:
+        """Median ratio of the wall time of the same work on `slow` and on `fast`.
+
+        The hosts take turns, so load from the rest of a shared machine hits both alike.
+        """
+        ratios = []
+        for _ in range(3):
+            on_slow, on_fast = (
+                pinned_rdd(sc, [(work, host)]).map(timed_spin).collect()[0] for host in (slow, fast)
+            )
+            ratios.append(on_slow / on_fast)
+        return statistics.median(ratios)
+
+    before = slowdown()  # also warms both hosts' Python workers
+    # Throttle only now: the executor is registered (see design §7).
+    cluster.throttle(slow, factor=5)
+    try:
+        throttled = slowdown()
+        worker_pid = cluster.worker(slow).pid
+        assert len(procs.descendants(worker_pid)) >= 3  # worker, executor, python daemon/worker
+    finally:
+        cluster.unthrottle(slow)
+    restored = slowdown()
+    print(f"slow/fast wall time: before {before:.2f}, x5 {throttled:.2f}, after {restored:.2f}")
+    assert throttled > 2.0
+    assert restored < throttled / 2
+    # Unthrottle leaves nothing paused and forgets the throttler.
+    assert "T" not in tree_states(cluster.worker(slow).pid).values()
+    assert slow not in json.loads((cluster.work_dir / "cluster.json").read_text())["throttles"]
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def tailguard(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tailguard.cli", "cluster", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@spark
+@needs_java
+def test_cli_up_status_throttle_down(tmp_path: Path) -> None:
+    work = str(tmp_path / "cli-cluster")
+    up = tailguard("--work-dir", work, "up", "--workers", "1")
+    try:
+        assert up.returncode == 0, up.stderr
+        master_url = up.stdout.strip()
+        assert master_url.startswith("spark://127.0.0.1:")
+        assert "starting worker 127.0.0.2" in up.stderr
+        state = json.loads((tmp_path / "cli-cluster" / "cluster.json").read_text())
+        worker_pid = state["workers"][0]["pid"]
+
+        again = tailguard("--work-dir", work, "up", "--workers", "1")
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.strip() == master_url
+        assert "reusing" in again.stderr
+        other_shape = tailguard("--work-dir", work, "up", "--workers", "2")
+        assert other_shape.returncode == 1
+        assert "another shape" in other_shape.stderr
+
+        status = tailguard("--work-dir", work, "status", "--json")
+        assert status.returncode == 0, status.stderr
+        report = json.loads(status.stdout)
+        assert report["master_url"] == master_url
+        assert [(w["host"], w["registered"]) for w in report["workers"]] == [("127.0.0.2", True)]
+
+        throttle = tailguard(
+            "--work-dir", work, "throttle", "127.0.0.2", "--factor", "5", "--for", "30s"
+        )
+        assert throttle.returncode == 0, throttle.stderr
+        human = tailguard("--work-dir", work, "status")
+        assert "throttled x5" in human.stdout
+        poll(lambda: procs.state_of(worker_pid) == "T", 10.0, "the worker to be paused")
+        off = tailguard("--work-dir", work, "throttle", "127.0.0.2", "--off")
+        assert off.returncode == 0, off.stderr
+        assert "T" not in tree_states(worker_pid).values()
+        assert "throttled" not in tailguard("--work-dir", work, "status").stdout
+
+        bad = tailguard("--work-dir", work, "throttle", "127.0.0.9", "--factor", "2")
+        assert bad.returncode == 1
+        assert "no worker 127.0.0.9" in bad.stderr
+    finally:
+        down = tailguard("--work-dir", work, "down")
+    assert down.returncode == 0, down.stderr
+    assert not (tmp_path / "cli-cluster" / "cluster.json").exists()
+    assert not procs.is_alive(worker_pid)
+    assert not procs.is_alive(state["master_pid"])
+    gone = tailguard("--work-dir", work, "status")
+    assert gone.returncode == 1
+    assert "no cluster state file" in gone.stderr

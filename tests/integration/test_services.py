@@ -1,0 +1,191 @@
+"""The services as separate processes on the embedded broker: decisions, dead letters, metrics,
+and a kill -9 in the middle of a job that changes no decision."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tailguard.codec import codec_for
+from tailguard.decider.policy import ParallelismDecider
+from tailguard.log.broker import EmbeddedBroker
+from tailguard.log.consumer import RecordConsumer
+from tailguard.log.dead_letters import DeadLetterReader
+from tailguard.log.producer import RecordProducer
+from tailguard.model import records as r
+from tailguard.model.config import Settings
+from tailguard.shell import supervisor
+
+pytestmark = pytest.mark.slow
+
+
+def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+    return result
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    work_dir = tmp_path_factory.mktemp("services")
+    broker = EmbeddedBroker(work_dir)
+    broker.start()
+    yield work_dir
+    supervisor.stop(work_dir, report=lambda _m: None)
+    broker.stop()
+
+
+def settings_of(work_dir: Path) -> Settings:
+    return Settings({"tailguard.work-dir": str(work_dir)})
+
+
+def graph() -> r.JobGraphSpec:
+    def vertex(name: str, kind: r.VertexKind, splits: tuple[int, ...] = ()) -> r.VertexSpec:
+        return r.VertexSpec(
+            name=name,
+            kind=kind,
+            parallelism=None,
+            max_parallelism=8,
+            speculation_safe=True,
+            split_bytes=splits,
+        )
+
+    return r.JobGraphSpec(
+        vertices=(
+            vertex("src", r.VertexKind.SOURCE, (20 << 20,) * 3),
+            vertex("agg", r.VertexKind.OPERATOR),
+            vertex("sink", r.VertexKind.SINK),
+        ),
+        edges=(
+            r.EdgeSpec("src", "agg", r.Distribution.ALL_TO_ALL, r.Exchange.BLOCKING, 0),
+            r.EdgeSpec("agg", "sink", r.Distribution.FORWARD, r.Exchange.BLOCKING, 0),
+        ),
+    )
+
+
+def job_events(job: str) -> list[r.Event]:
+    """A job whose source is decided at submission and whose `agg` is decided once the three
+    source subtasks have finished."""
+    seq = iter(range(1, 1000))
+
+    def ids() -> dict[str, Any]:
+        n = next(seq)
+        return {"job_id": job, "ts": 1_000 + n, "id": f"{job}-e{n}"}
+
+    events: list[r.Event] = [r.JobSubmitted(**ids(), name=job, graph=graph(), config={})]
+    ranges = tuple(
+        r.SubtaskInputs(i, (r.InputRange(r.SPLITS_INPUT, i, i, 0, 0),)) for i in range(3)
+    )
+    events.append(
+        r.VertexInitialized(
+            **ids(), vertex="src", parallelism=3, subtask_inputs=ranges, decided_by="decider"
+        )
+    )
+    for i in range(3):
+        events.append(r.AttemptDeploying(**ids(), vertex="src", subtask=i, attempt=0, host="h1"))
+    for i in range(3):
+        sizes = tuple((i + 1) * (1 << 20) + s * 4096 for s in range(8))
+        events.append(
+            r.AttemptFinished(
+                **ids(),
+                vertex="src",
+                subtask=i,
+                attempt=0,
+                host="h1",
+                input_bytes=20 << 20,
+                records=1000,
+                bytes_per_subpartition=sizes,
+                checksums=tuple("c" * 8 for _ in sizes),
+            )
+        )
+    return events
+
+
+def expected_decisions(events: list[r.Event]) -> list[r.Record]:
+    core = ParallelismDecider(Settings())
+    return [out for e in events for out in core.handle(e)]
+
+
+def commands_of(work_dir: Path, job: str, count: int, timeout_s: float = 30) -> list[r.Record]:
+    settings = settings_of(work_dir)
+    consumer = RecordConsumer(
+        settings, codec_for(settings), [r.COMMANDS_TOPIC], group_id=f"check-{job}-{time.time()}"
+    )
+    seen: list[r.Record] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len({c.id for c in seen}) < count and time.monotonic() < deadline:
+            seen += [c.record for c in consumer.poll(0.5) if c.record.job_id == job]
+    finally:
+        consumer.close()
+    return seen
+
+
+def test_decider_service_decides_dead_letters_and_reports(work: Path) -> None:
+    settings = settings_of(work)
+    services = supervisor.start(work, ["decider"], report=lambda _m: None)
+    producer = RecordProducer(settings, codec_for(settings))
+    events = job_events("job-a")
+    producer.send(events[0])
+    producer.send_bytes(r.EVENTS_TOPIC, b"job-a", b"\x00not an avro record")
+    for event in events[1:]:
+        producer.send(event)
+    producer.flush(10)
+
+    expected = expected_decisions(events)
+    assert len(expected) == 2  # the source at submission, agg when its inputs finished
+    got = commands_of(work, "job-a", len(expected))
+    assert list({c.id: c for c in got}.values()) == expected
+
+    with DeadLetterReader(settings, r.EVENTS_TOPIC) as reader:
+        letters = reader.read(1, timeout=20)
+    assert [(d.topic, d.value) for d in letters] == [(r.EVENTS_TOPIC, b"\x00not an avro record")]
+    assert letters[0].error  # names what was wrong
+
+    metrics = poll(
+        lambda: (m := services["decider"].metrics())["records_processed"] >= len(events) + 1 and m,
+        20,
+        "the decider's metrics to count every record",
+    )
+    assert metrics["dead_letters"] >= 1
+    assert metrics["decisions_emitted"] >= 2
+
+
+def test_kill_9_mid_job_changes_no_decision(work: Path) -> None:
+    settings = settings_of(work)
+    supervisor.stop(work, ["decider"], report=lambda _m: None)
+    services = supervisor.start(work, ["decider"], report=lambda _m: None)
+    producer = RecordProducer(settings, codec_for(settings))
+    events = job_events("job-b")
+    first, rest = events[:-1], events[-1:]  # agg is decided only by the last event
+    for event in first:
+        producer.send(event)
+    producer.flush(10)
+    poll(lambda: len(commands_of(work, "job-b", 1, timeout_s=2)) >= 1, 30, "the source decision")
+    before = services["decider"].metrics()["records_rebuilt"]
+
+    os.kill(services["decider"].pid, signal.SIGKILL)
+    poll(lambda: "decider" not in supervisor.running(work), 10, "the decider to die")
+    restarted = supervisor.start(work, ["decider"], report=lambda _m: None)
+    rebuilt = restarted["decider"].metrics()["records_rebuilt"]
+    assert rebuilt >= before  # the topic from offset 0 to the committed offset went back in
+
+    for event in rest:
+        producer.send(event)
+    producer.flush(10)
+    expected = expected_decisions(events)
+    got = commands_of(work, "job-b", len(expected))
+    by_id: dict[str, r.Record] = {}
+    for command in got:
+        # At least once: a re-emitted decision must be identical, under the same id.
+        assert by_id.setdefault(command.id, command) == command
+    assert list(by_id.values()) == expected
