@@ -1,0 +1,144 @@
+"""The agent end to end on Spark in local mode: real Spark jobs, real files, no services.
+
+Local mode has one host, so this covers the data path, the dynamic execution graph, the local
+fallback decisions, failures and restarts, and the archive — the multi-host behaviour
+(placement, speculation, blocking) is in tests/e2e on the standalone cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tailguard.agent.runner import RunOptions
+from tailguard.cluster.local import ClusterError, find_java
+from tailguard.examples import orders_by_segment, sales_by_region
+from tailguard.model.config import Settings
+from tailguard.replay.engine import replay
+from tailguard.replay.inputs import read_archive
+
+try:
+    find_java()
+    JAVA_MISSING = ""
+except ClusterError as exc:
+    JAVA_MISSING = str(exc)
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.skipif(bool(JAVA_MISSING), reason=JAVA_MISSING or "java found"),
+]
+
+POLICY = {
+    "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "64 KiB",
+    "execution.batch.adaptive.auto-parallelism.max-parallelism": "8",
+    "restart-strategy.type": "fixed-delay",
+    "restart-strategy.fixed-delay.delay": "100 ms",
+}
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from tailguard.agent.spark_runtime import session_builder
+
+    session = session_builder("local[2]", app_name="tailguard-test").getOrCreate()
+    yield session
+    session.stop()
+
+
+def settings_for(tmp: Path, **extra: str) -> Settings:
+    return Settings(
+        {
+            **POLICY,
+            "tailguard.work-dir": str(tmp / "work"),
+            "tailguard.archive-dir": str(tmp / "archive"),
+            **extra,
+        }
+    )
+
+
+def run(job: Any, spark: Any, settings: Settings, options: RunOptions | None = None) -> Any:
+    from tailguard.agent.entry import run as run_job
+
+    return run_job(
+        job,
+        spark,
+        log_mode="archive",
+        services=False,
+        settings=settings,
+        progress=False,
+        options=options,
+    )
+
+
+def test_sales_job_matches_pandas_and_replays(spark: Any, tmp_path: Path) -> None:
+    data = sales_by_region.generate(tmp_path / "sales", files=4, rows_per_file=3_000)
+    out = tmp_path / "out"
+    settings = settings_for(tmp_path)
+    result = run(sales_by_region.make_job(data, out), spark, settings)
+
+    assert result.ok, result.summary()
+    expected = sales_by_region.reference(data)
+    actual = sales_by_region.read_output(out)
+    assert actual[expected.columns.tolist()].equals(expected)
+    assert (out / "_SUCCESS").exists()
+    assert len(list(out.glob("part-*.parquet"))) == result.parallelism["sink"][0]
+    # Every adaptive vertex was decided by the local fallback (services off).
+    assert {by for _, by in result.parallelism.values()} == {"agent-fallback"}
+    # 4 files x 2 row groups = 8 splits of ~25 KiB: the decider packs them into fewer subtasks.
+    assert 1 <= result.parallelism["sales"][0] <= 8
+
+    report = replay(read_archive(Path(result.archive), settings), settings)
+    lines = {s.service: s for s in report.services}
+    assert lines["decider"].compared and lines["decider"].reproduced >= 2
+    assert report.differences == 0, [s.line() for s in report.services]
+    assert not lines["detector"].compared  # services were off: nothing to compare
+
+
+def test_join_with_broadcast_and_fixed_parallelism(spark: Any, tmp_path: Path) -> None:
+    orders, customers = orders_by_segment.generate(
+        tmp_path / "orders", customers=200, files=3, rows_per_file=2_000
+    )
+    out = tmp_path / "out"
+    job = orders_by_segment.make_job(orders, customers, out)
+    job.vertices["enrich"].parallelism = 3
+    result = run(job, spark, settings_for(tmp_path))
+
+    assert result.ok, result.summary()
+    assert result.parallelism["enrich"] == (3, "fixed")
+    expected = orders_by_segment.reference(orders, customers)
+    actual = orders_by_segment.read_output(out)
+    assert actual[expected.columns.tolist()].equals(expected)
+
+
+def test_failed_attempt_is_restarted_and_output_stays_exact(spark: Any, tmp_path: Path) -> None:
+    data = sales_by_region.generate(tmp_path / "sales", files=3, rows_per_file=2_000)
+    out = tmp_path / "out"
+    options = RunOptions(fail_attempts={("partial", 0, 0): "injected failure"})
+    result = run(sales_by_region.make_job(data, out), spark, settings_for(tmp_path), options)
+
+    assert result.ok, result.summary()
+    failed = [a for a in result.attempts if a.status == "FAILED"]
+    assert [(a.vertex, a.subtask, a.attempt) for a in failed] == [("partial", 0, 0)]
+    assert "injected failure" in (failed[0].error or "")
+    assert result.restarts >= 1
+    assert any("failover" in note for note in result.fallbacks)
+    expected = sales_by_region.reference(data)
+    actual = sales_by_region.read_output(out)
+    assert actual[expected.columns.tolist()].equals(expected)
+
+
+def test_restart_limit_fails_the_job(spark: Any, tmp_path: Path) -> None:
+    data = sales_by_region.generate(tmp_path / "sales", files=2, rows_per_file=1_000)
+    settings = settings_for(tmp_path, **{"restart-strategy.fixed-delay.attempts": "1"})
+    failing = {("score", 0, n): "always fails" for n in range(5)}
+    result = run(
+        sales_by_region.make_job(data, tmp_path / "out"),
+        spark,
+        settings,
+        RunOptions(fail_attempts=failing),
+    )
+    assert result.status == "FAILED"
+    assert result.message  # the FailJob reason names the restart strategy
