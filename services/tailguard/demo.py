@@ -40,7 +40,7 @@ DEMO_POLICY: dict[str, str] = {
     "failover.timeout": "5 s",
 }
 # The data: enough splits for several waves on 3 slots; `work` sets the CPU per row.
-DEMO_DATA = {"files": 24, "rows": 12_000, "work": 3}
+DEMO_DATA = {"files": 24, "rows": 12_000, "work": 100_000}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -161,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         _services(work_dir, config, not args.no_services),
     ):
         spark = session_builder(cluster.master_url, app_name="tailguard demo").getOrCreate()
+        # Cancelled attempts (lost races) are expected here; Spark would warn about each.
+        spark.sparkContext.setLogLevel("ERROR")
         try:
             _await_executors(spark, cluster.hosts())
             slow = cluster.hosts()[-1]

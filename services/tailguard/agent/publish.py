@@ -121,4 +121,7 @@ class KafkaPublisher(ArchivePublisher):
         self._stop.set()
         self._thread.join(timeout=5)
         self._consumer.close()
+        # Drop the producer now: a live librdkafka client keeps reconnecting (and logging)
+        # after the broker is gone.
+        del self._producer
         super().close()
