@@ -18,9 +18,7 @@ import argparse
 import contextlib
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from tailguard.settings_file import SHELL_DEFAULTS, load_settings
 
@@ -72,71 +70,8 @@ def write_settings(work_dir: Path) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def _broker(work_dir: Path) -> Iterator[str]:
-    from tailguard.log.broker import EmbeddedBroker
-
-    broker = EmbeddedBroker(work_dir)
-    bootstrap = broker.start()
-    _say(f"broker at {bootstrap} ({'started' if broker.started_here else 'already running'})")
-    try:
-        yield bootstrap
-    finally:
-        if broker.started_here:
-            broker.stop()
-            _say("broker stopped")
-
-
-@contextlib.contextmanager
-def _cluster(work_dir: Path) -> Iterator[Any]:
-    from tailguard.cluster.local import ClusterError, LocalCluster
-
-    started = True
-    with contextlib.suppress(ClusterError):
-        started = not LocalCluster.attach(work_dir / "cluster").processes_alive()
-    cluster = LocalCluster(WORKERS, 1, "1g", work_dir / "cluster", progress=_say)
-    cluster.start()
-    _say(f"Spark cluster at {cluster.master_url}, workers {', '.join(cluster.hosts())}")
-    try:
-        yield cluster
-    finally:
-        if started:
-            cluster.stop()
-            _say("cluster stopped")
-
-
-@contextlib.contextmanager
-def _services(work_dir: Path, config: Path, enabled: bool) -> Iterator[None]:
-    if not enabled:
-        _say("services: not started (--no-services): every decision is a local fallback")
-        yield
-        return
-    from tailguard.shell import supervisor
-
-    before = set(supervisor.running(work_dir))
-    supervisor.start(work_dir, config=str(config), report=lambda m: _say(f"service {m}"))
-    try:
-        yield
-    finally:
-        started = [n for n in supervisor.running(work_dir) if n not in before]
-        supervisor.stop(work_dir, started, report=lambda m: _say(f"service {m}"))
-
-
-def _await_executors(spark: Any, hosts: list[str], timeout_s: float = 120.0) -> None:
-    from tailguard.agent.spark_runtime import SparkRuntime
-
-    runtime = SparkRuntime(spark)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while set(runtime.executors()) != set(hosts):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"executors registered: {sorted(runtime.executors())}")
-            time.sleep(0.2)  # Spark's status tracker has no registration callback
-    finally:
-        runtime.close()
-
-
 def run(args: argparse.Namespace) -> int:
+    from tailguard import stack
     from tailguard.agent.entry import run as run_job
     from tailguard.agent.spark_runtime import session_builder
     from tailguard.examples import sales_by_region as example
@@ -156,15 +91,15 @@ def run(args: argparse.Namespace) -> int:
     output = work_dir / "out" / "sales_by_region"
     started = time.monotonic()
     with (
-        _broker(work_dir),
-        _cluster(work_dir) as cluster,
-        _services(work_dir, config, not args.no_services),
+        stack.broker(work_dir, _say),
+        stack.cluster(work_dir, WORKERS, _say) as cluster,
+        stack.services(work_dir, config, not args.no_services, _say),
     ):
         spark = session_builder(cluster.master_url, app_name="tailguard demo").getOrCreate()
         # Cancelled attempts (lost races) are expected here; Spark would warn about each.
         spark.sparkContext.setLogLevel("ERROR")
         try:
-            _await_executors(spark, cluster.hosts())
+            stack.await_executors(spark, cluster.hosts())
             slow = cluster.hosts()[-1]
             cluster.throttle(slow, args.slow_factor)
             _say(f"{slow} throttled {args.slow_factor:g}x: the slow node")

@@ -1,0 +1,223 @@
+"""End to end: the embedded broker, a 3-worker local cluster with one node throttled 5x, the five
+services as separate processes, and the sales job through the agent.
+
+One job run carries most checks (speculation, blocking, decided parallelism, an injected task
+failure and a deleted partition recovered by the failover service, exact output, replay); a
+second run kills a service with -9 mid-job and restarts it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tailguard import stack
+from tailguard.agent.partitions import partition_dir
+from tailguard.agent.runner import JobRunner, RunOptions
+from tailguard.cluster.local import ClusterError, find_java
+from tailguard.demo import write_settings
+from tailguard.examples import sales_by_region as example
+from tailguard.model import records as r
+from tailguard.replay.engine import replay
+from tailguard.replay.inputs import read_archive
+from tailguard.settings_file import load_settings
+from tailguard.shell import supervisor
+
+try:
+    find_java()
+    JAVA_MISSING = ""
+except ClusterError as exc:
+    JAVA_MISSING = str(exc)
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(JAVA_MISSING), reason=JAVA_MISSING or "java found"),
+]
+
+FILES, ROWS, WORK = 12, 12_000, 100_000
+
+
+@dataclass
+class Stack:
+    work: Path
+    settings: Any
+    spark: Any
+    cluster: Any
+    slow_host: str
+    data: Path
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    from tailguard.agent.spark_runtime import session_builder
+
+    work = tmp_path_factory.mktemp("e2e")
+    config = write_settings(work)
+    settings = load_settings(config, environ={})
+    data = example.generate(work / "data", files=FILES, rows_per_file=ROWS)
+    with ExitStack() as stop:
+        stop.enter_context(stack.broker(work))
+        cluster = stop.enter_context(stack.cluster(work, 3))
+        stop.enter_context(stack.services(work, config))
+        spark = session_builder(cluster.master_url, app_name="tailguard e2e").getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        stop.callback(spark.stop)
+        stack.await_executors(spark, cluster.hosts())
+        slow = cluster.hosts()[-1]
+        cluster.throttle(slow, 5.0)
+        stop.callback(cluster.unthrottle, slow)
+        yield Stack(work, settings, spark, cluster, slow, data)
+
+
+def run_job(system: Stack, name: str, options: RunOptions) -> tuple[Any, list[r.Record]]:
+    from tailguard.agent.entry import run
+
+    out = system.work / "out" / name
+    job = example.make_job(system.data, out, work=WORK, name=name)
+    result = run(job, system.spark, settings=system.settings, progress=False, options=options)
+    log = [item.record for item in read_archive(Path(result.archive), system.settings)]
+    assert result.ok, result.summary()
+    expected = example.reference(system.data)
+    actual = example.read_output(out)
+    assert actual[expected.columns.tolist()].equals(expected), "output differs from pandas"
+    assert len(list(out.glob("part-*.parquet"))) == result.parallelism["sink"][0]
+    return result, log
+
+
+def of(log: list[r.Record], kind: type[r.Record]) -> list[Any]:
+    return [x for x in log if isinstance(x, kind)]
+
+
+@pytest.fixture(scope="module")
+def first_run(system: Stack) -> tuple[Any, list[r.Record]]:
+    runner: list[JobRunner] = []
+
+    def delete_partition(event: r.Event) -> None:
+        # The consumer of `partial` reads only once every partial subtask has finished, so this
+        # file is gone before anyone reads it.
+        if (
+            isinstance(event, r.AttemptFinished)
+            and event.vertex == "partial"
+            and event.subtask == 2
+            and event.attempt == 0
+        ):
+            ref = r.PartitionRef(event.vertex, event.subtask, event.attempt)
+            shutil.rmtree(partition_dir(runner[0].storage, runner[0].job_id, ref))
+
+    options = RunOptions(
+        fail_attempts={("score", 1, 0): "injected failure"},
+        on_event=delete_partition,
+        on_start=runner.append,
+    )
+    return run_job(system, "e2e-main", options)
+
+
+def test_slow_attempts_found_and_speculated_on_another_host(
+    system: Stack, first_run: tuple[Any, list[r.Record]]
+) -> None:
+    result, log = first_run
+    findings = [f for f in of(log, r.SlowTasksDetected) if f.slow]
+    assert findings, "the detector found no slow attempt"
+    assert any(
+        a.host == system.slow_host for f in findings for s in f.slow for a in s.live_attempts
+    )
+    deploys = of(log, r.AttemptDeploying)
+    speculative = [d for d in deploys if d.speculative]
+    assert speculative, "no speculative attempt ran"
+    for copy in speculative:
+        assert copy.command_id and copy.command_id.startswith("speculator-")
+        others = {
+            d.host
+            for d in deploys
+            if (d.vertex, d.subtask) == (copy.vertex, copy.subtask) and d.attempt < copy.attempt
+        }
+        assert copy.host not in others
+    assert result.speculative_wins >= 1
+
+
+def test_slow_host_blocked_and_avoided(
+    system: Stack, first_run: tuple[Any, list[r.Record]]
+) -> None:
+    _, log = first_run
+    blocked = [e for e in of(log, r.NodeBlocked) if e.host == system.slow_host]
+    assert blocked, "the slow host was never blocked"
+    assert all(b.command_id and b.command_id.startswith("blocklist-") for b in blocked)
+    # Between a block and its lifting, no new attempt starts on the host.
+    blocked_now = False
+    for record in log:
+        if isinstance(record, r.NodeBlocked) and record.host == system.slow_host:
+            blocked_now = True
+        elif isinstance(record, r.NodeUnblocked) and record.host == system.slow_host:
+            blocked_now = False
+        elif isinstance(record, r.AttemptDeploying) and blocked_now:
+            assert record.host != system.slow_host, f"{record} deployed on a blocked host"
+
+
+def test_decider_parallelism_applied(first_run: tuple[Any, list[r.Record]]) -> None:
+    result, log = first_run
+    assert {by for _, by in result.parallelism.values()} == {"decider"}
+    applied = {e.command_id for e in of(log, r.CommandApplied)}
+    decisions = of(log, r.SetParallelism)
+    assert decisions and all(d.id in applied for d in decisions)
+
+
+def test_failure_and_lost_partition_recovered_by_failover_service(
+    first_run: tuple[Any, list[r.Record]],
+) -> None:
+    result, log = first_run
+    failures = {(f.vertex, f.subtask, f.error) for f in of(log, r.AttemptFailed)}
+    assert ("score", 1, r.ErrorKind.USER) in failures
+    missing = [f for f in of(log, r.AttemptFailed) if f.error is r.ErrorKind.PARTITION_MISSING]
+    assert missing and missing[0].missing_partition == r.PartitionRef("partial", 2, 0)
+    restarts = of(log, r.RestartTasks)
+    assert restarts and all(c.id.startswith("failover-") for c in restarts)
+    restarted = {(t.vertex, t.subtask) for c in restarts for t in c.tasks}
+    assert ("score", 1) in restarted and ("partial", 2) in restarted
+    # The services answered: no failover decision was the agent's own fallback.
+    assert not [n for n in result.fallbacks if n.startswith("failover")]
+
+
+def test_replay_reproduces_every_decision(
+    system: Stack, first_run: tuple[Any, list[r.Record]]
+) -> None:
+    result, _ = first_run
+    report = replay(read_archive(Path(result.archive), system.settings), system.settings)
+    assert report.differences == 0, [s.line() for s in report.services]
+    by_name = {s.service: s for s in report.services}
+    assert by_name["detector"].reproduced > 0
+    assert by_name["speculator"].reproduced > 0
+    assert by_name["decider"].reproduced >= 2
+
+
+def test_service_killed_mid_job_changes_nothing(system: Stack) -> None:
+    victim = "decider"
+    restarted = threading.Event()
+
+    def kill_and_restart() -> None:
+        service = supervisor.running(system.work)[victim]
+        import os
+        import signal
+
+        os.kill(service.pid, signal.SIGKILL)
+        supervisor.start(system.work, [victim], report=lambda _m: None)
+        restarted.set()
+
+    def on_event(event: r.Event) -> None:
+        if isinstance(event, r.AttemptFinished) and event.vertex == "sales" and event.subtask == 0:
+            threading.Thread(target=kill_and_restart, daemon=True).start()
+
+    result, log = run_job(system, "e2e-kill", RunOptions(on_event=on_event))
+    assert restarted.wait(60), "the killed service did not come back"
+    applied = Counter(e.command_id for e in of(log, r.CommandApplied))
+    assert applied and max(applied.values()) == 1, "a command id was applied twice"
+    report = replay(read_archive(Path(result.archive), system.settings), system.settings)
+    assert report.differences == 0, [s.line() for s in report.services]
