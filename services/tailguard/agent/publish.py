@@ -96,6 +96,13 @@ class KafkaPublisher(ArchivePublisher):
         # Per-job order on the topic is what the services depend on; the producer keeps it.
         super().publish(record)
 
+    def local(self, record: r.Record) -> None:
+        # On the commands topic too, so the topics alone are a complete log for
+        # `tailguard replay --topic`; the agent ignores its own decision when it comes back,
+        # as it does any id it has applied.
+        self._producer.send(record)
+        super().local(record)
+
     def _consume(self) -> None:
         while not self._stop.is_set():
             for item in self._consumer.poll(0.1):

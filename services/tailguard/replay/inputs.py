@@ -38,6 +38,46 @@ def read_archive(path: Path, settings: Settings) -> Iterator[Recorded]:
         raise LogReadError(str(err)) from None
 
 
+def _read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[bytes]:
+    """Every message of `topic` from offset 0 to its current end, in partition-offset order."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    from tailguard.log.kafka_config import client_config
+
+    consumer = Consumer(
+        client_config(
+            settings,
+            "consumer",
+            # Assigned, never subscribed, never committed: a replay moves nobody's offsets.
+            {"group.id": "tailguard-replay", "enable.auto.commit": False},
+        )
+    )
+    values: list[bytes] = []
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return []  # never produced to: an empty topic
+        for partition in sorted(metadata.partitions):
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout_s
+            )
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topic, partition, low)])
+            offset = low
+            while offset < high:
+                msg = consumer.poll(timeout_s)
+                if msg is None:
+                    raise LogReadError(f"{topic}[{partition}] stalled at offset {offset}")
+                if msg.error():
+                    raise KafkaException(msg.error())
+                values.append(msg.value() or b"")
+                offset = msg.offset() + 1
+    finally:
+        consumer.close()
+    return values
+
+
 def read_topics(settings: Settings, job: str | None = None) -> Iterator[Recorded]:
     """The three topics from the beginning up to their current end, topic after topic.
 
@@ -45,14 +85,18 @@ def read_topics(settings: Settings, job: str | None = None) -> Iterator[Recorded
     is the job id), so records are returned in partition-offset order with no cross-topic
     interleaving needed: the replay separates the topics again anyway.
     """
-    from tailguard.log.consumer import read_to_end
-
     codec = codec_for(settings)
     for topic in r.TOPICS:
         try:
-            consumed = list(read_to_end(settings, codec, topic))
-        except Exception as err:  # the broker or topic is unavailable
+            values = _read_topic(settings, topic)
+        except LogReadError:
+            raise
+        except Exception as err:  # the broker is unreachable
             raise LogReadError(f"cannot read topic {topic}: {err}") from err
-        for item in consumed:
-            if job is None or item.record.job_id == job:
-                yield Recorded(topic, item.record)
+        for value in values:
+            try:
+                record = codec.decode(value)
+            except DecodeError:
+                continue  # a dead letter for the services too; not part of any decision
+            if job is None or record.job_id == job:
+                yield Recorded(topic, record)
