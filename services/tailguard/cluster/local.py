@@ -156,6 +156,9 @@ class LocalCluster:
         self.start_timeout_s = start_timeout_s
         self._progress = progress or (lambda _msg: None)
         self.state: ClusterState | None = None
+        # The daemons this instance launched. While starting, their exit status is the reliable
+        # liveness check: the /proc command line is briefly empty while spark-class execs java.
+        self._children: list[subprocess.Popen[bytes]] = []
 
     # ----------------------------------------------------------------- finding
     @property
@@ -311,6 +314,7 @@ class LocalCluster:
             {**base_env, "SPARK_LOCAL_IP": "127.0.0.1"},
             logs / "master.log",
         )
+        self._children = [master]
         self.state = ClusterState(
             master_url=master_url,
             web_ui=web_ui,
@@ -347,6 +351,7 @@ class LocalCluster:
                     {**base_env, "SPARK_LOCAL_IP": host, "SPARK_WORKER_DIR": str(worker_dir)},
                     logs / f"worker-{host}.log",
                 )
+                self._children.append(proc)
                 self.state.workers.append(
                     WorkerState(host, proc.pid, port, str(logs / f"worker-{host}.log"))
                 )
@@ -382,10 +387,15 @@ class LocalCluster:
             f"workers {', '.join(sorted(wanted))} to register as ALIVE",
         )
 
+    def _launched_alive(self) -> bool:
+        if self._children:
+            return all(child.poll() is None for child in self._children)
+        return self.processes_alive()
+
     def _await(self, condition: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while not condition():
-            if not self.processes_alive():
+            if not self._launched_alive():
                 raise ClusterError(
                     f"a Spark daemon exited while waiting for {what}; see the logs in "
                     f"{self.work_dir / 'logs'}"
