@@ -1,0 +1,169 @@
+"""The embedded Kafka-protocol broker: librdkafka's mock cluster held by a background process.
+
+The broker is **in memory**: everything produced to it is lost when it stops. The durable log is
+the per-job Avro archive (`tailguard.log.archive`).
+
+    with EmbeddedBroker("work") as bootstrap:
+        ...  # clients connect to `bootstrap`
+
+`start()` is idempotent: if the state file names a live broker, that broker is reused; a state
+file left by a dead process is replaced.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+
+from tailguard.log.broker_state import (
+    BROKER_MODULE,
+    BrokerState,
+    is_broker_process,
+    read_state,
+    remove_state,
+    state_path,
+)
+
+DEFAULT_WORK_DIR = "work"
+LOG_FILE = "broker.log"
+LOCK_FILE = "broker.lock"
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be started, found or stopped."""
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:
+    """Poll `condition()` until it is true or `timeout_s` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
+
+
+class EmbeddedBroker:
+    """Start, find and stop the embedded broker whose state lives under `work_dir`."""
+
+    def __init__(self, work_dir: str | Path = DEFAULT_WORK_DIR, *, start_timeout_s: float = 30.0):
+        self.work_dir = Path(work_dir)
+        self.start_timeout_s = start_timeout_s
+        # Set when this instance launched the process (not when it reused a running one).
+        self.started_here = False
+
+    @property
+    def state_file(self) -> Path:
+        return state_path(self.work_dir)
+
+    def status(self) -> BrokerState | None:
+        """The running broker's state, or None if none is running under this work dir."""
+        state = read_state(self.work_dir)
+        if state is None or not is_broker_process(state.pid):
+            return None
+        return state
+
+    def start(self) -> str:
+        """Start the broker in a detached process (or reuse a running one); its bootstrap."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        # One starter at a time per work dir, or two concurrent starts would launch two brokers.
+        with (self.work_dir / LOCK_FILE).open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return self._start_locked()
+
+    def _start_locked(self) -> str:
+        running = self.status()
+        if running is not None:
+            return running.bootstrap
+        # Whatever is there describes a dead process.
+        remove_state(self.work_dir)
+        with (self.work_dir / LOG_FILE).open("ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", BROKER_MODULE, str(self.work_dir.resolve())],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                # Own session: survives the parent shell, its terminal and its Ctrl-C.
+                start_new_session=True,
+                close_fds=True,
+            )
+
+        def ready() -> bool:
+            state = read_state(self.work_dir)
+            return (state is not None and state.pid == process.pid) or process.poll() is not None
+
+        if not _wait_for(ready, self.start_timeout_s):
+            process.kill()
+            process.wait()
+            raise BrokerError(
+                f"embedded broker did not become ready in {self.start_timeout_s:.0f} s; "
+                f"see {self.work_dir / LOG_FILE}"
+            )
+        if process.poll() is not None:
+            raise BrokerError(
+                f"embedded broker exited with status {process.returncode}; "
+                f"see {self.work_dir / LOG_FILE}"
+            )
+        self.started_here = True
+        state = read_state(self.work_dir)
+        assert state is not None
+        return state.bootstrap
+
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """Stop the running broker; False if none was running. Its data is gone afterwards."""
+        state = self.status()
+        if state is None:
+            remove_state(self.work_dir)
+            return False
+        os.kill(state.pid, signal.SIGTERM)
+        # The broker may be our child (started by this process): reap it so it does not linger
+        # as a zombie; otherwise wait until it is gone.
+        if not _wait_for(lambda: _reaped_or_gone(state.pid), timeout_s):
+            raise BrokerError(f"embedded broker (pid {state.pid}) did not stop in {timeout_s} s")
+        remove_state(self.work_dir, only_pid=state.pid)
+        return True
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _reaped_or_gone(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return True
+    except ChildProcessError:
+        pass  # not our child: someone else reaps it
+    return not is_broker_process(pid)
+
+
+def resolve_bootstrap(settings: Mapping[str, str]) -> str:
+    """`bootstrap.servers` if set, else the embedded broker's address from its state file."""
+    configured = settings.get("bootstrap.servers", "").strip()
+    if configured:
+        return configured
+    work_dir = settings.get("tailguard.work-dir", "") or DEFAULT_WORK_DIR
+    state = EmbeddedBroker(work_dir).status()
+    if state is None:
+        raise BrokerError(
+            f"no Kafka broker: bootstrap.servers is not set and no embedded broker is running "
+            f"under {work_dir!r} (no live {state_path(work_dir)}). Start one with "
+            f"`tailguard broker` or set bootstrap.servers."
+        )
+    return state.bootstrap

@@ -1,0 +1,94 @@
+"""The embedded broker's state file, `<work_dir>/broker.json`: who runs it and where it listens."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+STATE_FILE = "broker.json"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerState:
+    pid: int
+    bootstrap: str
+    started_at: float
+
+
+def state_path(work_dir: str | Path) -> Path:
+    return Path(work_dir) / STATE_FILE
+
+
+def write_state(work_dir: str | Path, state: BrokerState) -> None:
+    """Write the state file atomically: readers see the old file, no file, or the whole new one."""
+    directory = Path(work_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".broker.", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(asdict(state), handle)
+        os.replace(tmp, state_path(directory))
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_state(work_dir: str | Path) -> BrokerState | None:
+    """The recorded state, or None when there is no (readable) state file."""
+    try:
+        raw = json.loads(state_path(work_dir).read_text(encoding="utf-8"))
+        return BrokerState(
+            pid=int(raw["pid"]),
+            bootstrap=str(raw["bootstrap"]),
+            started_at=float(raw["started_at"]),
+        )
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remove_state(work_dir: str | Path, *, only_pid: int | None = None) -> None:
+    """Remove the state file; with `only_pid`, only if it still describes that process (so a
+    broker that exits late never deletes the file of its successor)."""
+    if only_pid is not None:
+        current = read_state(work_dir)
+        if current is not None and current.pid != only_pid:
+            return
+    state_path(work_dir).unlink(missing_ok=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        # A zombie (exited, not yet reaped by its parent) still answers kill(0).
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+BROKER_MODULE = "tailguard.log.broker_process"
+
+
+def is_broker_process(pid: int) -> bool:
+    """Whether `pid` is alive and is an embedded broker process. Checking the command line
+    guards against a recycled pid: we must never signal a process that is not our broker.
+    A broker runs either as `BROKER_MODULE` or inside `tailguard broker --foreground`."""
+    if not pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        # No /proc (not Linux): fall back to liveness alone.
+        return True
+    return BROKER_MODULE.encode() in cmdline or (
+        b"broker" in cmdline and any(b"tailguard" in arg for arg in cmdline)
+    )

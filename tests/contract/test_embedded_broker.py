@@ -1,0 +1,209 @@
+"""The embedded broker's lifecycle, through the API and through `tailguard broker`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tailguard.log.broker import BrokerError, EmbeddedBroker, resolve_bootstrap
+from tailguard.log.broker_state import BrokerState, is_broker_process, write_state
+from tailguard.log.producer import RecordProducer
+from tailguard.log.topic_reader import TopicReader
+
+
+def tailguard(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tailguard.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not is_broker_process(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_cli_start_status_stop(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    started = tailguard("broker", "--work-dir", str(work), cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    state = json.loads((work / "broker.json").read_text())
+    assert set(state) == {"pid", "bootstrap", "started_at"}
+    try:
+        assert state["bootstrap"] in started.stdout.splitlines()
+        assert "in memory" in started.stdout and "lost" in started.stdout
+        assert is_broker_process(state["pid"])
+
+        again = tailguard("broker", "--work-dir", str(work), cwd=tmp_path)
+        assert again.returncode == 0 and "already running" in again.stdout
+        assert json.loads((work / "broker.json").read_text())["pid"] == state["pid"]
+
+        status = tailguard("broker", "--status", "--work-dir", str(work), cwd=tmp_path)
+        assert status.returncode == 0
+        assert str(state["pid"]) in status.stdout and state["bootstrap"] in status.stdout
+    finally:
+        stopped = tailguard("broker", "--stop", "--work-dir", str(work), cwd=tmp_path)
+    assert stopped.returncode == 0, stopped.stderr
+    assert gone(state["pid"])
+    assert not (work / "broker.json").exists()
+    status = tailguard("broker", "--status", "--work-dir", str(work), cwd=tmp_path)
+    assert status.returncode == 1 and "no embedded broker" in status.stdout
+
+
+def test_cli_reads_work_dir_from_settings(tmp_path: Path) -> None:
+    (tmp_path / "tailguard.toml").write_text('[tailguard]\nwork-dir = "from-toml"\n')
+    started = tailguard("broker", cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    pid = json.loads((tmp_path / "from-toml" / "broker.json").read_text())["pid"]
+    stopped = tailguard("broker", "--stop", cwd=tmp_path)
+    assert stopped.returncode == 0 and gone(pid)
+
+
+def test_broker_serves_clients_and_stops(tmp_path: Path) -> None:
+    broker = EmbeddedBroker(tmp_path)
+    with broker as bootstrap:
+        state = broker.status()
+        assert state is not None and state.bootstrap == bootstrap
+        settings = {"tailguard.work-dir": str(tmp_path)}
+        # Found through the state file when bootstrap.servers is not set.
+        assert resolve_bootstrap(settings) == bootstrap
+        producer = RecordProducer(settings)
+        producer.send_bytes("lifecycle", b"k", b"v")
+        producer.flush(10)
+        reader = TopicReader(settings, ["lifecycle"], "lifecycle-group")
+        try:
+            deadline = time.monotonic() + 10
+            got = []
+            while not got and time.monotonic() < deadline:
+                got = reader.poll(0.2)
+            assert [m.value() for m in got] == [b"v"]
+        finally:
+            reader.close()
+        # A second start reuses the running broker.
+        assert EmbeddedBroker(tmp_path).start() == bootstrap
+    assert gone(state.pid)
+    assert broker.status() is None
+    assert EmbeddedBroker(tmp_path).stop() is False
+
+
+def test_stale_state_file_is_replaced(tmp_path: Path) -> None:
+    # A pid that is certainly dead: a child we started and reaped.
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    write_state(tmp_path, BrokerState(pid=child.pid, bootstrap="127.0.0.1:1", started_at=0.0))
+    broker = EmbeddedBroker(tmp_path)
+    assert broker.status() is None
+    with pytest.raises(BrokerError, match="tailguard broker"):
+        resolve_bootstrap({"tailguard.work-dir": str(tmp_path)})
+    with broker as bootstrap:
+        assert bootstrap != "127.0.0.1:1"
+        state = broker.status()
+        assert state is not None and state.pid not in (child.pid, os.getpid())
+
+
+def test_state_file_of_a_foreign_live_process_is_not_trusted(tmp_path: Path) -> None:
+    # Our own pid is alive but is no broker: never report it as one (or signal it on --stop).
+    write_state(tmp_path, BrokerState(pid=os.getpid(), bootstrap="127.0.0.1:1", started_at=0.0))
+    assert EmbeddedBroker(tmp_path).status() is None
+    assert EmbeddedBroker(tmp_path).stop() is False
+
+
+def test_bootstrap_servers_setting_wins(tmp_path: Path) -> None:
+    settings = {"bootstrap.servers": "kafka:9092", "tailguard.work-dir": str(tmp_path)}
+    assert resolve_bootstrap(settings) == "kafka:9092"
+
+
+def test_cli_foreground_until_interrupted(tmp_path: Path) -> None:
+    work = tmp_path / "fg"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tailguard.cli", "broker", "--foreground", "--work-dir", str(work)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while EmbeddedBroker(work).status() is None and time.monotonic() < deadline:
+            assert process.poll() is None, process.communicate()
+            time.sleep(0.02)
+        state = EmbeddedBroker(work).status()
+        assert state is not None and state.pid == process.pid
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert state.bootstrap in out
+    assert not (work / "broker.json").exists()
+
+
+def test_concurrent_starts_share_one_broker(tmp_path: Path) -> None:
+    results: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(EmbeddedBroker(tmp_path).start()))
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    broker = EmbeddedBroker(tmp_path)
+    state = broker.status()
+    try:
+        assert state is not None
+        assert results == [state.bootstrap] * 3
+    finally:
+        broker.stop()
+
+
+def test_resume_past_trimmed_records_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The embedded broker keeps only the newest ~5 MB of a partition: a group that resumes
+    after more than that was written skips ahead, and says so."""
+
+    def read(reader: TopicReader, expected: int) -> list[int]:
+        offsets: list[int] = []
+        deadline = time.monotonic() + 20
+        while len(offsets) < expected and time.monotonic() < deadline:
+            offsets.extend(m.offset() or 0 for m in reader.poll(0.2))
+        return offsets
+
+    with EmbeddedBroker(tmp_path) as bootstrap:
+        settings = {"bootstrap.servers": bootstrap}
+        producer = RecordProducer(settings)
+        for i in range(10):
+            producer.send_bytes("trimmed", b"one-key", str(i).encode())
+        producer.flush(10)
+        reader = TopicReader(settings, ["trimmed"], "behind")
+        assert read(reader, 10) == list(range(10))
+        reader.commit()
+        reader.close()
+
+        for _ in range(12_000):  # 12 MB on one partition
+            producer.send_bytes("trimmed", b"one-key", b"x" * 1000)
+        producer.flush(30)
+        reader = TopicReader(settings, ["trimmed"], "behind")
+        with caplog.at_level(logging.WARNING, logger="tailguard.log.topic_reader"):
+            first = read(reader, 1)[0]
+        reader.close()
+    assert first > 10
+    assert f"records 10..{first - 1} were gone" in caplog.text
