@@ -70,6 +70,24 @@ def write_settings(work_dir: Path) -> Path:
     return path
 
 
+def _service_metrics(work_dir: Path) -> list[str]:
+    """FLIP-168's metrics as the speculator service reports them (Prometheus endpoint)."""
+    from tailguard.shell import supervisor
+
+    speculator = supervisor.running(work_dir).get("speculator")
+    if speculator is None:
+        return []
+    try:
+        values = speculator.metrics()
+    except OSError as err:
+        return [f"speculator metrics unavailable: {err}"]
+    return [
+        "speculator metrics: "
+        f"numEffectiveSpeculativeExecutions={values.get('numEffectiveSpeculativeExecutions', 0):g}"
+        f", numSlowExecutionVertices={values.get('numSlowExecutionVertices', 0):g}"
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     from tailguard import stack
     from tailguard.agent.entry import run as run_job
@@ -111,12 +129,15 @@ def run(args: argparse.Namespace) -> int:
                 settings=settings,
                 progress=not args.no_progress,
             )
+            service_metrics = _service_metrics(work_dir) if not args.no_services else {}
         finally:
             spark.stop()
             with contextlib.suppress(Exception):
                 cluster.unthrottle(cluster.hosts()[-1])
     print()
     print(result.summary())
+    for line in service_metrics:
+        print(line)
     ok = result.ok
     if ok:
         expected = example.reference(data)
