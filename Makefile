@@ -4,12 +4,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv test lint unit demo bench bench-log bench-policy bench-agent clean
+.PHONY: help venv test lint unit demo bench bench-log bench-policy bench-agent bench-sim clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
 	@echo "make test   lint, type-check and run the whole test suite"
-	@echo "make bench  the benchmarks (also bench-log, bench-policy, bench-agent)"
+	@echo "make bench  the benchmarks (also bench-log, bench-policy, bench-agent, bench-sim)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ bench-policy: $(STAMP)
 
 bench-agent: $(STAMP)
 	$(BIN)/python benchmarks/agent_overhead.py
+
+bench-sim: $(STAMP)
+	$(BIN)/python benchmarks/simulate.py
 
 bench: $(STAMP)
 	$(BIN)/tailguard bench

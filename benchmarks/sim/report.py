@@ -1,0 +1,108 @@
+"""The comparison table, and the same figures as JSON.
+
+`rows` holds only simulated results (a pure function of the scenario and the policies), so two
+runs with the same seed give equal rows; wall-clock speeds are kept apart in `speeds`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.engine import Outcome
+
+HEADER = (
+    "policy",
+    "job completion (s)",
+    "vs none",
+    "speculative attempts",
+    "speculative wins",
+    "extra work (task-s)",
+    "hosts blocked (slow)",
+)
+
+
+def row(outcome: Outcome, baseline_ms: int | None) -> dict[str, Any]:
+    change = None
+    if baseline_ms:
+        change = round((outcome.completion_ms - baseline_ms) / baseline_ms * 100, 2)
+    return {
+        "policy": outcome.policy,
+        "completion_s": round(outcome.completion_ms / 1000, 3),
+        "vs_none_pct": change,
+        "speculative_attempts": outcome.speculative_attempts,
+        "speculative_wins": outcome.speculative_wins,
+        "extra_work_task_s": round(outcome.speculative_work_ms / 1000, 1),
+        "hosts_blocked": len(outcome.hosts_blocked),
+        "slow_hosts_blocked": outcome.slow_hosts_blocked,
+        "speculated_skewed": outcome.speculated_skewed,
+        "speculated_on_slow_host": outcome.speculated_on_slow,
+        "tasks": outcome.tasks,
+    }
+
+
+def speed(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "policy": outcome.policy,
+        "wall_s": round(outcome.wall_seconds, 3),
+        "tasks_per_wall_s": round(outcome.tasks / max(outcome.wall_seconds, 1e-9)),
+    }
+
+
+LEGEND = (
+    "extra work: simulated seconds run by speculative attempts, winners and cancelled alike;"
+    " hosts blocked: distinct hosts ever blocked (of them slow)"
+)
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    cells = [list(HEADER)]
+    for r in rows:
+        change = "—" if r["vs_none_pct"] is None else f"{r['vs_none_pct']:+.1f}%"
+        blocked = f"{r['hosts_blocked']} ({r['slow_hosts_blocked']})" if r["hosts_blocked"] else "0"
+        cells.append(
+            [
+                r["policy"],
+                f"{r['completion_s']:,.1f}",
+                change,
+                f"{r['speculative_attempts']:,}",
+                f"{r['speculative_wins']:,}",
+                f"{r['extra_work_task_s']:,.0f}",
+                blocked,
+            ]
+        )
+    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
+    lines = []
+    for index, c in enumerate(cells):
+        lines.append(
+            "| "
+            + " | ".join(
+                c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i]) for i in range(len(c))
+            )
+            + " |"
+        )
+        if index == 0:
+            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return lines
+
+
+def seeds_summary(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
+    """Per policy over several seeds: completion time mean and range, change against none
+    (mean of the per-seed changes), and mean attempts, wins and extra work."""
+    policies = [r["policy"] for r in next(iter(runs.values()))]
+    lines = [
+        f"  {'policy':<10} {'completion s: mean':>18} {'min':>9} {'max':>9} {'vs none':>8}"
+        f" {'attempts':>9} {'wins':>6} {'extra task-s':>12}"
+    ]
+    for policy in policies:
+        mine = [next(r for r in rows if r["policy"] == policy) for rows in runs.values()]
+        times = [r["completion_s"] for r in mine]
+        changes = [r["vs_none_pct"] for r in mine if r["vs_none_pct"] is not None]
+        change = f"{sum(changes) / len(changes):+.1f}%" if changes else "—"
+        n = len(mine)
+        lines.append(
+            f"  {policy:<10} {sum(times) / n:>18,.1f} {min(times):>9,.1f} {max(times):>9,.1f}"
+            f" {change:>8} {sum(r['speculative_attempts'] for r in mine) / n:>9,.0f}"
+            f" {sum(r['speculative_wins'] for r in mine) / n:>6,.0f}"
+            f" {sum(r['extra_work_task_s'] for r in mine) / n:>12,.0f}"
+        )
+    return lines

@@ -1,0 +1,190 @@
+"""Scale simulation: speculation policies compared on one seeded cluster and job.
+
+A discrete-event simulation (time in ms) of a batch job of many tasks in stages separated by
+barriers, running in waves on a cluster with a few slow hosts and a few skewed tasks, drawn from
+the distributions printed at the top of the output. The same scenario runs under four policies:
+
+- none: no speculation;
+- tailguard: the real detector, speculator and blocklist cores, fed the agent's events at
+  simulated time, their commands applied as the agent would (`sim/tailguard_driver.py`);
+- spark: Spark's speculation rule (quantile 0.75, multiplier 1.5, minTaskRuntime, interval);
+- LATE: Zaharia et al., OSDI 2008 (SlowTaskThreshold, SlowNodeThreshold, SpeculativeCap).
+
+Same seed, same table. Progress goes to stderr.
+
+    .venv/bin/python benchmarks/simulate.py            # 1,000 hosts, 100,000 tasks
+    .venv/bin/python benchmarks/simulate.py --quick    # 100 hosts, 10,000 tasks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sim.baselines import Late, LateConfig, NoSpeculation, SparkConfig, SparkRule
+from sim.engine import Outcome, Policy, Simulation
+from sim.report import LEGEND, row, seeds_summary, speed, table
+from sim.scenario import ScenarioParams, build, describe
+from sim.tailguard_driver import SIMULATION_SETTINGS, TailguardPolicy
+
+POLICY_NAMES = ("none", "tailguard", "spark", "LATE")
+
+
+def make_policy(name: str, tailguard_settings: dict[str, str] | None = None) -> Policy:
+    if name == "none":
+        return NoSpeculation()
+    if name == "tailguard":
+        return TailguardPolicy(tailguard_settings)
+    if name == "spark":
+        return SparkRule()
+    if name == "LATE":
+        return Late()
+    raise ValueError(f"unknown policy {name!r}; known: {POLICY_NAMES}")
+
+
+def run(
+    params: ScenarioParams,
+    policies: list[str] | None = None,
+    progress: bool = False,
+    tailguard_settings: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run the named policies (all by default) on the scenario of `params`; "none" always runs
+    first, as the baseline. Returns {"scenario", "rows", "speeds"}."""
+    names = ["none", *[p for p in (policies or POLICY_NAMES) if p != "none"]]
+    scenario = build(params)
+    outcomes: list[Outcome] = []
+    printer = _ProgressPrinter(params.tasks) if progress else None
+    for name in names:
+        policy = make_policy(name, tailguard_settings)
+        outcomes.append(Simulation(scenario, policy, printer).run())
+        if printer:
+            printer.done(outcomes[-1])
+    baseline = outcomes[0].completion_ms
+    return {
+        "scenario": params.to_dict(),
+        "tailguard_settings": {**SIMULATION_SETTINGS, **(tailguard_settings or {})},
+        "rows": [row(o, None if o.policy == "none" else baseline) for o in outcomes],
+        "speeds": [speed(o) for o in outcomes],
+    }
+
+
+class _ProgressPrinter:
+    def __init__(self, tasks: int) -> None:
+        self.tasks = tasks
+        self.last = time.perf_counter()
+
+    def __call__(self, policy: str, now_ms: int, finished: int) -> None:
+        if time.perf_counter() - self.last < 2:
+            return
+        self.last = time.perf_counter()
+        print(
+            f"  … {policy:<9} simulated {now_ms / 1000:>8,.0f} s,"
+            f" {finished:>8,}/{self.tasks:,} tasks finished",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def done(self, outcome: Outcome) -> None:
+        print(
+            f"  {outcome.policy:<9} done in {outcome.wall_seconds:.1f} s wall",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, ScenarioParams]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, help="default 1000 (100 with --quick)")
+    parser.add_argument("--tasks", type=int, help="default 100000 (10000 with --quick)")
+    parser.add_argument("--slots", type=int, default=2, help="slots per host")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--slow-fraction", type=float, default=0.02)
+    parser.add_argument("--skew-fraction", type=float, default=0.01)
+    parser.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a tailguard setting for this run (repeatable), e.g. --set"
+        " execution.batch.speculative.block-slow-node-duration='20 s'",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="also run seeds seed+1 .. seed+N-1 and print a summary over all N",
+    )
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
+    parser.add_argument("--quick", action="store_true", help="100 hosts, 10,000 tasks")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+    params = ScenarioParams(
+        hosts=args.hosts or (100 if args.quick else 1_000),
+        tasks=args.tasks or (10_000 if args.quick else 100_000),
+        slots=args.slots,
+        seed=args.seed,
+        slow_fraction=args.slow_fraction,
+        skew_fraction=args.skew_fraction,
+    )
+    return args, params
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, params = parse(argv)
+    policies = [p for p in args.policies.split(",") if p]
+    unknown = [p for p in policies if p not in POLICY_NAMES]
+    if unknown:
+        print(f"unknown policies {unknown}; known: {list(POLICY_NAMES)}", file=sys.stderr)
+        return 2
+    malformed = [item for item in args.set if "=" not in item]
+    if malformed:
+        print(f"--set needs KEY=VALUE, got {malformed}", file=sys.stderr)
+        return 2
+    settings = dict(item.split("=", 1) for item in args.set)
+    print("scale simulation: speculation policies on one seeded scenario")
+    for line in describe(params):
+        print(f"  {line}")
+    print(f"  {TailguardPolicy(settings).describe()}")
+    print(f"  {SparkConfig().describe()}")
+    print(f"  {LateConfig().describe()}")
+    print(
+        f"reproduce: {sys.executable} benchmarks/simulate.py --hosts {params.hosts}"
+        f" --tasks {params.tasks} --slots {params.slots} --seed {params.seed}"
+        f" --slow-fraction {params.slow_fraction:g} --skew-fraction {params.skew_fraction:g}",
+        flush=True,
+    )
+    results = run(params, policies, progress=not args.quiet, tailguard_settings=settings)
+    print()
+    print("\n".join(table(results["rows"])))
+    print(LEGEND)
+    print()
+    print("speculative attempts of skewed tasks / of tasks first placed on a slow host:")
+    for r in results["rows"]:
+        print(f"  {r['policy']:<9} {r['speculated_skewed']:>6,} / {r['speculated_on_slow_host']:,}")
+    print("simulator speed (simulated tasks per wall-clock second):")
+    for s in results["speeds"]:
+        print(f"  {s['policy']:<9} {s['tasks_per_wall_s']:>9,} tasks/s ({s['wall_s']:.1f} s)")
+    if args.seeds > 1:
+        runs = {params.seed: results["rows"]}
+        for seed in range(params.seed + 1, params.seed + args.seeds):
+            print(f"seed {seed} …", file=sys.stderr, flush=True)
+            again = run(replace(params, seed=seed), policies, tailguard_settings=settings)
+            runs[seed] = again["rows"]
+        print(f"over seeds {params.seed}..{params.seed + args.seeds - 1}:")
+        print("\n".join(seeds_summary(runs)))
+        results["seeds"] = {str(seed): seed_rows for seed, seed_rows in runs.items()}
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The scale simulator (benchmarks/simulate.py, benchmarks/sim/) on small scenarios.
+
+The benchmark is not a package: its directory goes on sys.path, as when it runs as a script.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+from sim.baselines import Late, SparkRule  # noqa: E402
+from sim.engine import Attempt, Policy, Simulation  # noqa: E402
+from sim.scenario import ScenarioParams, build  # noqa: E402
+from sim.tailguard_driver import TailguardPolicy  # noqa: E402
+
+
+def _load_cli() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("simulate_cli", BENCHMARKS / "simulate.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+simulate = _load_cli()
+
+SMALL = {"hosts": 50, "tasks": 2_000}
+
+
+def rows(params: ScenarioParams) -> dict[str, dict[str, Any]]:
+    return {r["policy"]: r for r in simulate.run(params)["rows"]}
+
+
+# --------------------------------------------------------------------------- reproducibility
+
+
+def test_same_seed_gives_the_same_table_and_another_seed_does_not() -> None:
+    params = ScenarioParams(seed=11, **SMALL)
+    first = simulate.run(params)["rows"]
+    assert simulate.run(params)["rows"] == first
+    assert simulate.run(ScenarioParams(seed=12, **SMALL))["rows"] != first
+
+
+def test_same_seed_gives_the_same_table_in_another_process(tmp_path: Path) -> None:
+    """Nothing may depend on string hashing (randomised per process) or on wall time."""
+    out = tmp_path / "result.json"
+    command = [sys.executable, str(BENCHMARKS / "simulate.py"), "--hosts", "50"]
+    command += ["--tasks", "2000", "--seed", "5", "--json", str(out), "--quiet"]
+    env = {**os.environ, "PYTHONHASHSEED": "4242"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| tailguard" in done.stdout and "lognormal" in done.stdout
+    expected = simulate.run(ScenarioParams(seed=5, **SMALL))["rows"]
+    assert json.loads(out.read_text())["rows"] == expected
+
+
+# --------------------------------------------------------------------------- sanity
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_with_slow_hosts_tailguard_and_late_finish_sooner_than_none(seed: int) -> None:
+    result = rows(ScenarioParams(seed=seed, slow_fraction=0.1, skew_fraction=0.0, **SMALL))
+    none = result["none"]["completion_s"]
+    for policy in ("tailguard", "LATE"):
+        assert result[policy]["completion_s"] < 0.9 * none, (policy, result)
+        assert result[policy]["speculative_wins"] > 0
+    # tailguard blocks the slow hosts (5 of 50 here), among others it saw slow attempts on.
+    assert result["tailguard"]["slow_hosts_blocked"] >= 3
+
+
+def test_without_slow_hosts_or_skew_speculation_stays_rare() -> None:
+    params = ScenarioParams(
+        seed=3, slow_fraction=0.0, skew_fraction=0.0, sigma=0.1, attempt_sigma=0.05, **SMALL
+    )
+    result = rows(params)
+    assert result["tailguard"]["speculative_attempts"] <= 5
+    assert result["tailguard"]["hosts_blocked"] <= 5
+    assert result["spark"]["speculative_attempts"] <= 5
+    # LATE always has a slowest quartile of progress rates, so it mirrors at every stage's tail;
+    # its cap bounds how many run at once, and in a homogeneous cluster they rarely win.
+    stages = len(params.stage_shares)
+    cap = int(0.1 * params.hosts * params.slots)
+    assert result["LATE"]["speculative_attempts"] <= cap * stages
+    assert result["LATE"]["speculative_wins"] <= 5
+
+
+def test_tailguard_does_not_mirror_tasks_slow_only_from_their_input_bytes() -> None:
+    params = ScenarioParams(
+        seed=4, slow_fraction=0.0, skew_fraction=0.02, sigma=0.05, attempt_sigma=0.05, **SMALL
+    )
+    result = rows(params)
+    # The skewed tasks do look slow by plain runtime: Spark's rule mirrors them.
+    assert result["spark"]["speculated_skewed"] >= 10
+    assert result["tailguard"]["speculated_skewed"] == 0
+    assert result["tailguard"]["speculative_attempts"] == 0
+    assert result["tailguard"]["hosts_blocked"] == 0
+
+
+# --------------------------------------------------------------------------- engine rules
+
+
+class _Audit:
+    """Wraps a policy's hooks to check the agent-side rules on every placement."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.violations: list[str] = []
+        deployed = policy.deployed
+
+        def audited(attempt: Attempt) -> None:
+            hosts = [a.host for a in attempt.task.live]
+            if len(hosts) != len(set(hosts)):
+                self.violations.append(f"two live attempts on one host: {attempt.task.index}")
+            until = getattr(policy, "blocked_until", {}).get(attempt.host, 0)
+            if until > policy.sim.now:
+                self.violations.append(f"attempt placed on blocked host {attempt.host}")
+            deployed(attempt)
+
+        policy.deployed = audited  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("make", [TailguardPolicy, SparkRule, Late])
+def test_every_task_finishes_once_and_every_slot_comes_back(make: type[Policy]) -> None:
+    scenario = build(ScenarioParams(seed=6, slow_fraction=0.1, **SMALL))
+    audit = _Audit(make())
+    sim = Simulation(scenario, audit.policy)
+    outcome = sim.run()
+    assert audit.violations == []
+    assert outcome.tasks == 2_000
+    assert all(task.done and not task.live for stage in sim.stages for task in stage)
+    assert not sim.running
+    assert len(sim.free) + sum(sim._parked.values()) == 50 * 2
+    assert 0 < outcome.speculative_wins <= outcome.speculative_attempts
+
+
+def test_tailguard_cores_see_the_agents_events() -> None:
+    policy = TailguardPolicy()
+    Simulation(build(ScenarioParams(seed=2, slow_fraction=0.1, **SMALL)), policy).run()
+    speculator = policy.speculator.metrics()
+    blocklist = policy.blocklist.metrics()
+    # Wins are reported by the detector from AttemptFinished of mirrors, counted by the
+    # speculator from SpeculativeAttemptWon: the events reached the cores in order.
+    assert speculator["numEffectiveSpeculativeExecutions"] > 0
+    assert speculator["speculativeAttemptsLaunched"] > 0
+    assert blocklist["hostsBlocked"] > 0
+    # JobFinished cleared the job's slow vertices.
+    assert speculator["numSlowExecutionVertices"] == 0
