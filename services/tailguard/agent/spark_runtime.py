@@ -18,7 +18,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from tailguard.agent.runner import Runtime
-from tailguard.agent.task import execute
+from tailguard.agent.task import TaskSpec, request_cancel, run_attempt
 from tailguard.cluster.pinning import pinned_rdd
 
 log = logging.getLogger("tailguard.agent.spark")
@@ -60,7 +60,8 @@ class SparkRuntime(Runtime):
                 log.warning("Spark setting %s is %r; tailguard expects %r", key, actual, value)
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="tg-attempt")
         self._lock = threading.Lock()
-        self._groups: dict[tuple[str, int, int], str] = {}
+        # key -> (job group, spec) of each attempt whose Spark job has not ended yet
+        self._running: dict[tuple[str, int, int], tuple[str, Any]] = {}
 
     # ---------------------------------------------------------------- cluster view
 
@@ -84,7 +85,7 @@ class SparkRuntime(Runtime):
     ) -> None:
         group = f"tg:{key[0]}:{key[1]}:{key[2]}:{id(payload)}"
         with self._lock:
-            self._groups[key] = group
+            self._running[key] = (group, payload)
 
         def run() -> None:
             try:
@@ -93,21 +94,29 @@ class SparkRuntime(Runtime):
                     rdd = self.sc.parallelize([payload], 1)
                 else:
                     rdd = pinned_rdd(self.sc, [(payload, host)])
-                outcome = rdd.map(execute).collect()[0]
+                outcome = rdd.map(run_attempt).collect()[0]
             except Exception as err:  # the Spark job failed or was cancelled
                 outcome = err
             finally:
                 with self._lock:
-                    self._groups.pop(key, None)
+                    self._running.pop(key, None)
             done(outcome)
 
         self._pool.submit(run)
 
     def cancel(self, key: tuple[str, int, int]) -> None:
         with self._lock:
-            group = self._groups.get(key)
-        if group is not None:
-            self.sc.cancelJobGroup(group)
+            running = self._running.get(key)
+        if running is None:
+            return
+        group, spec = running
+        self.sc.cancelJobGroup(group)
+        if isinstance(spec, TaskSpec):
+            try:
+                request_cancel(spec)
+            except OSError as err:
+                # Spark's own (slower) kill of the Python worker still ends the attempt.
+                log.warning("cannot write the cancel marker of %s: %s", key, err)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,522 @@
+"""The agent on a 3-worker standalone cluster: placement, speculation, cancellation, lost
+partitions and command validation, with real Spark jobs on three distinct hosts.
+
+One module-scoped cluster (three 1-core workers on 127.0.0.2-4) and one SparkSession serve
+every test; each job runs with the services off, so every decision not posted by a test comes
+from the agent's local fallbacks. Tests act mid-job through the runner's hooks: `on_start` hands
+over the runner, `on_event` sees every event in the runner's own thread (before the runner takes
+its next step), and `runner.post("command", ...)` delivers a command the way the command
+consumer does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from tailguard.agent import partitions
+from tailguard.agent.api import Job
+from tailguard.agent.result import RunResult
+from tailguard.agent.runner import JobRunner, RunOptions
+from tailguard.cluster.local import ClusterError, LocalCluster, find_java
+from tailguard.examples import orders_by_segment, sales_by_region
+from tailguard.model import records as r
+from tailguard.model.config import Settings
+from tailguard.model.ids import derived_id
+
+try:
+    find_java()
+    JAVA_MISSING = ""
+except ClusterError as exc:
+    JAVA_MISSING = str(exc)
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.skipif(bool(JAVA_MISSING), reason=JAVA_MISSING or "java found"),
+]
+
+WORKERS = 3
+POLICY = {
+    "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "64 KiB",
+    "execution.batch.adaptive.auto-parallelism.max-parallelism": "8",
+    "restart-strategy.type": "fixed-delay",
+    "restart-strategy.fixed-delay.delay": "100 ms",
+    # Ticks drive the tests' own "detector" below; a short interval keeps the jobs short.
+    "slow-task-detector.check-interval": "200 ms",
+}
+SLOW_S = 60.0  # how long the straggler would run if nobody cancelled it
+
+
+def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return result
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    local = LocalCluster(WORKERS, 1, "1g", tmp_path_factory.mktemp("cluster"))
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="module")
+def spark(cluster: LocalCluster) -> Iterator[Any]:
+    from pyspark import cloudpickle
+
+    from tailguard.agent.spark_runtime import session_builder
+
+    # Executors cannot import this test module: ship its operators by value.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    session = (
+        session_builder(cluster.master_url, app_name="tailguard-test-agent-cluster")
+        .config("spark.driver.memory", "512m")
+        .config("spark.executor.memory", "512m")
+        .getOrCreate()
+    )
+    try:
+        tracker = session.sparkContext._jsc.sc().statusTracker()
+        poll(
+            lambda: set(cluster.hosts()) <= {e.host() for e in tracker.getExecutorInfos()},
+            90.0,
+            "an executor on each of the 3 workers",
+        )
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def hosts(cluster: LocalCluster) -> list[str]:
+    return cluster.hosts()
+
+
+def settings_for(tmp: Path) -> Settings:
+    return Settings(
+        {
+            **POLICY,
+            "tailguard.work-dir": str(tmp / "work"),
+            "tailguard.archive-dir": str(tmp / "archive"),
+        }
+    )
+
+
+@dataclass
+class Recorder:
+    """Collects a run's events and, for each finished attempt, the host its task reported."""
+
+    events: list[r.Event] = field(default_factory=list)
+    reported_hosts: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    runner: JobRunner | None = None
+    # Extra reactions of a test, called after recording (in the runner's thread).
+    reactions: list[Callable[[JobRunner, r.Event], None]] = field(default_factory=list)
+
+    def on_start(self, runner: JobRunner) -> None:
+        self.runner = runner
+
+    def on_event(self, event: r.Event) -> None:
+        self.events.append(event)
+        if self.runner is None:
+            return  # before on_start: JobSubmitted and the first NodeAdded events
+        if isinstance(event, r.AttemptFinished):
+            subtask = self.runner.state.subtask(event.vertex, event.subtask)
+            assert subtask is not None
+            outcome = subtask.attempts[event.attempt].outcome
+            self.reported_hosts[(event.vertex, event.subtask, event.attempt)] = outcome.host
+        for react in self.reactions:
+            react(self.runner, event)
+
+    def of(self, cls: type[Any]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, cls)]
+
+    def deploying(self) -> dict[tuple[str, int, int], r.AttemptDeploying]:
+        return {(e.vertex, e.subtask, e.attempt): e for e in self.of(r.AttemptDeploying)}
+
+
+def run_job(job: Job, spark: Any, tmp: Path, recorder: Recorder) -> RunResult:
+    from tailguard.agent.entry import run
+
+    return run(
+        job,
+        spark,
+        log_mode="archive",
+        services=False,
+        settings=settings_for(tmp),
+        progress=False,
+        options=RunOptions(on_event=recorder.on_event, on_start=recorder.on_start),
+    )
+
+
+def command_fields(runner: JobRunner, name: str, ts: int) -> dict[str, Any]:
+    return {"job_id": runner.job_id, "ts": ts, "id": derived_id("test", runner.job_id, name)}
+
+
+def assert_exact_sales(out: Path, data: Path, result: RunResult) -> None:
+    expected = sales_by_region.reference(data)
+    actual = sales_by_region.read_output(out)
+    assert actual[expected.columns.tolist()].equals(expected)
+    # One file per sink subtask: no attempt published twice, no loser published at all.
+    assert len(list(out.glob("part-*.parquet"))) == result.parallelism["sink"][0]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("part-")) == [
+        "_SUCCESS",
+        "_TAILGUARD_SINK",
+    ]
+
+
+def revenue_sums(table: pa.Table) -> pa.Table:
+    """sales_by_region's score and partial sums in one operator."""
+    return sales_by_region.partial_sums(sales_by_region.score(table))
+
+
+def assert_ran_where_placed(recorder: Recorder) -> None:
+    """Every finished attempt's task reported the host of its AttemptDeploying event."""
+    deploying = recorder.deploying()
+    finished = recorder.of(r.AttemptFinished)
+    assert finished
+    assert set(recorder.reported_hosts) == {(e.vertex, e.subtask, e.attempt) for e in finished}
+    for key, reported in recorder.reported_hosts.items():
+        assert reported == deploying[key].host, (key, reported, deploying[key].host)
+
+
+def sales_job(data: Path, out: Path, partial: Callable[[pa.Table], pa.Table]) -> Job:
+    """sales_by_region's shape with a fixed source parallelism of 3 (one subtask per host) and
+    the given partial-sum operator."""
+    job = Job("sales-on-cluster")
+    sales = job.read_parquet(str(data), name="sales", parallelism=3)
+    totals = sales.map(partial, name="partial").partition_by("region")
+    totals.map(sales_by_region.final_sums, name="final").write_parquet(str(out), name="sink")
+    return job
+
+
+# --------------------------------------------------------------------------- the examples
+
+
+@dataclass
+class ExampleRun:
+    name: str
+    result: RunResult
+    recorder: Recorder
+    matches_reference: bool
+
+
+@pytest.fixture(scope="module")
+def example_runs(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> list[ExampleRun]:
+    runs = []
+    tmp = tmp_path_factory.mktemp("sales")
+    data = sales_by_region.generate(tmp / "data", files=4, rows_per_file=3_000)
+    recorder = Recorder()
+    result = run_job(sales_by_region.make_job(data, tmp / "out"), spark, tmp, recorder)
+    expected = sales_by_region.reference(data)
+    actual = sales_by_region.read_output(tmp / "out") if result.ok else None
+    same = actual is not None and actual[expected.columns.tolist()].equals(expected)
+    runs.append(ExampleRun("sales_by_region", result, recorder, same))
+
+    tmp = tmp_path_factory.mktemp("orders")
+    orders, customers = orders_by_segment.generate(
+        tmp / "data", customers=200, files=3, rows_per_file=2_000
+    )
+    recorder = Recorder()
+    result = run_job(
+        orders_by_segment.make_job(orders, customers, tmp / "out"), spark, tmp, recorder
+    )
+    expected = orders_by_segment.reference(orders, customers)
+    actual = orders_by_segment.read_output(tmp / "out") if result.ok else None
+    same = actual is not None and actual[expected.columns.tolist()].equals(expected)
+    runs.append(ExampleRun("orders_by_segment", result, recorder, same))
+    return runs
+
+
+def test_examples_match_pandas_on_three_hosts(example_runs: list[ExampleRun]) -> None:
+    for run in example_runs:
+        assert run.result.ok, f"{run.name}: {run.result.summary()}"
+        assert run.matches_reference, run.name
+        assert not run.result.commands_rejected
+
+
+def test_attempts_run_on_the_host_the_agent_chose(
+    example_runs: list[ExampleRun], hosts: list[str]
+) -> None:
+    for run in example_runs:
+        assert_ran_where_placed(run.recorder)
+        deploying = run.recorder.deploying()
+        # The pool spreads concurrent attempts, so the pinning was exercised on several hosts.
+        chosen = {e.host for e in deploying.values()}
+        assert chosen <= set(hosts) and len(chosen) >= 2, (run.name, chosen)
+        assert {e.host for e in run.recorder.of(r.NodeAdded)} == set(hosts)
+
+
+# --------------------------------------------------------------------------- speculation
+
+
+def straggler(marker: str) -> Callable[[pa.Table], pa.Table]:
+    """revenue_sums, but the first attempt of the subtask holding order 0 stalls for SLOW_S.
+
+    The first attempt to create `marker` records its worker's pid there and stalls; every later
+    attempt (the speculative copy) finds the marker and runs at full speed.
+    """
+
+    def partial(table: pa.Table) -> pa.Table:
+        if pc.min(table["order_id"]).as_py() == 0:
+            try:
+                fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                deadline = time.monotonic() + SLOW_S
+                while time.monotonic() < deadline:
+                    time.sleep(0.02)
+        return revenue_sums(table)
+
+    return partial
+
+
+def process_stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not yet reaped
+    except FileNotFoundError:
+        return True
+
+
+@dataclass
+class SpeculationRun:
+    recorder: Recorder
+    data: Path
+    out: Path
+    result: RunResult | None = None
+    command_id: str | None = None
+    slow_subtask: int | None = None
+    # Seconds from the LOST_RACE cancellation to the straggler's worker process being gone.
+    stopped_after_s: float | None = None
+
+
+@pytest.fixture(scope="module")
+def speculation(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> SpeculationRun:
+    tmp = tmp_path_factory.mktemp("speculation")
+    data = sales_by_region.generate(tmp / "data", files=3, rows_per_file=2_000)
+    marker = tmp / "straggler.pid"
+    recorder = Recorder()
+    run = SpeculationRun(recorder, data, tmp / "out")
+    watchers: list[threading.Thread] = []
+
+    def speculate(runner: JobRunner, event: r.Event) -> None:
+        # The tests' detector: every other subtask of `partial` has finished while the
+        # straggler still runs its operator (it has created the marker).
+        if run.command_id is not None or not isinstance(event, (r.Tick, r.AttemptFinished)):
+            return
+        vertex = runner.state.vertices["partial"]
+        unfinished = [s for s in vertex.subtasks if s.winner is None]
+        if not vertex.initialized or len(unfinished) != 1 or not marker.exists():
+            return
+        slow = unfinished[0]
+        fields = command_fields(runner, f"speculate-{slow.index}", event.ts)
+        run.command_id, run.slow_subtask = fields["id"], slow.index
+        runner.post(
+            "command",
+            r.LaunchSpeculativeAttempts(vertex="partial", subtask=slow.index, count=1, **fields),
+        )
+
+    def watch_cancel(runner: JobRunner, event: r.Event) -> None:
+        if not (
+            isinstance(event, r.AttemptCanceled)
+            and event.reason is r.CancelReason.LOST_RACE
+            and (event.vertex, event.subtask, event.attempt) == ("partial", run.slow_subtask, 0)
+        ):
+            return
+        pid = int(marker.read_text())
+
+        def wait_for_exit() -> None:
+            poll(lambda: process_stopped(pid), SLOW_S, f"the straggler's worker {pid} to exit")
+            run.stopped_after_s = time.time() - event.ts / 1000.0
+
+        watcher = threading.Thread(target=wait_for_exit, daemon=True)
+        watcher.start()
+        watchers.append(watcher)
+
+    recorder.reactions += [speculate, watch_cancel]
+    job = sales_job(data, run.out, straggler(str(marker)))
+    run.result = run_job(job, spark, tmp, recorder)
+    for watcher in watchers:
+        watcher.join(SLOW_S)
+    return run
+
+
+def test_speculative_copy_runs_elsewhere_and_the_first_finisher_wins(
+    speculation: SpeculationRun,
+) -> None:
+    run, events = speculation, speculation.recorder
+    assert run.result is not None and run.result.ok, run.result and run.result.summary()
+    assert run.command_id is not None, "the straggler never showed up"
+    applied = [e for e in events.of(r.CommandApplied) if e.command_id == run.command_id]
+    assert [e.command_type for e in applied] == ["LaunchSpeculativeAttempts"]
+
+    deploying = events.deploying()
+    original = deploying[("partial", run.slow_subtask, 0)]
+    copy = deploying[("partial", run.slow_subtask, 1)]
+    assert not original.speculative
+    assert copy.speculative and copy.command_id == run.command_id
+    assert copy.host != original.host
+    # The copy's task ran where the agent put it.
+    assert events.reported_hosts[("partial", run.slow_subtask, 1)] == copy.host
+
+    finished = [e for e in events.of(r.AttemptFinished) if e.vertex == "partial"]
+    assert [e.attempt for e in finished if e.subtask == run.slow_subtask] == [1]
+    canceled = [e for e in events.of(r.AttemptCanceled) if e.vertex == "partial"]
+    assert [(e.subtask, e.attempt, e.reason) for e in canceled] == [
+        (run.slow_subtask, 0, r.CancelReason.LOST_RACE)
+    ]
+    assert run.result.speculative_wins == 1
+    assert_ran_where_placed(events)
+    assert_exact_sales(run.out, run.data, run.result)
+
+
+def test_cancelled_attempt_stops_within_one_second(speculation: SpeculationRun) -> None:
+    run = speculation
+    assert run.result is not None and run.result.ok, run.result and run.result.summary()
+    canceled = [e for e in run.recorder.of(r.AttemptCanceled) if e.vertex == "partial"]
+    assert len(canceled) == 1
+    key = (canceled[0].vertex, canceled[0].subtask, canceled[0].attempt)
+    # The Spark job of the attempt ended (the runner received its end) ...
+    summary = next(a for a in run.result.attempts if (a.vertex, a.subtask, a.attempt) == key)
+    assert summary.status == "CANCELED" and summary.cancel_reason == "LOST_RACE"
+    deployed_ts = run.recorder.deploying()[key].ts  # >= the runner's deployed_at: an upper bound
+    job_ended_after_ms = deployed_ts + summary.duration_ms - canceled[0].ts
+    assert job_ended_after_ms <= 1_000, job_ended_after_ms
+    # ... and the task itself stopped: its Python worker is gone, long before SLOW_S.
+    assert run.stopped_after_s is not None, "the straggler's worker never exited"
+    assert run.stopped_after_s <= 1.0, run.stopped_after_s
+
+
+# --------------------------------------------------------------------------- lost partitions
+
+
+def test_missing_partition_fails_the_consumer_and_the_job_recovers(
+    spark: Any, tmp_path: Path
+) -> None:
+    data = sales_by_region.generate(tmp_path / "data", files=3, rows_per_file=2_000)
+    out = tmp_path / "out"
+    lost = r.PartitionRef("partial", 0, 0)
+    deleted: list[str] = []
+
+    def delete_when_finished(runner: JobRunner, event: r.Event) -> None:
+        # In the runner's thread, before it schedules anything: no consumer has started yet.
+        if isinstance(event, r.AttemptFinished) and (
+            event.vertex,
+            event.subtask,
+            event.attempt,
+        ) == (lost.vertex, lost.subtask, lost.attempt):
+            directory = partitions.partition_dir(runner.storage, runner.job_id, lost)
+            assert runner.storage.list_dir(directory), "the partition has no files"
+            runner.storage.delete_dir(directory)
+            deleted.append(directory)
+
+    recorder = Recorder(reactions=[delete_when_finished])
+    result = run_job(sales_job(data, out, revenue_sums), spark, tmp_path, recorder)
+
+    assert deleted
+    assert result.ok, result.summary()
+    failed = recorder.of(r.AttemptFailed)
+    assert failed and all(e.vertex == "final" for e in failed)
+    assert all(e.error is r.ErrorKind.PARTITION_MISSING for e in failed)
+    assert all(e.missing_partition == lost for e in failed)
+    assert all("partial" in e.message for e in failed)
+    # The local failover fallback re-ran the producer, then the consumer.
+    assert any("failover" in note for note in result.fallbacks)
+    reran = [e for e in recorder.of(r.AttemptFinished) if (e.vertex, e.subtask) == ("partial", 0)]
+    assert [e.attempt for e in reran] == [0, 1]
+    assert_ran_where_placed(recorder)
+    assert_exact_sales(out, data, result)
+
+
+# --------------------------------------------------------------------------- invalid commands
+
+
+def test_invalid_commands_are_rejected_and_the_job_succeeds(
+    spark: Any, tmp_path: Path, hosts: list[str]
+) -> None:
+    data = sales_by_region.generate(tmp_path / "data", files=3, rows_per_file=2_000)
+    out = tmp_path / "out"
+    expected_reasons: dict[str, str] = {}
+
+    def post_invalid(runner: JobRunner, event: r.Event) -> None:
+        # On the first deployment: `sales` is initialised and has a live attempt, `final` is not
+        # initialised. The commands are queued before the attempt's outcome can arrive.
+        if expected_reasons or not isinstance(event, r.AttemptDeploying):
+            return
+        live = (event.vertex, event.subtask)
+        until = event.ts + 60_000
+        commands: list[tuple[str, str, Callable[..., r.Command], dict[str, Any]]] = [
+            ("set-unknown", "unknown vertex 'nope'", r.SetParallelism,
+             {"vertex": "nope", "parallelism": 1, "subtask_inputs": ()}),
+            ("set-initialised", "already initialised", r.SetParallelism,
+             {"vertex": "sales", "parallelism": 2, "subtask_inputs": ()}),
+            ("set-out-of-bounds", "outside bounds [1, 8]", r.SetParallelism,
+             {"vertex": "final", "parallelism": 9, "subtask_inputs": ()}),
+            ("speculate-unknown-vertex", "unknown vertex 'nope'", r.LaunchSpeculativeAttempts,
+             {"vertex": "nope", "subtask": 0, "count": 1}),
+            ("speculate-unknown-subtask", "unknown subtask sales#7", r.LaunchSpeculativeAttempts,
+             {"vertex": "sales", "subtask": 7, "count": 1}),
+            ("speculate-uninitialised", "not initialised", r.LaunchSpeculativeAttempts,
+             {"vertex": "final", "subtask": 0, "count": 1}),
+            ("speculate-too-many", "exceed max-concurrent-executions 2",
+             r.LaunchSpeculativeAttempts, {"vertex": live[0], "subtask": live[1], "count": 2}),
+            ("speculate-zero", "count must be at least 1", r.LaunchSpeculativeAttempts,
+             {"vertex": live[0], "subtask": live[1], "count": 0}),
+            ("block-too-many", "over blocklist.max-blocked-fraction", r.BlockNodes,
+             {"hosts": tuple(hosts[:2]), "until_ts": until}),
+            ("block-unknown", "unknown host(s) ['10.9.9.9']", r.BlockNodes,
+             {"hosts": ("10.9.9.9",), "until_ts": until}),
+            ("block-in-the-past", "is not after", r.BlockNodes,
+             {"hosts": (hosts[0],), "until_ts": event.ts - 1}),
+            ("unblock-unknown", "unknown host(s) ['10.9.9.9']", r.UnblockNodes,
+             {"hosts": ("10.9.9.9",)}),
+            ("restart-unknown-vertex", "unknown vertex 'nope'", r.RestartTasks,
+             {"tasks": (r.TaskRef("nope", 0),), "reason": "test", "not_before_ts": 0}),
+            ("restart-unknown-subtask", "unknown subtask sales#7", r.RestartTasks,
+             {"tasks": (r.TaskRef("sales", 7),), "reason": "test", "not_before_ts": 0}),
+            ("restart-nothing", "no tasks to restart", r.RestartTasks,
+             {"tasks": (), "reason": "test", "not_before_ts": 0}),
+        ]  # fmt: skip
+        for name, reason, cls, fields in commands:
+            command = cls(**fields, **command_fields(runner, name, event.ts))
+            expected_reasons[command.id] = reason
+            runner.post("command", command)
+
+    recorder = Recorder(reactions=[post_invalid])
+    result = run_job(sales_job(data, out, revenue_sums), spark, tmp_path, recorder)
+
+    assert result.ok, result.summary()
+    rejected = {e.command_id: e for e in recorder.of(r.CommandRejected)}
+    assert set(rejected) == set(expected_reasons)
+    for command_id, reason in expected_reasons.items():
+        assert reason in rejected[command_id].reason, (command_id, rejected[command_id].reason)
+    assert not {e.command_id for e in recorder.of(r.CommandApplied)} & set(expected_reasons)
+    assert {cid for cid, _, _ in result.commands_rejected} == set(expected_reasons)
+    # Nothing a rejected command asked for happened.
+    assert not recorder.of(r.NodeBlocked)
+    assert not any(e.speculative for e in recorder.of(r.AttemptDeploying))
+    assert result.parallelism["sales"] == (3, "fixed")
+    assert not recorder.of(r.AttemptCanceled) and not recorder.of(r.AttemptFailed)
+    assert_ran_where_placed(recorder)
+    assert_exact_sales(out, data, result)
