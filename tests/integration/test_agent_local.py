@@ -16,6 +16,7 @@ import pytest
 from tailguard.agent.runner import RunOptions
 from tailguard.cluster.local import ClusterError, find_java
 from tailguard.examples import orders_by_segment, sales_by_region
+from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.replay.engine import replay
 from tailguard.replay.inputs import read_archive
@@ -142,3 +143,108 @@ def test_restart_limit_fails_the_job(spark: Any, tmp_path: Path) -> None:
     )
     assert result.status == "FAILED"
     assert result.message  # the FailJob reason names the restart strategy
+
+
+# ---------------------------------------------------------------- pipelined regions (FLIP-119)
+
+
+def pipelined_sales_job(data: Path, out: Path, parallelism: int, pipelined: tuple[str, ...]) -> Any:
+    """sales -> score -> partial -partition_by-> final -> sink, with the forward edges into the
+    vertices named in `pipelined` made PIPELINED and every vertex up to partial fixed at
+    `parallelism` (a pipelined edge needs fixed ends)."""
+    from tailguard.agent.api import Job
+
+    def into(dataset: Any, consumer: str) -> Any:
+        return dataset.pipelined() if consumer in pipelined else dataset
+
+    job = Job("pipelined-sales")
+    sales = job.read_parquet(str(data), name="sales", parallelism=parallelism)
+    scored = into(sales, "score").map(sales_by_region.score, name="score", parallelism=parallelism)
+    partial = into(scored, "partial").map(
+        sales_by_region.partial_sums, name="partial", parallelism=parallelism
+    )
+    totals = partial.partition_by("region").map(sales_by_region.final_sums, name="final")
+    totals.write_parquet(str(out), name="sink")
+    return job
+
+
+def deploy_order(events: list[r.Event]) -> list[tuple[str, int, int]]:
+    return [(e.vertex, e.subtask, e.attempt) for e in events if isinstance(e, r.AttemptDeploying)]
+
+
+def deployed_together(events: list[r.Event], producer: tuple, consumer: tuple) -> bool:
+    """The two attempts' AttemptDeploying are adjacent events, before either ended."""
+    index = {}
+    for k, e in enumerate(events):
+        key = (getattr(e, "vertex", None), getattr(e, "subtask", None), getattr(e, "attempt", None))
+        if isinstance(e, r.AttemptDeploying):
+            index[("deploy", key)] = k
+        elif isinstance(e, r.AttemptFinished | r.AttemptFailed | r.AttemptCanceled):
+            index.setdefault(("end", key), k)
+    first, second = index[("deploy", producer)], index[("deploy", consumer)]
+    ends = [index.get(("end", producer), len(events)), index.get(("end", consumer), len(events))]
+    return second == first + 1 and max(first, second) < min(ends)
+
+
+def most_live(events: list[r.Event]) -> int:
+    live: set[tuple] = set()
+    most = 0
+    for e in events:
+        key = (getattr(e, "vertex", None), getattr(e, "subtask", None), getattr(e, "attempt", None))
+        if isinstance(e, r.AttemptDeploying):
+            live.add(key)
+            most = max(most, len(live))
+        elif isinstance(e, r.AttemptFinished | r.AttemptFailed | r.AttemptCanceled):
+            live.discard(key)
+    return most
+
+
+def test_pipelined_source_and_map_are_deployed_together(spark: Any, tmp_path: Path) -> None:
+    data = sales_by_region.generate(tmp_path / "sales", files=2, rows_per_file=2_000)
+    out = tmp_path / "out"
+    events: list[r.Event] = []
+    job = pipelined_sales_job(data, out, parallelism=1, pipelined=("score",))
+    result = run(job, spark, settings_for(tmp_path), RunOptions(on_event=events.append))
+
+    assert result.ok, result.summary()
+    expected = sales_by_region.reference(data)
+    actual = sales_by_region.read_output(out)
+    assert actual[expected.columns.tolist()].equals(expected)
+    assert deploy_order(events)[:2] == [("sales", 0, 0), ("score", 0, 0)]
+    assert deployed_together(events, ("sales", 0, 0), ("score", 0, 0))
+
+
+def test_regions_wait_for_enough_free_slots_without_deadlock(spark: Any, tmp_path: Path) -> None:
+    # Two regions {score#k, partial#k} of 2 tasks on 2 slots, behind two blocking source tasks:
+    # a region is placed only when both slots are free, one region at a time.
+    data = sales_by_region.generate(tmp_path / "sales", files=2, rows_per_file=3_000)
+    out = tmp_path / "out"
+    events: list[r.Event] = []
+    job = pipelined_sales_job(data, out, parallelism=2, pipelined=("partial",))
+    result = run(job, spark, settings_for(tmp_path), RunOptions(on_event=events.append))
+
+    assert result.ok, result.summary()
+    expected = sales_by_region.reference(data)
+    actual = sales_by_region.read_output(out)
+    assert actual[expected.columns.tolist()].equals(expected)
+    for k in range(2):
+        assert deployed_together(events, ("score", k, 0), ("partial", k, 0))
+    assert most_live(events) <= 2
+
+
+def test_a_failure_in_a_region_restarts_the_region_as_a_bulk(spark: Any, tmp_path: Path) -> None:
+    data = sales_by_region.generate(tmp_path / "sales", files=2, rows_per_file=2_000)
+    out = tmp_path / "out"
+    events: list[r.Event] = []
+    options = RunOptions(
+        on_event=events.append, fail_attempts={("partial", 0, 0): "injected failure"}
+    )
+    job = pipelined_sales_job(data, out, parallelism=1, pipelined=("partial",))
+    result = run(job, spark, settings_for(tmp_path), options)
+
+    assert result.ok, result.summary()
+    expected = sales_by_region.reference(data)
+    actual = sales_by_region.read_output(out)
+    assert actual[expected.columns.tolist()].equals(expected)
+    # The producer of the failed consumer is redone with it, in one bulk.
+    assert deployed_together(events, ("score", 0, 1), ("partial", 0, 1))

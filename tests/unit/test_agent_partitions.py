@@ -1,6 +1,7 @@
 """Result partitions as files: layout, checksums, verified reads, release and sweeping."""
 
 import os
+import threading
 
 import pyarrow as pa
 import pytest
@@ -9,9 +10,12 @@ from tailguard.agent.partitions import (
     JobOwner,
     PartitionCorrupt,
     PartitionMissing,
+    await_partition,
+    completion_marker_path,
     local_owner_alive,
     mark_job_running,
     prepare_job_storage,
+    read_completion,
     read_job_owner,
     read_subpartitions,
     release_partition,
@@ -48,12 +52,53 @@ def test_layout_sizes_and_records(storage, tmp_path):
     ref = PartitionRef("map", 3, 1)
     written = write_partition(storage, JOB, ref, [table(0, 10), table(10, 5), table(0, 0)])
     directory = tmp_path / JOB / "partitions" / "map" / "3" / "1"
-    assert sorted(os.listdir(directory)) == ["0.arrow", "1.arrow", "2.arrow"]
+    assert sorted(os.listdir(directory)) == ["0.arrow", "1.arrow", "2.arrow", "_complete.json"]
     assert written.records == 15
     assert written.bytes_per_subpartition == tuple(
         os.path.getsize(directory / f"{sp}.arrow") for sp in range(3)
     )
     assert len(set(written.checksums)) == 3
+
+
+def test_completion_marker_records_what_was_written(storage):
+    ref = PartitionRef("map", 1, 2)
+    with pytest.raises(FileNotFoundError):
+        read_completion(storage, JOB, ref)
+    written = write_partition(storage, JOB, ref, [table(0, 10), table(10, 4)])
+    assert read_completion(storage, JOB, ref) == written
+
+
+def test_await_partition_returns_once_the_producer_completes(storage):
+    ref = PartitionRef("map", 0, 0)
+    done: list[object] = []
+    waiter = threading.Thread(
+        target=lambda: done.append(await_partition(storage, JOB, ref, 30.0, lambda: None, 0.01))
+    )
+    waiter.start()
+    # Subpartition files without the marker are not a complete partition yet.
+    storage.write_atomic(subpartition_path(storage, JOB, ref, 0), b"partial")
+    waiter.join(0.2)
+    assert waiter.is_alive()
+    written = write_partition(storage, JOB, ref, [table(0, 3)])
+    waiter.join(10)
+    assert done == [written]
+
+
+def test_await_partition_stops_on_abandon_and_on_the_deadline(storage):
+    ref = PartitionRef("map", 0, 5)
+    reasons = iter([None, None, "the producer attempt was cancelled"])
+    with pytest.raises(PartitionMissing, match="producer attempt was cancelled") as err:
+        await_partition(storage, JOB, ref, 30.0, lambda: next(reasons), 0.001)
+    assert err.value.partition == ref
+    with pytest.raises(PartitionMissing, match="not complete within"):
+        await_partition(storage, JOB, ref, 0.05, lambda: None, 0.01)
+
+
+def test_unreadable_completion_marker_is_corrupt(storage):
+    ref = PartitionRef("map", 0, 0)
+    storage.write_atomic(completion_marker_path(storage, JOB, ref), b"{not json")
+    with pytest.raises(PartitionCorrupt):
+        read_completion(storage, JOB, ref)
 
 
 def test_empty_subpartition_file_carries_the_schema(storage):

@@ -229,6 +229,74 @@ class Job:
                 )
         if not any(v.kind is VertexKind.SINK for v in self.vertices.values()):
             raise JobDefinitionError(f"job {self.name!r} has no sink")
+        self._validate_pipelined()
+
+    def _validate_pipelined(self) -> None:
+        for v in self.vertices.values():
+            for i in v.inputs:
+                if i.exchange is not Exchange.PIPELINED:
+                    continue
+                # Adaptive parallelism is decided from finished inputs (FLIP-187), which a
+                # consumer deployed together with its producer cannot wait for.
+                for end in (i.producer, v.name):
+                    if self.vertices[end].parallelism is None:
+                        raise JobDefinitionError(
+                            f"pipelined edge {i.producer} -> {v.name}: {end!r} needs a fixed "
+                            f"parallelism (parallelism=...) because a pipelined consumer starts "
+                            f"before its producer's output size is known"
+                        )
+        # A path through a blocking edge from one member of a pipelined group to another would
+        # make its regions wait on each other's finished output: they could never be scheduled.
+        group_of = {name: k for k, group in enumerate(pipelined_groups(self)) for name in group}
+        if not group_of:
+            return
+        reach = _descendants(self)
+        for v in self.vertices.values():
+            for i in v.inputs:
+                if i.exchange is Exchange.PIPELINED:
+                    continue
+                before = {group_of[a] for a in group_of if i.producer in reach[a] | {a}}
+                after = {group_of[d] for d in reach[v.name] | {v.name} if d in group_of}
+                if before & after:
+                    raise JobDefinitionError(
+                        f"blocking edge {i.producer} -> {v.name} lies on a path between vertices "
+                        f"joined by pipelined edges; make that path pipelined too, or none of it"
+                    )
+
+
+def pipelined_groups(job: Job) -> list[tuple[str, ...]]:
+    """Vertices joined by PIPELINED edges (connected components with at least two vertices),
+    each in the job's declaration order (which is topological: inputs exist before use)."""
+    parent = {name: name for name in job.vertices}
+
+    def find(name: str) -> str:
+        while parent[name] != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    for v in job.vertices.values():
+        for i in v.inputs:
+            if i.exchange is Exchange.PIPELINED:
+                parent[find(v.name)] = find(i.producer)
+    groups: dict[str, list[str]] = {}
+    for name in job.vertices:
+        groups.setdefault(find(name), []).append(name)
+    return [tuple(g) for g in groups.values() if len(g) > 1]
+
+
+def _descendants(job: Job) -> dict[str, set[str]]:
+    """Every vertex reachable from each vertex (job graphs are small)."""
+    consumers: dict[str, list[str]] = {name: [] for name in job.vertices}
+    for v in job.vertices.values():
+        for i in v.inputs:
+            consumers[i.producer].append(v.name)
+    reach: dict[str, set[str]] = {}
+    for name in reversed(list(job.vertices)):  # consumers are declared after their producers
+        reach[name] = set()
+        for c in consumers[name]:
+            reach[name] |= {c} | reach[c]
+    return reach
 
 
 def _vertex_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -255,7 +323,7 @@ class Exchanged:
 
     def pipelined(self) -> Exchanged:
         """Make this edge PIPELINED: producer and consumer form one pipelined region that is
-        scheduled as a whole (FLIP-119)."""
+        scheduled as a whole (FLIP-119). Both ends need a fixed parallelism."""
         return Exchanged(self.dataset, self.distribution, self.keys, Exchange.PIPELINED)
 
     def map(self, fn: Callable[..., Any], *, name: str | None = None, **options: Any) -> Dataset:

@@ -4,6 +4,7 @@ Layout under a storage root (see docs/data-plane.md):
 
     <job_id>/_running.json                                      who runs the job (crash sweeping)
     <job_id>/partitions/<vertex>/<subtask>/<attempt>/<sp>.arrow  one file per subpartition
+    <job_id>/partitions/<vertex>/<subtask>/<attempt>/_complete.json  written last: the checksums
 
 Every attempt writes into its own directory, so a speculative twin never touches the winner's
 files. Files are written under a hidden temporary name and renamed, so a reader finds a file
@@ -11,6 +12,11 @@ complete or not at all. The checksum is a hash of the file's bytes; the writer m
 function of the table's content alone (one chunk, fixed batch size, fixed codec), so a partition
 re-produced from the same inputs carries the same checksum, which the failover core uses to spare
 the consumers a restart.
+
+The completion marker is what a PIPELINED consumer waits for: deployed together with its producer
+(FLIP-119), it cannot be handed the checksums by the driver, so it reads them from the marker. The
+exchange is at partition granularity: the consumer starts reading once the whole partition is
+written, not record by record.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from tailguard.agent.storage import Storage
 from tailguard.model.records import PartitionRef
 
 PARTITIONS_DIR = "partitions"
+COMPLETE_MARKER = "_complete.json"
 RUNNING_MARKER = "_running.json"
 _CODEC = "zstd"
 # A fixed batch size makes the file layout independent of how the producer's table was chunked.
@@ -69,6 +76,10 @@ def partition_dir(storage: Storage, job_id: str, partition: PartitionRef) -> str
     return storage.path(
         job_id, PARTITIONS_DIR, partition.vertex, partition.subtask, partition.attempt
     )
+
+
+def completion_marker_path(storage: Storage, job_id: str, partition: PartitionRef) -> str:
+    return f"{partition_dir(storage, job_id, partition)}/{COMPLETE_MARKER}"
 
 
 def subpartition_path(
@@ -119,7 +130,60 @@ def write_partition(
         sizes.append(data.size)
         sums.append(checksum(data))
         records += table.num_rows
-    return WrittenPartition(records, tuple(sizes), tuple(sums))
+    written = WrittenPartition(records, tuple(sizes), tuple(sums))
+    # Last, after every file is in place: a consumer that sees the marker can read them all.
+    marker = json.dumps(asdict(written), sort_keys=True).encode()
+    storage.write_atomic(completion_marker_path(storage, job_id, partition), marker)
+    return written
+
+
+def read_completion(storage: Storage, job_id: str, partition: PartitionRef) -> WrittenPartition:
+    """What the completion marker of `partition` records; FileNotFoundError while it is not
+    written, PartitionCorrupt when it cannot be parsed."""
+    path = completion_marker_path(storage, job_id, partition)
+    if not storage.exists(path):
+        raise FileNotFoundError(path)
+    try:
+        fields = json.loads(bytes(storage.read_bytes(path)))
+        return WrittenPartition(
+            int(fields["records"]),
+            tuple(int(b) for b in fields["bytes_per_subpartition"]),
+            tuple(str(c) for c in fields["checksums"]),
+        )
+    except (ValueError, KeyError, TypeError) as err:
+        raise PartitionCorrupt(partition, f"completion marker {path} unreadable: {err}") from err
+
+
+def await_partition(
+    storage: Storage,
+    job_id: str,
+    partition: PartitionRef,
+    timeout_s: float,
+    abandon: Callable[[], str | None],
+    poll_s: float = 0.05,
+) -> WrittenPartition:
+    """Wait until the producer attempt `partition` has written its whole partition and return
+    its checksums (a pipelined consumer's read). `abandon` is polled too: a reason it returns
+    (this attempt or the producer was cancelled) ends the wait, as does the timeout, with
+    PartitionMissing naming the producer attempt."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return read_completion(storage, job_id, partition)
+        except FileNotFoundError:
+            pass
+        reason = abandon()
+        if reason is not None:
+            raise PartitionMissing(partition, f"stopped waiting for {_name(partition)}: {reason}")
+        if time.monotonic() >= deadline:
+            raise PartitionMissing(
+                partition, f"{_name(partition)} not complete within {timeout_s:.0f} s"
+            )
+        time.sleep(poll_s)  # polling the shared storage: it has no change notification
+
+
+def _name(partition: PartitionRef) -> str:
+    return f"pipelined partition {partition.vertex}#{partition.subtask} attempt {partition.attempt}"
 
 
 # ---------------------------------------------------------------------- reading

@@ -52,7 +52,12 @@ def task_spec(
     attempt: int,
     splits: list[Split],
     fail_with: str | None,
+    together: dict[tuple[str, int], int] | None = None,
 ) -> TaskSpec:
+    """`together` maps the tasks already deployed in the same bulk (a pipelined region) to
+    their attempt numbers: an input from one of them reads that attempt, once it completes,
+    instead of a winner."""
+    together = together or {}
     vertex = state.vertices[subtask.vertex]
     definition = vertex.definition
     chosen_splits: tuple[Split, ...] = ()
@@ -65,15 +70,20 @@ def task_spec(
     for i in definition.inputs:
         rng = by_producer[i.producer]
         producer = state.vertices[i.producer]
-        winners: dict[int, int] = {}
+        attempts: dict[int, int] = {}
         checksums: dict[tuple[int, int], str] = {}
+        pipelined = False
         for p in range(rng.partition_start, rng.partition_end + 1):
+            if (i.producer, p) in together:
+                attempts[p] = together[(i.producer, p)]
+                pipelined = True
+                continue
             winner = producer.subtasks[p].winner
             assert winner is not None and winner.outcome is not None
-            winners[p] = winner.number
+            attempts[p] = winner.number
             for sp in range(rng.subpartition_start, rng.subpartition_end + 1):
                 checksums[(p, sp)] = winner.outcome.checksums[sp]
-        inputs.append(InputPlan(rng, i.distribution, winners, checksums))
+        inputs.append(InputPlan(rng, i.distribution, attempts, checksums, pipelined))
     output = None
     if definition.sink is None:
         distribution, keys = state.output_distribution(definition.name)

@@ -21,7 +21,13 @@ from tailguard.agent.api import Job
 from tailguard.agent.result import AttemptSummary, RunResult
 from tailguard.agent.slots import SlotPool, SlotRequest
 from tailguard.agent.sources import Split, discover_splits
-from tailguard.agent.state import Attempt, AttemptStatus, ExecutionState, Subtask
+from tailguard.agent.state import (
+    Attempt,
+    AttemptStatus,
+    ExecutionState,
+    Subtask,
+    slot_requests,
+)
 from tailguard.agent.storage import Storage
 from tailguard.agent.task import AttemptOutcome
 from tailguard.agent.validation import CommandValidator
@@ -329,24 +335,21 @@ class JobRunner:
     def _schedule(self) -> None:
         now = self.now()
         queued = {req.key for req in self.pool.pending()}
-        for vertex in self.state.vertices.values():
-            for subtask in vertex.subtasks:
-                key = ("task", vertex.name, subtask.index)
-                if (
-                    subtask.wanted
-                    and not subtask.live_attempts()
-                    and key not in queued
-                    and self.state.inputs_available(subtask)
-                ):
-                    self.pool.request(
-                        SlotRequest(
-                            key=key,
-                            tasks=[(vertex.name, subtask.index)],
-                            not_before=subtask.not_before,
-                        )
-                    )
+        for request in slot_requests(self.state, queued):
+            if len(request.tasks) > 1 and not self.pool.could_ever_place(request):
+                # FLIP-119 needs the largest region to fit; it waits in case executors join.
+                log.warning(
+                    "pipelined region %s needs %d slots, the cluster has %d: it waits for more",
+                    request.key,
+                    len(request.tasks),
+                    self.pool.total_slots(),
+                )
+            self.pool.request(request)
         for request, placed in self.pool.assign(now):
             kind = request.key[0] if isinstance(request.key, tuple) else "task"
+            if kind == "region":
+                self._deploy_region(request, placed)
+                continue
             for task, host in placed.items():
                 vertex_name, index = task  # type: ignore[misc]
                 subtask = self.state.subtask(vertex_name, index)
@@ -363,9 +366,32 @@ class JobRunner:
                     subtask.wanted = False
                 self._deploy(subtask, host, speculative, command_id)
 
+    def _deploy_region(self, request: SlotRequest, placed: dict[object, str]) -> None:
+        """Deploy a pipelined region's bulk at once, producers first (the request lists them in
+        topological order), each consumer naming the producer attempts deployed with it."""
+        tasks = tuple(request.tasks)
+        region = self.state.region_of(*tasks[0])  # type: ignore[misc]
+        if region is None or self.state.bulk_ready(region) != tasks:
+            # The region changed while queued (a restart, a finished task): ask again.
+            for host in placed.values():
+                self.pool.release(host)
+            return
+        together: dict[tuple[str, int], int] = {}
+        for subtask in self.state.subtasks_of(tasks):  # type: ignore[arg-type]
+            subtask.wanted = False
+            together[(subtask.vertex, subtask.index)] = self._deploy(
+                subtask, placed[(subtask.vertex, subtask.index)], False, None, together
+            )
+
     def _deploy(
-        self, subtask: Subtask, host: str, speculative: bool, command_id: str | None
-    ) -> None:
+        self,
+        subtask: Subtask,
+        host: str,
+        speculative: bool,
+        command_id: str | None,
+        together: dict[tuple[str, int], int] | None = None,
+    ) -> int:
+        """Deploy a new attempt of `subtask` on `host`; returns its number."""
         number = subtask.next_number()
         attempt = Attempt(
             vertex=subtask.vertex,
@@ -394,11 +420,13 @@ class JobRunner:
             number,
             self.splits.get(subtask.vertex, []),
             self.options.fail_attempts.get((subtask.vertex, subtask.index, number)),
+            together,
         )
         key = attempt.key
         self.runtime.submit(
             key, host, spec, lambda outcome, key=key: self.post("outcome", (key, outcome))
         )
+        return number
 
     def _attempt(self, key: tuple[str, int, int]) -> Attempt | None:
         subtask = self.state.subtask(key[0], key[1])

@@ -10,7 +10,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from tailguard.agent.api import Job, VertexDef
+from tailguard.agent.api import Job, VertexDef, pipelined_groups
+from tailguard.agent.slots import SlotRequest
 from tailguard.model.records import (
     SPLITS_INPUT,
     Distribution,
@@ -18,6 +19,10 @@ from tailguard.model.records import (
     SubtaskInputs,
     VertexKind,
 )
+from tailguard.model.topology import ExecutionTopology, JobGraph
+
+# An execution vertex: (vertex name, subtask index).
+Task = tuple[str, int]
 
 
 class AttemptStatus(enum.Enum):
@@ -106,6 +111,11 @@ class ExecutionState:
                 self.consumers[i.producer].append((v.name, index))
         for vertex in self.vertices.values():
             vertex.subpartitions = self._subpartitions_of(vertex.name)
+        self.pipelined_groups = pipelined_groups(job)
+        self._graph = JobGraph(job.spec()) if self.pipelined_groups else None
+        # Each task of a pipelined region with more than one task -> the region's tasks,
+        # producers before consumers. Tasks alone in their region are not listed.
+        self.regions: dict[Task, tuple[Task, ...]] = {}
 
     def max_parallelism(self, name: str) -> int:
         return self.vertices[name].definition.max_parallelism or self.default_max_parallelism
@@ -135,6 +145,33 @@ class ExecutionState:
         vertex.parallelism = parallelism
         vertex.decided_by = by
         vertex.subtasks = [Subtask(name, k, by_index.get(k, ())) for k in range(parallelism)]
+        for group in self.pipelined_groups:
+            if name in group and all(self.vertices[v].initialized for v in group):
+                self._add_regions(group)
+
+    def _add_regions(self, group: tuple[str, ...]) -> None:
+        """Regions of one pipelined group, computed once when its last vertex is initialised.
+
+        Only the group's vertices enter the topology: the job validation guarantees no blocking
+        path joins two of them, so no region spans groups and no cycle of regions needs merging.
+        """
+        assert self._graph is not None
+        parallelisms: dict[str, int] = {}
+        inputs: dict[str, tuple[SubtaskInputs, ...]] = {}
+        for name in group:
+            vertex = self.vertices[name]
+            assert vertex.parallelism is not None
+            parallelisms[name] = vertex.parallelism
+            inputs[name] = tuple(SubtaskInputs(s.index, s.inputs) for s in vertex.subtasks)
+        for region in ExecutionTopology(self._graph, parallelisms, inputs).regions():
+            if len(region.tasks) > 1:
+                tasks = tuple((t.vertex, t.subtask) for t in region.tasks)
+                for task in tasks:
+                    self.regions[task] = tasks
+
+    def region_of(self, vertex: str, index: int) -> tuple[Task, ...] | None:
+        """The tasks of the multi-task pipelined region holding the subtask, or None."""
+        return self.regions.get((vertex, index))
 
     def subtask(self, vertex: str, index: int) -> Subtask | None:
         v = self.vertices.get(vertex)
@@ -142,8 +179,9 @@ class ExecutionState:
             return None
         return v.subtasks[index]
 
-    def inputs_available(self, subtask: Subtask) -> bool:
-        """Vertex-wise scheduling: every partition the subtask consumes is available."""
+    def inputs_available(self, subtask: Subtask, together: frozenset[Task] = frozenset()) -> bool:
+        """Vertex-wise scheduling: every partition the subtask consumes is available, except
+        those of the producers in `together` (deployed with it in one bulk)."""
         for r in subtask.inputs:
             if r.input == SPLITS_INPUT:
                 continue
@@ -151,9 +189,35 @@ class ExecutionState:
             if not producer.initialized:
                 return False
             for p in range(r.partition_start, r.partition_end + 1):
+                if (r.input, p) in together:
+                    continue
                 if p >= len(producer.subtasks) or not producer.subtasks[p].available:
                     return False
         return True
+
+    def bulk_ready(self, region: tuple[Task, ...]) -> tuple[Task, ...] | None:
+        """The tasks of `region` to deploy together now, or None.
+
+        Nothing while any task of the region runs (a restart cancels them first). Otherwise the
+        wanted tasks, when what they read from outside the bulk is available: after a full
+        restart that is the whole region behind its blocking inputs; a task redone alone (its
+        region partners finished) reads their finished partitions like blocking ones.
+        """
+        subtasks = self.subtasks_of(region)
+        if any(s.live_attempts() for s in subtasks):
+            return None
+        wanted = tuple((s.vertex, s.index) for s in subtasks if s.wanted)
+        if not wanted:
+            return None
+        together = frozenset(wanted)
+        if all(self.inputs_available(s, together) for s in subtasks if s.wanted):
+            return wanted
+        return None
+
+    def subtasks_of(self, tasks: tuple[Task, ...]) -> list[Subtask]:
+        found = [self.subtask(v, k) for v, k in tasks]
+        assert all(s is not None for s in found), f"unknown task among {tasks}"
+        return [s for s in found if s is not None]
 
     def all_done(self) -> bool:
         for vertex in self.vertices.values():
@@ -173,3 +237,52 @@ class ExecutionState:
         known = sum(len(v.subtasks) for v in self.vertices.values())
         done = sum(1 for v in self.vertices.values() for s in v.subtasks if s.winner is not None)
         return done, known
+
+
+def slot_requests(state: ExecutionState, queued: set[object]) -> list[SlotRequest]:
+    """The slot requests to add to the pool: one per schedulable task alone in its region, one
+    bulk per schedulable multi-task region (FLIP-119), none for what `queued` already holds
+    (keys of pending requests)."""
+    requests: list[SlotRequest] = []
+    seen: set[Task] = set()
+    for vertex in state.vertices.values():
+        for subtask in vertex.subtasks:
+            region = state.region_of(vertex.name, subtask.index)
+            if region is None:
+                key: tuple[object, ...] = ("task", vertex.name, subtask.index)
+                if (
+                    subtask.wanted
+                    and not subtask.live_attempts()
+                    and key not in queued
+                    and state.inputs_available(subtask)
+                ):
+                    requests.append(
+                        SlotRequest(
+                            key=key,
+                            tasks=[(vertex.name, subtask.index)],
+                            not_before=subtask.not_before,
+                        )
+                    )
+                continue
+            if region[0] in seen:
+                continue
+            seen.add(region[0])
+            key = region_key(region)
+            if key in queued:
+                continue
+            bulk = state.bulk_ready(region)
+            if bulk is not None:
+                members = state.subtasks_of(bulk)
+                requests.append(
+                    SlotRequest(
+                        key=key,
+                        tasks=list(bulk),
+                        not_before=max(s.not_before for s in members),
+                    )
+                )
+    return requests
+
+
+def region_key(region: tuple[Task, ...]) -> tuple[object, ...]:
+    """The pool key of a region's bulk request (named by its first task)."""
+    return ("region", *region[0])

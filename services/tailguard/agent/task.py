@@ -24,6 +24,7 @@ from tailguard.agent.exchange import hash_partition, round_robin_partition
 from tailguard.agent.partitions import (
     PartitionCorrupt,
     PartitionMissing,
+    await_partition,
     read_subpartitions,
     write_partition,
 )
@@ -38,10 +39,19 @@ class InputPlan:
 
     range: InputRange
     distribution: Distribution
-    # producer subtask -> winning attempt
+    # producer subtask -> winning attempt, or for a pipelined input the attempt deployed in the
+    # same bulk
     attempts: dict[int, int]
-    # (producer subtask, subpartition) -> checksum
+    # (producer subtask, subpartition) -> checksum; a producer deployed in the same bulk has
+    # none yet: its checksums come from its completion marker
     checksums: dict[tuple[int, int], str]
+    pipelined: bool = False
+
+
+# How long a pipelined consumer waits for a producer deployed with it. A producer that fails or
+# is cancelled restarts the whole region (which cancels this consumer) long before; the deadline
+# only bounds a wait nobody ends.
+PIPELINED_WAIT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -121,10 +131,37 @@ def _call_user(spec: TaskSpec, tables: list[pa.Table]) -> pa.Table:
     return _to_arrow(spec.fn(*args))
 
 
+def _awaited_checksums(spec: TaskSpec, plan: InputPlan) -> dict[tuple[int, int], str]:
+    """The plan's checksums completed from the markers of producers deployed with this attempt
+    (waiting for each to finish writing)."""
+    rng = plan.range
+    checksums = dict(plan.checksums)
+    for p in range(rng.partition_start, rng.partition_end + 1):
+        if (p, rng.subpartition_start) in checksums:
+            continue
+        producer = PartitionRef(rng.input, p, plan.attempts[p])
+
+        def abandon(producer: PartitionRef = producer) -> str | None:
+            if spec.storage.exists(cancel_marker(spec)):
+                return "this attempt was cancelled"
+            producer_cancel = _cancel_path(
+                spec.storage, spec.job_id, producer.vertex, producer.subtask, producer.attempt
+            )
+            if spec.storage.exists(producer_cancel):
+                return "the producer attempt was cancelled"
+            return None
+
+        written = await_partition(spec.storage, spec.job_id, producer, PIPELINED_WAIT_S, abandon)
+        for sp in range(rng.subpartition_start, rng.subpartition_end + 1):
+            checksums[(p, sp)] = written.checksums[sp]
+    return checksums
+
+
 def _read_inputs(spec: TaskSpec) -> tuple[list[pa.Table], int]:
     tables: list[pa.Table] = []
     total_bytes = 0
     for plan in spec.inputs:
+        checksums = _awaited_checksums(spec, plan) if plan.pipelined else plan.checksums
         table, read_bytes = read_subpartitions(
             spec.storage,
             spec.job_id,
@@ -132,7 +169,7 @@ def _read_inputs(spec: TaskSpec) -> tuple[list[pa.Table], int]:
             plan.attempts,
             (plan.range.partition_start, plan.range.partition_end),
             (plan.range.subpartition_start, plan.range.subpartition_end),
-            plan.checksums,
+            checksums,
         )
         tables.append(table)
         total_bytes += read_bytes
@@ -233,7 +270,11 @@ CANCELED_EXIT_CODE = 75
 
 
 def cancel_marker(spec: TaskSpec) -> str:
-    return spec.storage.path(spec.job_id, CANCEL_DIR, spec.vertex, spec.subtask, spec.attempt)
+    return _cancel_path(spec.storage, spec.job_id, spec.vertex, spec.subtask, spec.attempt)
+
+
+def _cancel_path(storage: Storage, job_id: str, vertex: str, subtask: int, attempt: int) -> str:
+    return storage.path(job_id, CANCEL_DIR, vertex, subtask, attempt)
 
 
 def request_cancel(spec: TaskSpec) -> None:

@@ -120,6 +120,13 @@ class CommandValidator:
         subtask = vertex.subtasks[c.subtask]
         if subtask.winner is not None:
             return f"subtask {c.vertex}#{c.subtask} already finished"
+        region = self.runner.state.region_of(c.vertex, c.subtask)
+        if region is not None:
+            # Its pipelined partners read (or feed) one specific attempt, deployed with them.
+            return (
+                f"subtask {c.vertex}#{c.subtask} is in a pipelined region of {len(region)} tasks; "
+                f"speculation needs a blocking input and output"
+            )
         live = len(subtask.live_attempts())
         if live == 0:
             return f"subtask {c.vertex}#{c.subtask} has no running attempt to mirror"
