@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -310,15 +308,14 @@ def test_regions_on_a_region_cycle_are_merged() -> None:
     assert t.region_count == 1
 
 
-def test_all_blocking_regions_for_100k_subtasks_take_well_under_a_second() -> None:
+def test_all_blocking_regions_for_100k_subtasks() -> None:
+    # All-to-all connectivity stays at the vertex level: 40k x 40k execution edges would not
+    # fit in memory, so this only completes if none are materialised. (Timing: benchmarks.)
     spec = graph("SMR", ("S", "M", A2A, BLOCKING), ("M", "R", A2A, BLOCKING))
-    started = time.perf_counter()
     t = ExecutionTopology(JobGraph(spec), {"S": 40_000, "M": 40_000, "R": 20_000})
     regions = t.regions()
-    elapsed = time.perf_counter() - started
     assert len(regions) == 100_000
     assert all(len(r.tasks) == 1 for r in regions)
-    assert elapsed < 1.0, f"{elapsed:.3f} s"
 
 
 # --------------------------------------------------------------------------- properties
