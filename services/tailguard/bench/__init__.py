@@ -1,0 +1,1 @@
+"""`tailguard bench`: tailguard against plain PySpark and Spark's speculation, side by side."""

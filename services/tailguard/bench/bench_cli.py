@@ -1,0 +1,101 @@
+"""`tailguard bench` (and `make bench`): tailguard against Spark's own mechanisms, side by side.
+
+Writes `<out>/<YYYY-MM-DD>.json` (every run's raw figures) and `<out>/<YYYY-MM-DD>.md` (the
+tables), and prints the tables and the command that reproduces them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from tailguard.bench import scenarios as sc
+from tailguard.bench import summary
+
+BENCH_DIR = Path("work") / "bench"
+RESULTS_DIR = Path("benchmarks") / "results"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs", type=int, default=3, help="runs per contender (default 3)")
+    parser.add_argument(
+        "--scenarios", default=None, help="comma-separated subset of S1,S2,S3,S4 (default all)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller data and 1 run: for trying it out"
+    )
+    parser.add_argument("--out", default=str(RESULTS_DIR), help=f"default {RESULTS_DIR}")
+    parser.add_argument("--work-dir", default=str(BENCH_DIR), help=f"default {BENCH_DIR}")
+
+
+def _say(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.1f} (1 min), {five:.1f} (5 min)"
+
+
+def run(args: argparse.Namespace) -> int:
+    from tailguard.bench.runner import Bench
+
+    chosen = sc.select(args.scenarios)
+    if any(s.has_slow_node for s in chosen) and all(s.name != summary.HEALTHY for s in chosen):
+        _say("note: the ideal and the physical limit come from S4's runs; add S4 to get them")
+    size = sc.QUICK if args.quick else sc.FULL
+    runs = 1 if args.quick else args.runs
+    if runs < 1:
+        raise SystemExit("--runs must be at least 1")
+    argv = sys.argv[1:]
+    given = argv[argv.index("bench") + 1 :] if "bench" in argv else []
+    command = f"tailguard bench {shlex.join(given)}"
+    load_before = _load()
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    bench = Bench(Path(args.work_dir).resolve(), size, chosen, runs, _say)
+    result = bench.run()
+    raw = [asdict(x) for x in result.records]
+    header = {
+        "date": started,
+        "command": command.strip(),
+        "machine": f"{os.cpu_count()} cores; load average before {load_before}, after {_load()}",
+        "data": f"{size.files} files × {size.rows_per_file} rows = {size.splits} splits, "
+        f"score work {size.work}",
+        "runs": f"{runs} per contender, interleaved",
+        "total wall time": f"{result.wall_s / 60:.1f} min (including cluster and session start-up)",
+        "Spark speculation defaults": ", ".join(
+            f"{k}={v}" for k, v in result.spark_defaults.items()
+        ),
+    }
+    text = summary.markdown(raw, [s.name for s in chosen], header)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = time.strftime("%Y-%m-%d", time.gmtime()) + ("-quick" if args.quick else "")
+    document = {
+        **header,
+        "size": asdict(size),
+        "policy": sc.policy_for(size),
+        "scenarios": [asdict(s) for s in chosen],
+        "spark_defaults": result.spark_defaults,
+        "runs_raw": raw,
+        "latencies_ms": summary.latencies(raw),
+    }
+    (out / f"{stem}.json").write_text(json.dumps(document, indent=1, default=str) + "\n")
+    (out / f"{stem}.md").write_text(text)
+    print()
+    print(text)
+    print(f"written {out / (stem + '.json')} and {out / (stem + '.md')}")
+    print(f"reproduce with: {command.strip()}")
+    return 0 if all(x.ok for x in result.records) else 1
+
+
+if __name__ == "__main__":
+    from tailguard.cli import main
+
+    sys.exit(main(["bench", *sys.argv[1:]]))

@@ -1,0 +1,192 @@
+"""The benchmark jobs written as plain PySpark, for the Spark contenders.
+
+Formulation: an RDD over the same splits tailguard reads (one partition per Parquet row group,
+in the same order), with Arrow tables inside each partition. This is the fastest honest form we
+found for this work: the CPU work is vectorised numpy on whole row groups, as in tailguard, with
+no per-row Python. `spark.read.parquet` would pack these small files into one or two partitions
+(`spark.sql.files.maxPartitionBytes` is 128 MiB), i.e. no parallelism at all, and a pandas UDF
+adds a JVM -> Arrow -> pandas round trip per batch for nothing. Same source files, same `score`,
+same aggregation (`partial_sums` per split, `final_sums` per key), same output check.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tailguard.bench.report import StageWork
+from tailguard.examples import sales_by_region as example
+
+Split = tuple[str, int]  # (file, row group)
+
+
+def list_splits(data: Path) -> list[Split]:
+    """One split per row group, files in name order: the order tailguard's source uses."""
+    splits: list[Split] = []
+    for path in sorted(data.glob("*.parquet")):
+        groups = pq.ParquetFile(path).metadata.num_row_groups
+        splits.extend((str(path), g) for g in range(groups))
+    return splits
+
+
+def session_builder(master: str, app_name: str, conf: Iterable[tuple[str, str]]) -> Any:
+    """A plain SparkSession: Spark's defaults except what a local standalone cluster needs."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    for key, value in conf:
+        builder = builder.config(key, value)
+    return builder
+
+
+def _warm(host: str) -> str:
+    # Importing these and running `score` once is the Python-side start-up of a task.
+    import tailguard.agent.task  # noqa: F401
+
+    example.score(pa.table({"quantity": [1], "price_cents": [1]}), 1)
+    return os.environ.get("SPARK_LOCAL_IP", host)
+
+
+def warm_up(sc: Any, hosts: list[str]) -> list[str]:
+    """Start every executor's Python worker before the clock starts, the same for every
+    contender: what is measured is the job, not the Python start-up of a fresh session."""
+    from tailguard.cluster.pinning import pinned_rdd
+
+    return sorted(pinned_rdd(sc, [(h, h) for h in hosts]).map(_warm).collect())
+
+
+def _read(split: Split) -> pa.Table:
+    return pq.ParquetFile(split[0]).read_row_group(split[1])
+
+
+def _sums_rows(table: pa.Table) -> Iterator[tuple[str, tuple[int, int]]]:
+    for row in table.to_pylist():
+        yield row["region"], (int(row["revenue"]), int(row["orders"]))
+
+
+def _score_partials(splits: Iterator[Split], work: int) -> Iterator[tuple[str, tuple[int, int]]]:
+    for split in splits:
+        yield from _sums_rows(example.partial_sums(example.score(_read(split), work)))
+
+
+def _by_region(splits: Iterator[Split]) -> Iterator[tuple[str, bytes]]:
+    """Each split cut into one Arrow IPC blob per region: the rows travel, as in tailguard."""
+    for split in splits:
+        table = _read(split)
+        for region in sorted(set(table["region"].to_pylist())):
+            part = table.filter(pc.equal(table["region"], region))
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, part.schema) as writer:
+                writer.write_table(part)
+            yield region, sink.getvalue().to_pybytes()
+
+
+def _score_keyed(
+    blobs: Iterator[tuple[str, bytes]], work: int
+) -> Iterator[tuple[str, tuple[int, int]]]:
+    tables = [pa.ipc.open_stream(blob).read_all() for _region, blob in blobs]
+    if not tables:
+        return
+    table = pa.concat_tables(tables)
+    yield from _sums_rows(example.final_sums(example.partial_sums(example.score(table, work))))
+
+
+def _region_partition(partitions: int) -> Any:
+    # Stable across processes (Python's str hash is salted per interpreter).
+    return lambda region: zlib.crc32(region.encode()) % partitions
+
+
+def _add(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return a[0] + b[0], a[1] + b[1]
+
+
+@dataclass(frozen=True)
+class PlainRun:
+    duration_s: float
+    output_rows: int
+    tasks: int  # partitions of the CPU stage
+    speculative_tasks: int  # speculative copies Spark launched
+    stage_work: list[StageWork]
+
+
+def stage_ids(sc: Any) -> set[int]:
+    store = sc._jsc.sc().statusStore()
+    stages = store.stageList(None, False, False, sc._gateway.new_array(sc._jvm.double, 0), None)
+    return {stages.apply(i).stageId() for i in range(stages.size())}
+
+
+def task_stats(sc: Any, skip: set[int]) -> tuple[int, list[StageWork]]:
+    """Spark's own record of the tasks (its status store, which exists with the UI off):
+    the speculative copies launched, and per stage the successful tasks' summed and longest
+    durations. Stages in `skip` (the warm-up's) are left out."""
+    store = sc._jsc.sc().statusStore()
+    no_quantiles = sc._gateway.new_array(sc._jvm.double, 0)
+    stages = store.stageList(None, False, False, no_quantiles, None)
+    speculative = 0
+    work: list[StageWork] = []
+    for i in sorted(range(stages.size()), key=lambda i: stages.apply(i).stageId()):
+        stage = stages.apply(i)
+        if stage.stageId() in skip:
+            continue
+        tasks = store.taskList(stage.stageId(), stage.attemptId(), 1_000_000)
+        durations = []
+        for j in range(tasks.size()):
+            task = tasks.apply(j)
+            speculative += bool(task.speculative())
+            if task.status() == "SUCCESS" and task.duration().isDefined():
+                durations.append(task.duration().get() / 1000.0)
+        work.append(
+            StageWork(f"stage-{stage.stageId()}", sum(durations), max(durations, default=0.0))
+        )
+    return speculative, work
+
+
+def run_job(spark: Any, shape: str, data: Path, output: Path, work: int) -> PlainRun:
+    """Run the job and write its output; the time covers the job only (the session exists)."""
+    sc = spark.sparkContext
+    before = stage_ids(sc)  # the warm-up's stages
+    started = time.monotonic()
+    splits = list_splits(data)
+    rdd = sc.parallelize(splits, len(splits))
+    if shape == "sales":
+        sums = rdd.mapPartitions(lambda it: _score_partials(it, work)).reduceByKey(_add, 1)
+    elif shape == "skew":
+        sums = (
+            rdd.mapPartitions(_by_region)
+            .partitionBy(len(splits), _region_partition(len(splits)))
+            .mapPartitions(lambda it: _score_keyed(it, work))
+        )
+    else:
+        raise ValueError(f"unknown job shape {shape!r}")
+    rows = sums.collect()
+    table = pa.table(
+        {
+            "region": pa.array([r for r, _ in rows], pa.string()),
+            "revenue": pa.array([v[0] for _, v in rows], pa.int64()),
+            "orders": pa.array([v[1] for _, v in rows], pa.int64()),
+        }
+    ).sort_by("region")
+    output.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, output / "part-00000.parquet")
+    duration = time.monotonic() - started
+    speculative, work = task_stats(sc, before)
+    return PlainRun(duration, table.num_rows, len(splits), speculative, work)

@@ -1,0 +1,298 @@
+"""The pure parts of `tailguard bench`: statistics, the physical limit, control-plane latencies
+from a job's records, and the markdown tables. No Spark, no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tailguard.model import records as r
+
+# ----------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    low: float
+    high: float
+    n: int
+
+
+def spread(values: Sequence[float]) -> Spread:
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    return Spread(percentile(ordered, 50.0), ordered[0], ordered[-1], len(ordered))
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default method)."""
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100.0
+    lo = math.floor(rank)
+    hi = math.ceil(rank)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+# ----------------------------------------------------------------- physical limit
+
+
+@dataclass(frozen=True)
+class StageWork:
+    vertex: str
+    work_s: float  # sum of the task durations, measured on a healthy cluster
+    longest_s: float  # the longest task
+
+
+def stage_work(records: Iterable[r.Record]) -> list[StageWork]:
+    """Per vertex, in the order vertices started: the finished attempts' durations."""
+    deploying: dict[tuple[str, int, int], int] = {}
+    order: list[str] = []
+    durations: dict[str, list[float]] = {}
+    for rec in records:
+        if isinstance(rec, r.AttemptDeploying):
+            deploying[(rec.vertex, rec.subtask, rec.attempt)] = rec.ts
+            if rec.vertex not in durations:
+                order.append(rec.vertex)
+                durations[rec.vertex] = []
+        elif isinstance(rec, r.AttemptFinished):
+            start = deploying.get((rec.vertex, rec.subtask, rec.attempt))
+            if start is not None:
+                durations[rec.vertex].append((rec.ts - start) / 1000.0)
+    return [StageWork(v, sum(durations[v]), max(durations[v], default=0.0)) for v in order]
+
+
+def physical_limit(
+    stages: Sequence[StageWork],
+    slots: int,
+    slow_factor: float,
+    slow_for_s: float | None = None,
+) -> float:
+    """A lower bound on the makespan with one of `slots` nodes `slow_factor` times slower for
+    the first `slow_for_s` seconds (None: throughout).
+
+    Stages run one after the other (every edge is blocking). While the node is slow the cluster
+    delivers `slots - 1 + 1/slow_factor` slot-seconds of healthy work per second, afterwards
+    `slots`. A stage of total work W ends when the capacity integrated from its start reaches W,
+    and not before its longest task could finish on a fast node. This is the list-scheduling
+    lower bound: it lets work move freely between slots and ignores scheduling overheads.
+    """
+    slow_capacity = slots - 1 + 1.0 / slow_factor
+    until = math.inf if slow_for_s is None else slow_for_s
+    t = 0.0
+    for stage in stages:
+        work = stage.work_s
+        start = t
+        if t < until:
+            slow_span = until - t
+            if work <= slow_capacity * slow_span:
+                t += work / slow_capacity
+                work = 0.0
+            else:
+                work -= slow_capacity * slow_span
+                t = until
+        t += work / slots
+        t = max(t, start + stage.longest_s)
+    return t
+
+
+# ----------------------------------------------------------------- control-plane latencies
+
+
+@dataclass(frozen=True)
+class SpeculationLatency:
+    vertex: str
+    subtask: int
+    qualified_ms: int  # ts of the Tick at which the attempt first qualified as slow
+    applied_ms: int | None  # the agent applied the launch command
+    deploying_ms: int | None  # the speculative attempt was deployed
+    answered_ms: int | None = None  # the agent applied or rejected the command
+
+    @property
+    def to_answered_ms(self) -> int | None:
+        return None if self.answered_ms is None else self.answered_ms - self.qualified_ms
+
+    @property
+    def to_applied_ms(self) -> int | None:
+        return None if self.applied_ms is None else self.applied_ms - self.qualified_ms
+
+    @property
+    def to_deploying_ms(self) -> int | None:
+        return None if self.deploying_ms is None else self.deploying_ms - self.qualified_ms
+
+
+def _slow_attempts(finding: r.SlowTasksDetected, subtask: int) -> frozenset[int] | None:
+    for slow in finding.slow:
+        if slow.subtask == subtask:
+            return frozenset(a.attempt for a in slow.live_attempts if a.slow)
+    return None
+
+
+def speculation_latencies(records: Iterable[r.Record]) -> list[SpeculationLatency]:
+    """For each `LaunchSpeculativeAttempts`: from the Tick at which its slow attempt first
+    qualified (the `caused_by` Tick of the first finding that named the same slow attempts) to
+    the command applied and to the speculative `AttemptDeploying` it led to."""
+    ticks: dict[str, int] = {}
+    findings: dict[str, r.SlowTasksDetected] = {}
+    finding_order: list[r.SlowTasksDetected] = []
+    launches: list[r.LaunchSpeculativeAttempts] = []
+    applied: dict[str, int] = {}
+    answered: dict[str, int] = {}
+    deploying: dict[str, int] = {}
+    for rec in records:
+        if isinstance(rec, r.Tick):
+            ticks[rec.id] = rec.ts
+        elif isinstance(rec, r.SlowTasksDetected):
+            findings[rec.id] = rec
+            finding_order.append(rec)
+        elif isinstance(rec, r.LaunchSpeculativeAttempts):
+            launches.append(rec)
+        elif isinstance(rec, r.CommandApplied):
+            applied.setdefault(rec.command_id, rec.ts)
+            answered.setdefault(rec.command_id, rec.ts)
+        elif isinstance(rec, r.CommandRejected):
+            answered.setdefault(rec.command_id, rec.ts)
+        elif isinstance(rec, r.AttemptDeploying) and rec.speculative and rec.command_id:
+            deploying.setdefault(rec.command_id, rec.ts)
+
+    def tick_ts(finding: r.SlowTasksDetected) -> int:
+        return min((ticks[c] for c in finding.caused_by if c in ticks), default=finding.ts)
+
+    out: list[SpeculationLatency] = []
+    for launch in launches:
+        cause = next((findings[c] for c in launch.caused_by if c in findings), None)
+        if cause is None:
+            continue
+        slow = _slow_attempts(cause, launch.subtask)
+        first = cause
+        for finding in finding_order:
+            if (
+                finding.vertex == launch.vertex
+                and tick_ts(finding) <= tick_ts(cause)
+                and _slow_attempts(finding, launch.subtask) == slow
+            ):
+                first = finding
+                break
+        out.append(
+            SpeculationLatency(
+                launch.vertex,
+                launch.subtask,
+                tick_ts(first),
+                applied.get(launch.id),
+                deploying.get(launch.id),
+                answered.get(launch.id),
+            )
+        )
+    return out
+
+
+def decider_latencies(records: Iterable[r.Record]) -> list[tuple[str, int]]:
+    """(vertex, ms) for each vertex initialised by the decider once its inputs finished: from
+    the last `AttemptFinished` of its input vertices to its `VertexInitialized`."""
+    inputs: dict[str, set[str]] = {}
+    last_finished: dict[str, int] = {}
+    out: list[tuple[str, int]] = []
+    for rec in records:
+        if isinstance(rec, r.JobSubmitted):
+            for edge in rec.graph.edges:
+                inputs.setdefault(edge.target, set()).add(edge.source)
+        elif isinstance(rec, r.AttemptFinished):
+            last_finished[rec.vertex] = max(rec.ts, last_finished.get(rec.vertex, rec.ts))
+        elif isinstance(rec, r.VertexInitialized) and rec.decided_by == "decider":
+            producers = inputs.get(rec.vertex, set())
+            if producers and all(p in last_finished for p in producers):
+                out.append((rec.vertex, rec.ts - max(last_finished[p] for p in producers)))
+    return out
+
+
+def speculated_subtasks(records: Iterable[r.Record]) -> set[tuple[str, int]]:
+    return {
+        (rec.vertex, rec.subtask) for rec in records if isinstance(rec, r.LaunchSpeculativeAttempts)
+    }
+
+
+def largest_input_subtask(records: Iterable[r.Record], vertex: str) -> tuple[int, int] | None:
+    """(subtask, input bytes) of `vertex`'s subtask with the most input bytes."""
+    best: tuple[int, int] | None = None
+    for rec in records:
+        if (
+            isinstance(rec, r.AttemptFinished)
+            and rec.vertex == vertex
+            and rec.input_bytes
+            and (best is None or rec.input_bytes > best[1])
+        ):
+            best = (rec.subtask, rec.input_bytes)
+    return best
+
+
+# ----------------------------------------------------------------- tables
+
+
+def fmt_s(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+@dataclass(frozen=True)
+class Row:
+    contender: str
+    times_s: Sequence[float]
+    speculative: Sequence[int | None] = ()
+    blocked: Sequence[int | None] = ()
+    failed: int = 0
+
+
+def _mean_count(values: Sequence[int | None]) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return "–"
+    return f"{sum(known) / len(known):.1f}"
+
+
+def scenario_table(
+    rows: Sequence[Row], reference: str | None, extra: Mapping[str, float | None]
+) -> str:
+    """One markdown table: median and min–max per contender, and the ratio to `reference`
+    (a contender's name); `extra` adds lines such as the ideal and the physical limit."""
+    medians = {row.contender: spread(row.times_s).median for row in rows if row.times_s}
+    ref = medians.get(reference) if reference else None
+    lines = [
+        "| contender | median s | min–max s | runs | vs best plain | speculative attempts "
+        "| blocked hosts |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        if not row.times_s:
+            lines.append(f"| {row.contender} | – | – | 0 (failed {row.failed}) | – | – | – |")
+            continue
+        s = spread(row.times_s)
+        ratio = s.median / ref if ref else None
+        runs = f"{s.n}" + (f" (+{row.failed} failed)" if row.failed else "")
+        lines.append(
+            f"| {row.contender} | {s.median:.1f} | {s.low:.1f}–{s.high:.1f} | {runs} "
+            f"| {fmt_ratio(ratio)} | {_mean_count(row.speculative)} | {_mean_count(row.blocked)} |"
+        )
+    for label, value in extra.items():
+        lines.append(f"| *{label}* | {fmt_s(value)} | | | | | |")
+    return "\n".join(lines)
+
+
+def latency_table(named: Mapping[str, Sequence[float]]) -> str:
+    lines = ["| latency | samples | p50 ms | p99 ms | max ms |", "|---|---:|---:|---:|---:|"]
+    for label, values in named.items():
+        if values:
+            lines.append(
+                f"| {label} | {len(values)} | {percentile(values, 50):.0f} "
+                f"| {percentile(values, 99):.0f} | {max(values):.0f} |"
+            )
+        else:
+            lines.append(f"| {label} | 0 | – | – | – |")
+    return "\n".join(lines)

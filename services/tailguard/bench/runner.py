@@ -1,0 +1,314 @@
+"""Runs the bench: one broker, one 3-worker cluster and the services for the whole bench; every
+contender run in its own SparkSession (speculation settings are SparkContext confs), contenders
+interleaved within each round so drifts in machine load hit all of them alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tailguard.bench import plain_spark, report
+from tailguard.bench.scenarios import CONTENDERS, Contender, DataSize, Scenario, policy_for
+from tailguard.examples import sales_by_region as example
+from tailguard.model import records as r
+
+Say = Callable[[str], None]
+SCORE_VERTEX = "score"  # where the CPU work happens (keyed in the skew job)
+SPECULATION_KEYS = ("spark.speculation.multiplier", "spark.speculation.quantile")
+
+
+@dataclass
+class RunRecord:
+    scenario: str
+    contender: str
+    run_index: int
+    job_s: float | None  # None: the run failed
+    ok: bool
+    output_equal: bool | None = None
+    error: str | None = None
+    job_id: str | None = None
+    archive: str | None = None
+    speculative_attempts: int | None = None
+    speculative_wins: int | None = None
+    blocked_hosts: list[str] = field(default_factory=list)
+    parallelism: dict[str, int] = field(default_factory=dict)
+    # From the archive (tailguard runs only).
+    stage_work: list[dict[str, Any]] = field(default_factory=list)
+    speculation_latency_ms: list[dict[str, Any]] = field(default_factory=list)
+    decider_latency_ms: list[dict[str, Any]] = field(default_factory=list)
+    skewed_subtask: dict[str, Any] | None = None
+
+
+@dataclass
+class BenchRun:
+    records: list[RunRecord]
+    spark_defaults: dict[str, str]
+    wall_s: float
+
+
+def write_settings(work_dir: Path, size: DataSize) -> Path:
+    """The bench's settings file; the services read it too, so both sides agree."""
+    values = {
+        **policy_for(size),
+        "tailguard.work-dir": str(work_dir),
+        "tailguard.archive-dir": str(work_dir / "archive"),
+    }
+    path = work_dir / "tailguard.toml"
+    lines = [f'"{k}" = "{v}"' for k, v in sorted(values.items())]
+    path.write_text("# written by `tailguard bench`\n" + "\n".join(lines) + "\n")
+    return path
+
+
+def prepare_data(work_dir: Path, size: DataSize, scenario: Scenario) -> Path:
+    # The size is in the name so a quick run never reuses a full run's data or vice versa.
+    name = f"{scenario.shape}-skew{scenario.skew:g}-{size.files}x{size.rows_per_file}"
+    path = work_dir / "data" / name
+    if not (path / "_COMPLETE").exists():
+        shutil.rmtree(path, ignore_errors=True)
+        example.generate(
+            path, files=size.files, rows_per_file=size.rows_per_file, skew=scenario.skew
+        )
+        (path / "_COMPLETE").write_text("")
+    return path
+
+
+def tailguard_job(shape: str, data: Path, output: Path, work: int) -> Any:
+    """The job as a tailguard graph, written the way plain_spark writes it: `score` and
+    `partial_sums` in one operator (the plain job runs them in one mapPartitions), and for the
+    sales job a single final aggregation task (the plain job's `reduceByKey(_, 1)`)."""
+    from tailguard.agent.api import Job
+
+    job = Job("sales-by-region" if shape == "sales" else "sales-skew")
+    sales = job.read_parquet(str(data), name="sales")
+    if shape == "sales":
+        partial = sales.map(
+            lambda t: example.partial_sums(example.score(t, work)), name=SCORE_VERTEX
+        )
+        totals = partial.partition_by("region").map(example.final_sums, name="final", parallelism=1)
+    else:
+        # CPU work after a keyed exchange, so the task holding the big key gets its extra rows.
+        totals = sales.partition_by("region").map(
+            lambda t: example.final_sums(example.partial_sums(example.score(t, work))),
+            name=SCORE_VERTEX,
+        )
+    totals.write_parquet(str(output), name="sink")
+    return job
+
+
+class Bench:
+    def __init__(
+        self,
+        work_dir: Path,
+        size: DataSize,
+        scenarios: list[Scenario],
+        runs: int,
+        say: Say,
+        contenders: tuple[Contender, ...] = CONTENDERS,
+    ) -> None:
+        self.work_dir = work_dir
+        self.size = size
+        self.scenarios = scenarios
+        self.runs = runs
+        self.say = say
+        self.contenders = contenders
+        self._references: dict[Path, pd.DataFrame] = {}
+
+    def run(self) -> BenchRun:
+        from tailguard import stack
+        from tailguard.settings_file import load_settings
+
+        started = time.monotonic()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        config = write_settings(self.work_dir, self.size)
+        settings = load_settings(config, environ={})
+        data = {s.name: prepare_data(self.work_dir, self.size, s) for s in self.scenarios}
+        records: list[RunRecord] = []
+        defaults: dict[str, str] = {}
+        quiet = _quiet_spark_logs()
+        with (
+            quiet,
+            stack.broker(self.work_dir, self.say),
+            stack.cluster(self.work_dir, 3, self.say) as cluster,
+            stack.services(self.work_dir, config, True, self.say),
+        ):
+            for scenario in self.scenarios:
+                for i in range(self.runs):
+                    for contender in self.contenders:
+                        self.say(f"{scenario.name} run {i + 1}/{self.runs}: {contender.name} ...")
+                        rec = self._one(cluster, settings, scenario, contender, i, data, defaults)
+                        records.append(rec)
+                        self.say(
+                            f"{scenario.name} run {i + 1}/{self.runs}: {contender.name}: "
+                            + (
+                                f"{rec.job_s:.1f} s"
+                                if rec.ok and rec.job_s
+                                else f"FAILED {rec.error}"
+                            )
+                        )
+        return BenchRun(records, defaults, time.monotonic() - started)
+
+    # ----------------------------------------------------------------- one run
+
+    def _one(
+        self,
+        cluster: Any,
+        settings: Any,
+        scenario: Scenario,
+        contender: Contender,
+        index: int,
+        data: dict[str, Path],
+        defaults: dict[str, str],
+    ) -> RunRecord:
+        from pyspark import SparkContext
+
+        from tailguard import stack
+        from tailguard.agent.spark_runtime import session_builder
+
+        slug = contender.name.replace(" ", "").replace("(", "-").replace(")", "").replace("+", "-")
+        output = self.work_dir / "out" / f"{scenario.name}-{slug}-{index}"
+        shutil.rmtree(output, ignore_errors=True)
+        app = f"bench {scenario.name} {contender.name}"
+        if contender.tailguard:
+            builder = session_builder(cluster.master_url, app_name=app)
+        else:
+            builder = plain_spark.session_builder(cluster.master_url, app, contender.spark_conf)
+        rec = RunRecord(scenario.name, contender.name, index, None, False)
+        slow = cluster.hosts()[-1]
+        spark = builder.getOrCreate()
+        try:
+            spark.sparkContext.setLogLevel("ERROR")
+            if not defaults:
+                defaults.update(_speculation_defaults(spark))
+            stack.await_executors(spark, cluster.hosts())
+            plain_spark.warm_up(spark.sparkContext, cluster.hosts())
+            if scenario.has_slow_node:
+                cluster.throttle(slow, scenario.slow_factor, duration_s=scenario.slow_for_s)
+            if contender.tailguard:
+                self._run_tailguard(spark, settings, scenario, contender, data, output, rec)
+            else:
+                run = plain_spark.run_job(
+                    spark, scenario.shape, data[scenario.name], output, self.size.work
+                )
+                rec.job_s = run.duration_s
+                rec.ok = True
+                rec.speculative_attempts = run.speculative_tasks
+                rec.stage_work = [asdict(w) for w in run.stage_work]
+        except Exception as err:  # a failed run is reported, the bench goes on
+            rec.ok = False
+            rec.error = f"{type(err).__name__}: {err}"[:500]
+        finally:
+            spark.stop()
+            if SparkContext._active_spark_context is not None:
+                raise RuntimeError("the SparkContext is still active after spark.stop()")
+            with contextlib.suppress(Exception):
+                cluster.unthrottle(slow)
+        if rec.ok:
+            rec.output_equal = self._output_equal(data[scenario.name], output)
+            rec.ok = bool(rec.output_equal)
+            if not rec.ok:
+                rec.error = "output differs from the pandas reference"
+        shutil.rmtree(output, ignore_errors=True)
+        return rec
+
+    def _run_tailguard(
+        self,
+        spark: Any,
+        settings: Any,
+        scenario: Scenario,
+        contender: Contender,
+        data: dict[str, Path],
+        output: Path,
+        rec: RunRecord,
+    ) -> None:
+        from tailguard.agent.entry import run as run_job
+
+        job = tailguard_job(scenario.shape, data[scenario.name], output, self.size.work)
+        result = run_job(job, spark, services=contender.services, settings=settings, progress=False)
+        rec.job_id = result.job_id
+        rec.archive = str(result.archive) if result.archive else None
+        rec.ok = result.ok
+        rec.error = None if result.ok else result.message
+        rec.job_s = result.duration_s
+        rec.speculative_attempts = result.speculative_attempts
+        rec.speculative_wins = result.speculative_wins
+        rec.blocked_hosts = sorted({host for host, _, _ in result.blocked})
+        rec.parallelism = {v: p for v, (p, _by) in result.parallelism.items()}
+        if result.archive:
+            _from_archive(Path(result.archive), settings, rec)
+
+    def _output_equal(self, data: Path, output: Path) -> bool:
+        if data not in self._references:
+            self._references[data] = example.reference(data)
+        expected = self._references[data]
+        actual = example.read_output(output)
+        return bool(expected.equals(actual[expected.columns.tolist()]))
+
+
+def _from_archive(path: Path, settings: Any, rec: RunRecord) -> None:
+    from tailguard.replay.inputs import read_archive
+
+    records: list[r.Record] = [x.record for x in read_archive(path, settings)]
+    rec.stage_work = [asdict(s) for s in report.stage_work(records)]
+    rec.speculation_latency_ms = speculation_latency_rows(records)
+    rec.decider_latency_ms = [
+        {"vertex": v, "ms": ms} for v, ms in report.decider_latencies(records)
+    ]
+    largest = report.largest_input_subtask(records, SCORE_VERTEX)
+    if largest is not None:
+        speculated = report.speculated_subtasks(records)
+        rec.skewed_subtask = {
+            "vertex": SCORE_VERTEX,
+            "subtask": largest[0],
+            "input_bytes": largest[1],
+            "speculated": (SCORE_VERTEX, largest[0]) in speculated,
+            "speculated_subtasks": sorted(s for v, s in speculated if v == SCORE_VERTEX),
+        }
+
+
+def speculation_latency_rows(records: list[r.Record]) -> list[dict[str, Any]]:
+    return [
+        {
+            "vertex": s.vertex,
+            "subtask": s.subtask,
+            "to_answered": s.to_answered_ms,
+            "to_applied": s.to_applied_ms,
+            "to_deploying": s.to_deploying_ms,
+        }
+        for s in report.speculation_latencies(records)
+    ]
+
+
+def _speculation_defaults(spark: Any) -> dict[str, str]:
+    """Spark's own defaults of the speculation keys, read from the running JVM."""
+    out: dict[str, str] = {}
+    jvm = spark.sparkContext._jvm
+    try:
+        entries = jvm.org.apache.spark.internal.config.ConfigEntry.findEntry
+        for key in SPECULATION_KEYS:
+            entry = entries(key)
+            out[key] = str(entry.defaultValueString()) if entry is not None else "?"
+    except Exception as err:  # only informative; never fail a run for it
+        out["error"] = str(err)[:200]
+    return out
+
+
+@contextlib.contextmanager
+def _quiet_spark_logs() -> Iterator[None]:
+    # Plain sessions lack tailguard's attempt confs, which SparkRuntime (used by
+    # await_executors) warns about; expected here.
+    logger = logging.getLogger("tailguard.agent.spark")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

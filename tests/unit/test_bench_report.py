@@ -1,0 +1,262 @@
+"""The pure parts of `tailguard bench`: statistics, the physical limit, latency extraction from a
+synthetic record list, and the tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailguard.bench import report, summary
+from tailguard.bench.scenarios import SCENARIOS, select
+from tailguard.model import records as r
+
+JOB = "job-1"
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [10.0, 20.0, 30.0, 40.0]
+    assert report.percentile(values, 50) == 25.0
+    assert report.percentile(values, 0) == 10.0
+    assert report.percentile(values, 100) == 40.0
+    assert report.percentile(values, 99) == pytest.approx(39.7)
+    s = report.spread([3.0, 1.0, 2.0])
+    assert (s.median, s.low, s.high, s.n) == (2.0, 1.0, 3.0, 3)
+    with pytest.raises(ValueError):
+        report.spread([])
+
+
+def test_physical_limit_whole_job_slow() -> None:
+    # 22 slot-seconds over capacity 2 + 1/5 = 2.2 -> 10 s; the longest task (1 s) does not bind.
+    stages = [report.StageWork("a", 22.0, 1.0)]
+    assert report.physical_limit(stages, 3, 5.0) == pytest.approx(10.0)
+    # Healthy: capacity 3.
+    assert report.physical_limit(stages, 3, 1.0) == pytest.approx(22.0 / 3)
+
+
+def test_physical_limit_longest_task_and_stage_barrier() -> None:
+    stages = [report.StageWork("a", 2.2, 0.5), report.StageWork("b", 1.0, 4.0)]
+    # Stage a: 1 s; stage b cannot end before its 4 s task: 1 + 4.
+    assert report.physical_limit(stages, 3, 5.0) == pytest.approx(5.0)
+
+
+def test_physical_limit_node_recovers() -> None:
+    # Slow for 5 s: 11 slot-s done by then, the remaining 9 at capacity 3 -> 3 s more.
+    stages = [report.StageWork("a", 20.0, 1.0)]
+    assert report.physical_limit(stages, 3, 5.0, slow_for_s=5.0) == pytest.approx(8.0)
+    # A second stage that starts after the recovery runs at full capacity.
+    two = [report.StageWork("a", 20.0, 1.0), report.StageWork("b", 6.0, 1.0)]
+    assert report.physical_limit(two, 3, 5.0, slow_for_s=5.0) == pytest.approx(10.0)
+
+
+def _deploy(ts: int, vertex: str, subtask: int, attempt: int, **kw: object) -> r.AttemptDeploying:
+    return r.AttemptDeploying(
+        job_id=JOB,
+        ts=ts,
+        id=f"d-{vertex}-{subtask}-{attempt}",
+        vertex=vertex,
+        subtask=subtask,
+        attempt=attempt,
+        host="h",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _finish(
+    ts: int, vertex: str, subtask: int, attempt: int, nbytes: int = 100
+) -> r.AttemptFinished:
+    return r.AttemptFinished(
+        job_id=JOB,
+        ts=ts,
+        id=f"f-{vertex}-{subtask}-{attempt}",
+        vertex=vertex,
+        subtask=subtask,
+        attempt=attempt,
+        host="h",
+        input_bytes=nbytes,
+        records=1,
+        bytes_per_subpartition=(),
+        checksums=(),
+    )
+
+
+def _finding(ts: int, tick: str, subtask: int, attempts: tuple[int, ...]) -> r.SlowTasksDetected:
+    live = tuple(
+        r.SlowAttempt(attempt=a, host="h", execution_time_ms=2000, input_bytes=100)
+        for a in attempts
+    )
+    return r.SlowTasksDetected(
+        job_id=JOB,
+        ts=ts,
+        id=f"find-{ts}",
+        caused_by=(tick,),
+        vertex="v",
+        speculation_safe=True,
+        baseline_ms=1000,
+        baseline_ns_per_byte=None,
+        slow=(r.SlowSubtask(subtask=subtask, live_attempts=live, latest_attempt=max(attempts)),),
+        hosts=("h",),
+    )
+
+
+def _records() -> list[r.Record]:
+    graph = r.JobGraphSpec(
+        vertices=(
+            r.VertexSpec(name="src", kind=r.VertexKind.SOURCE),
+            r.VertexSpec(name="v", kind=r.VertexKind.OPERATOR),
+        ),
+        edges=(r.EdgeSpec(source="src", target="v", distribution=r.Distribution.FORWARD),),
+    )
+    launch = r.LaunchSpeculativeAttempts(
+        job_id=JOB,
+        ts=2_600,
+        id="launch-1",
+        caused_by=("find-2510",),
+        vertex="v",
+        subtask=3,
+        count=1,
+    )
+    return [
+        r.JobSubmitted(job_id=JOB, ts=0, id="e0", name="job", graph=graph),
+        _deploy(100, "src", 0, 0),
+        _deploy(100, "src", 1, 0),
+        _finish(900, "src", 0, 0),
+        _finish(1_100, "src", 1, 0),
+        r.VertexInitialized(
+            job_id=JOB,
+            ts=1_250,
+            id="vi",
+            vertex="v",
+            parallelism=4,
+            subtask_inputs=(),
+            decided_by="decider",
+        ),
+        _deploy(1_300, "v", 3, 0),
+        r.Tick(job_id=JOB, ts=2_000, id="tick-1"),
+        _finding(2_010, "tick-1", 3, (0,)),  # the first Tick at which attempt 0 qualified
+        r.Tick(job_id=JOB, ts=2_500, id="tick-2"),
+        _finding(2_510, "tick-2", 3, (0,)),
+        launch,  # the speculator acted on the second finding only
+        r.CommandApplied(
+            job_id=JOB,
+            ts=2_700,
+            id="ca",
+            command_id="launch-1",
+            command_type="LaunchSpeculativeAttempts",
+        ),
+        _deploy(2_900, "v", 3, 1, speculative=True, command_id="launch-1"),
+        _finish(3_000, "v", 3, 1, nbytes=500),
+        _finish(3_100, "v", 3, 0, nbytes=500),
+    ]
+
+
+def test_speculation_latency_from_first_qualifying_tick() -> None:
+    [lat] = report.speculation_latencies(_records())
+    assert (lat.vertex, lat.subtask) == ("v", 3)
+    assert lat.qualified_ms == 2_000
+    assert lat.to_applied_ms == 700
+    assert lat.to_answered_ms == 700
+    assert lat.to_deploying_ms == 900
+
+
+def test_rejected_launch_counts_as_answered_only() -> None:
+    recs = [x for x in _records() if not isinstance(x, (r.CommandApplied, r.AttemptDeploying))]
+    recs.append(
+        r.CommandRejected(
+            job_id=JOB,
+            ts=2_800,
+            id="cr",
+            command_id="launch-1",
+            command_type="LaunchSpeculativeAttempts",
+            reason="subtask v#3 already finished",
+        )
+    )
+    [lat] = report.speculation_latencies(recs)
+    assert (lat.to_answered_ms, lat.to_applied_ms, lat.to_deploying_ms) == (800, None, None)
+
+
+def test_decider_latency_from_last_input_finished() -> None:
+    assert report.decider_latencies(_records()) == [("v", 150)]
+
+
+def test_stage_work_and_skew_helpers() -> None:
+    stages = report.stage_work(_records())
+    assert [s.vertex for s in stages] == ["src", "v"]
+    assert stages[0].work_s == pytest.approx(0.8 + 1.0)
+    assert stages[0].longest_s == pytest.approx(1.0)
+    assert stages[1].work_s == pytest.approx(0.1 + 1.8)
+    assert report.speculated_subtasks(_records()) == {("v", 3)}
+    assert report.largest_input_subtask(_records(), "v") == (3, 500)
+
+
+def _run(scenario: str, contender: str, t: float, **kw: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "scenario": scenario,
+        "contender": contender,
+        "job_s": t,
+        "ok": True,
+        "blocked_hosts": [],
+        "speculative_attempts": 0,
+        "stage_work": [],
+        "speculation_latency_ms": [],
+        "decider_latency_ms": [],
+        "skewed_subtask": None,
+    }
+    return {**base, **kw}
+
+
+def test_tables_and_goals() -> None:
+    runs = [
+        _run(
+            "S4",
+            "tailguard+services",
+            10.0,
+            stage_work=[{"vertex": "a", "work_s": 22.0, "longest_s": 1.0}],
+        ),
+        _run("S4", "pyspark", 9.0),
+        _run("S4", "pyspark+speculation", 9.5),
+        _run("S1", "tailguard+services", 11.0, blocked_hosts=["127.0.0.4"], speculative_attempts=2),
+        _run("S1", "tailguard+services", 13.0, blocked_hosts=["127.0.0.4"], speculative_attempts=2),
+        _run("S1", "pyspark", 20.0),
+        _run("S1", "pyspark+speculation", 16.0),
+        _run("S1", "pyspark", 0.0, ok=False),
+    ]
+    f = summary.figures(runs, SCENARIOS["S1"])
+    assert f.best_plain == "pyspark+speculation"
+    assert f.ideal_s == 9.0
+    assert f.limit_s == pytest.approx(10.0)
+    assert "| tailguard+services | 12.0 | 11.0–13.0 | 2 | 0.75× | 2.0 | 1.0 |" in f.table
+    assert "| pyspark | 20.0 | 20.0–20.0 | 1 (+1 failed) |" in f.table
+    assert any("= 0.75 (goal < 0.8: met)" in g for g in f.goals)
+    assert any("physical limit = 1.20 (goal ≤ 1.2: met)" in g for g in f.goals)
+    s4 = summary.figures(runs, SCENARIOS["S4"])
+    assert any(
+        "tailguard+services / best plain (pyspark) = 1.11 (goal ≤ 1.15: met)" in g for g in s4.goals
+    )
+    text = summary.markdown(runs, ["S1", "S4"], {"date": "today"})
+    assert text.startswith("date: today")
+    assert "### S1: one node 5x slow for the whole job" in text
+
+
+def test_skew_goal_reports_a_speculated_skewed_subtask() -> None:
+    skewed = {
+        "vertex": "score",
+        "subtask": 2,
+        "input_bytes": 10240,
+        "speculated": True,
+        "speculated_subtasks": [2, 5],
+    }
+    runs = [
+        _run("S3", "tailguard+services", 5.0, skewed_subtask=skewed),
+        _run("S3", "pyspark", 6.0),
+    ]
+    [goal] = summary.figures(runs, SCENARIOS["S3"]).goals
+    assert "speculated in 1 of 1 tailguard+services runs (goal 0: NOT met)" in goal
+    assert "other subtasks: 1" in goal
+
+
+def test_latency_table_and_selection() -> None:
+    table = report.latency_table({"a": [100.0, 200.0, 300.0], "b": []})
+    assert "| a | 3 | 200 | 298 | 300 |" in table
+    assert "| b | 0 | – | – | – |" in table
+    assert [s.name for s in select("s1, S4")] == ["S1", "S4"]
+    with pytest.raises(ValueError, match="unknown scenario"):
+        select("S9")
