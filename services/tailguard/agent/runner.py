@@ -136,6 +136,7 @@ class JobRunner:
         self.status: r.JobStatus | None = None
         self.message = ""
         self.started_ms = 0
+        self.finished_ms = 0
         self.events_published = 0
         self.check_interval = settings.duration_ms("slow-task-detector.check-interval")
         self.decider_timeout = settings.duration_ms("decider.timeout")
@@ -665,6 +666,9 @@ class JobRunner:
         for host in self.pool.blocked():
             self.blocks.append((host, self.block_started.pop(host, self.now()), self.now()))
         self.status = status
+        # The job's own end: closing the publisher afterwards (draining late decisions into
+        # the archive) is not job time.
+        self.finished_ms = self.now()
         self.message = message
         self.emit(r.JobFinished, status=status, message=message)
 
@@ -718,7 +722,7 @@ class JobRunner:
             status=(self.status or r.JobStatus.FAILED).value,
             message=self.message,
             started_ms=self.started_ms,
-            finished_ms=self.now(),
+            finished_ms=self.finished_ms or self.now(),
             attempts=tuple(summaries),
             parallelism={
                 v.name: (v.parallelism or 0, v.decided_by or "-")
