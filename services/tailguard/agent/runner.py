@@ -164,6 +164,17 @@ class JobRunner:
             self.options.on_event(event)
         return event
 
+    def _attempt_event(self, cls: type[r.Event], attempt: Attempt, **fields: Any) -> r.Event:
+        """An event about one attempt (they all name it the same way)."""
+        return self.emit(
+            cls,
+            vertex=attempt.vertex,
+            subtask=attempt.subtask,
+            attempt=attempt.number,
+            host=attempt.host,
+            **fields,
+        )
+
     def _local_decisions(self, event: r.Event) -> None:
         for core, timeout, what in (
             (self.decider, self.decider_timeout, "parallelism"),
@@ -465,22 +476,16 @@ class JobRunner:
             attempt.status = AttemptStatus.CANCELED
             attempt.cancel_reason = r.CancelReason.LOST_RACE.value
             self._discard_output(attempt)
-            self.emit(
+            self._attempt_event(
                 r.AttemptCanceled,
-                vertex=attempt.vertex,
-                subtask=attempt.subtask,
-                attempt=attempt.number,
-                host=attempt.host,
+                attempt,
                 reason=r.CancelReason.LOST_RACE,
             )
         else:
             attempt.status = AttemptStatus.FAILED
-            self.emit(
+            self._attempt_event(
                 r.AttemptFailed,
-                vertex=attempt.vertex,
-                subtask=attempt.subtask,
-                attempt=attempt.number,
-                host=attempt.host,
+                attempt,
                 error=outcome.error or r.ErrorKind.INFRA,
                 message=outcome.message,
                 missing_partition=outcome.missing_partition,
@@ -502,24 +507,18 @@ class JobRunner:
                 subtask.winner = None
                 subtask.available = False
                 attempt.status = AttemptStatus.FAILED
-                self.emit(
+                self._attempt_event(
                     r.AttemptFailed,
-                    vertex=attempt.vertex,
-                    subtask=attempt.subtask,
-                    attempt=attempt.number,
-                    host=attempt.host,
+                    attempt,
                     error=r.ErrorKind.INFRA,
                     message=f"sink commit failed: {err}",
                     missing_partition=None,
                 )
                 return
             subtask.committed = True
-        self.emit(
+        self._attempt_event(
             r.AttemptFinished,
-            vertex=attempt.vertex,
-            subtask=attempt.subtask,
-            attempt=attempt.number,
-            host=attempt.host,
+            attempt,
             input_bytes=outcome.input_bytes,
             records=outcome.records,
             bytes_per_subpartition=tuple(outcome.bytes_per_subpartition),
@@ -534,12 +533,9 @@ class JobRunner:
             return
         attempt.cancel_reason = reason.value
         self.runtime.cancel(attempt.key)
-        self.emit(
+        self._attempt_event(
             r.AttemptCanceled,
-            vertex=attempt.vertex,
-            subtask=attempt.subtask,
-            attempt=attempt.number,
-            host=attempt.host,
+            attempt,
             reason=reason,
         )
 
