@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from tailguard.agent import partitions
 from tailguard.agent.api import Job
 from tailguard.agent.result import RunResult
-from tailguard.agent.runner import JobRunner, Publisher, RunOptions
+from tailguard.agent.runner import JobRunner, Publisher, RunOptions, new_job_id
 from tailguard.agent.storage import Storage
 from tailguard.model import records as r
 from tailguard.model.config import Settings
@@ -19,10 +17,6 @@ from tailguard.model.config import Settings
 log = logging.getLogger(__name__)
 
 LOG_MODES = ("kafka", "archive")
-
-
-def new_job_id(job: Job) -> str:
-    return f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
 def run(

@@ -40,6 +40,10 @@ from tailguard.model.ids import event_id
 log = logging.getLogger("tailguard.agent")
 
 
+def new_job_id(job: Job) -> str:
+    return f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
 class Runtime:
     """Where attempts run (the Spark runtime implements this)."""
 
@@ -111,9 +115,7 @@ class JobRunner:
         self.publisher = publisher
         self.settings = settings
         self.options = options
-        self.job_id = (
-            job_id or f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        )
+        self.job_id = job_id or new_job_id(job)
         assert options.storage is not None, "RunOptions.storage is required"
         self.storage = options.storage
         self.state = ExecutionState(
@@ -415,14 +417,8 @@ class JobRunner:
             deployed_at=self.now(),
         )
         subtask.attempts.append(attempt)
-        self.emit(
-            r.AttemptDeploying,
-            vertex=subtask.vertex,
-            subtask=subtask.index,
-            attempt=number,
-            host=host,
-            speculative=speculative,
-            command_id=command_id,
+        self._attempt_event(
+            r.AttemptDeploying, attempt, speculative=speculative, command_id=command_id
         )
         spec = plans.task_spec(
             self.state,

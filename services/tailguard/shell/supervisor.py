@@ -7,6 +7,7 @@ address) once its metrics endpoint listens. `up` returns when every service repo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tailguard.log.broker_state import pid_alive
 from tailguard.shell.definition import SERVICE_NAMES
 
 
@@ -65,18 +67,10 @@ def announce(work_dir: Path, name: str, pid: int, metrics_url: str) -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours is not alive for our purposes.
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-        return waited == 0
-    except ChildProcessError:
-        return True
+    # Reap it first if it is an exited child of ours, so it does not linger as a zombie.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    return pid_alive(pid)
 
 
 def running(work_dir: Path) -> dict[str, RunningService]:
