@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tailguard.agent.exchange import hash_partition
-from tailguard.agent.partitions import read_subpartitions, write_partition
-from tailguard.agent.storage import Storage
-from tailguard.agent.task import AttemptOutcome, OutputPlan, TaskSpec
+from tailguard.agent.executor.attempt import AttemptOutcome, OutputPlan, TaskSpec
+from tailguard.agent.executor.exchange import hash_partition
+from tailguard.agent.executor.partitions import read_subpartitions, write_partition
+from tailguard.agent.executor.storage import Storage
 from tailguard.model.records import Distribution, PartitionRef
 
 OVERHEAD_TARGET_MS = 60.0
@@ -186,7 +186,7 @@ def main() -> None:
 
     from pyspark.sql import SparkSession
 
-    from tailguard.agent.spark_runtime import SparkRuntime, session_builder
+    from tailguard.agent.adapters.spark import SparkRuntime, session_builder
     from tailguard.cluster.local import LocalCluster
     from tailguard.cluster.pinning import pinned_rdd
 

@@ -16,9 +16,9 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 
-from tailguard.agent.exchange import hash_partition, round_robin_partition
-from tailguard.agent.partitions import read_subpartitions, write_partition
-from tailguard.agent.storage import Storage
+from tailguard.agent.executor.exchange import hash_partition, round_robin_partition
+from tailguard.agent.executor.partitions import read_subpartitions, write_partition
+from tailguard.agent.executor.storage import Storage
 from tailguard.model.records import PartitionRef
 
 T = TypeVar("T")

@@ -19,7 +19,7 @@ __all__ = ["Job", "run"]
 
 def __getattr__(name: str) -> Any:
     if name == "Job":
-        from tailguard.agent.api import Job
+        from tailguard.agent.graph.api import Job
 
         return Job
     if name == "run":

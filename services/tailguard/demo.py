@@ -90,8 +90,8 @@ def _service_metrics(work_dir: Path) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from tailguard import stack
+    from tailguard.agent.adapters.spark import session_builder
     from tailguard.agent.entry import run as run_job
-    from tailguard.agent.spark_runtime import session_builder
     from tailguard.examples import sales_by_region as example
     from tailguard.replay.engine import replay
     from tailguard.replay.inputs import read_archive

@@ -73,7 +73,7 @@ def services(
 
 
 def await_executors(spark: Any, hosts: list[str], timeout_s: float = 120.0) -> None:
-    from tailguard.agent.spark_runtime import SparkRuntime
+    from tailguard.agent.adapters.spark import SparkRuntime
 
     runtime = SparkRuntime(spark)
     deadline = time.monotonic() + timeout_s

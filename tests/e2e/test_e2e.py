@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from tailguard import stack
-from tailguard.agent.partitions import partition_dir
-from tailguard.agent.runner import JobRunner, RunOptions
+from tailguard.agent.driver.driver import JobRunner, RunOptions
+from tailguard.agent.executor.partitions import partition_dir
 from tailguard.cluster.local import ClusterError, find_java
 from tailguard.demo import write_settings
 from tailguard.examples import sales_by_region as example
@@ -58,7 +58,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    from tailguard.agent.spark_runtime import session_builder
+    from tailguard.agent.adapters.spark import session_builder
 
     work = tmp_path_factory.mktemp("e2e")
     config = write_settings(work)

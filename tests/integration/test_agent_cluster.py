@@ -24,10 +24,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tailguard.agent import partitions
-from tailguard.agent.api import Job
-from tailguard.agent.result import RunResult
-from tailguard.agent.runner import JobRunner, RunOptions
+from tailguard.agent.driver.driver import JobRunner, RunOptions
+from tailguard.agent.driver.result import RunResult
+from tailguard.agent.executor import partitions
+from tailguard.agent.graph.api import Job
 from tailguard.cluster.local import ClusterError, LocalCluster, find_java
 from tailguard.examples import orders_by_segment, sales_by_region
 from tailguard.model import records as r
@@ -83,7 +83,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 def spark(cluster: LocalCluster) -> Iterator[Any]:
     from pyspark import cloudpickle
 
-    from tailguard.agent.spark_runtime import session_builder
+    from tailguard.agent.adapters.spark import session_builder
 
     # Executors cannot import this test module: ship its operators by value.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tailguard.agent.runner import RunOptions
+from tailguard.agent.driver.driver import RunOptions
 from tailguard.cluster.local import ClusterError, find_java
 from tailguard.examples import orders_by_segment, sales_by_region
 from tailguard.model import records as r
@@ -42,7 +42,7 @@ POLICY = {
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    from tailguard.agent.spark_runtime import session_builder
+    from tailguard.agent.adapters.spark import session_builder
 
     session = session_builder("local[2]", app_name="tailguard-test").getOrCreate()
     yield session
@@ -152,7 +152,7 @@ def pipelined_sales_job(data: Path, out: Path, parallelism: int, pipelined: tupl
     """sales -> score -> partial -partition_by-> final -> sink, with the forward edges into the
     vertices named in `pipelined` made PIPELINED and every vertex up to partial fixed at
     `parallelism` (a pipelined edge needs fixed ends)."""
-    from tailguard.agent.api import Job
+    from tailguard.agent.graph.api import Job
 
     def into(dataset: Any, consumer: str) -> Any:
         return dataset.pipelined() if consumer in pipelined else dataset

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tailguard.agent.commit import (
+from tailguard.agent.executor.sinks import (
     SINK_MARKER,
     SUCCESS_FILE,
     SinkNotEmpty,
@@ -16,7 +16,7 @@ from tailguard.agent.commit import (
     prepare_sink,
     stage_sink_output,
 )
-from tailguard.agent.storage import Storage
+from tailguard.agent.executor.storage import Storage
 
 JOB = "job-7"
 

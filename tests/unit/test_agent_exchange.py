@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tailguard.agent.exchange import (
+from tailguard.agent.executor.exchange import (
     NULL_KEY_SUBPARTITION,
     hash_partition,
     key_hashes,
@@ -124,7 +124,7 @@ def test_hash_partition_property(keys, n):
 _CHILD = """
 import json, sys
 import pyarrow as pa
-from tailguard.agent.exchange import hash_partition
+from tailguard.agent.executor.exchange import hash_partition
 keys = [f"key-{i % 97}" for i in range(2000)]
 table = pa.table({"k": keys, "n": list(range(2000))})
 parts = hash_partition(table, ["k"], 13)
@@ -195,7 +195,7 @@ def test_invalid_arguments_are_refused():
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.binary(max_size=70), min_size=1, max_size=40))
 def test_both_byte_hash_methods_compute_the_same_polynomial(values):
-    from tailguard.agent.exchange import _polynomial_horner, _polynomial_per_buffer
+    from tailguard.agent.executor.exchange import _polynomial_horner, _polynomial_per_buffer
 
     column = pa.array(values, pa.large_binary())
     offsets = np.frombuffer(column.buffers()[1], dtype=np.int64)[: len(values) + 1]

@@ -6,7 +6,7 @@ import threading
 import pyarrow as pa
 import pytest
 
-from tailguard.agent.partitions import (
+from tailguard.agent.executor.partitions import (
     JobOwner,
     PartitionCorrupt,
     PartitionMissing,
@@ -24,7 +24,7 @@ from tailguard.agent.partitions import (
     sweep_job,
     write_partition,
 )
-from tailguard.agent.storage import Storage
+from tailguard.agent.executor.storage import Storage
 from tailguard.model.records import PartitionRef
 
 JOB = "job-1"
@@ -203,7 +203,7 @@ def test_changed_bytes_are_corrupt(storage):
 
 
 def test_a_file_that_is_not_arrow_is_corrupt_even_with_its_own_checksum(storage):
-    from tailguard.agent.partitions import checksum
+    from tailguard.agent.executor.partitions import checksum
 
     ref = PartitionRef("p", 0, 0)
     write_partition(storage, JOB, ref, [table(0, 5)])

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tailguard.agent.api import Job
-from tailguard.agent.runner import JobRunner, Publisher, RunOptions, Runtime
-from tailguard.agent.sources import Split
-from tailguard.agent.storage import Storage
-from tailguard.agent.task import AttemptOutcome, TaskSpec
+from tailguard.agent.driver.driver import JobRunner, Publisher, RunOptions, Runtime
+from tailguard.agent.executor.attempt import AttemptOutcome, TaskSpec
+from tailguard.agent.executor.sources import Split
+from tailguard.agent.executor.storage import Storage
+from tailguard.agent.graph.api import Job
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 

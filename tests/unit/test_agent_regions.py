@@ -11,14 +11,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tailguard.agent import plans
-from tailguard.agent.api import Job, JobDefinitionError, pipelined_groups
-from tailguard.agent.partitions import read_subpartitions, write_partition
-from tailguard.agent.slots import SlotPool
-from tailguard.agent.sources import Split
-from tailguard.agent.state import Attempt, ExecutionState, region_key, slot_requests
-from tailguard.agent.storage import Storage
-from tailguard.agent.task import (
+from tailguard.agent.driver import plans
+from tailguard.agent.driver.commands import CommandValidator
+from tailguard.agent.driver.slots import SlotPool
+from tailguard.agent.driver.state import Attempt, ExecutionState, region_key, slot_requests
+from tailguard.agent.executor.attempt import (
     AttemptOutcome,
     InputPlan,
     OutputPlan,
@@ -26,7 +23,10 @@ from tailguard.agent.task import (
     execute,
     request_cancel,
 )
-from tailguard.agent.validation import CommandValidator
+from tailguard.agent.executor.partitions import read_subpartitions, write_partition
+from tailguard.agent.executor.sources import Split
+from tailguard.agent.executor.storage import Storage
+from tailguard.agent.graph.api import Job, JobDefinitionError, pipelined_groups
 from tailguard.model import records as r
 
 

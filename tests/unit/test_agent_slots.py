@@ -1,6 +1,6 @@
 """Slot pool: FIFO service, bulk regions, blocked hosts, avoided hosts."""
 
-from tailguard.agent.slots import SlotPool, SlotRequest
+from tailguard.agent.driver.slots import SlotPool, SlotRequest
 
 
 def pool(**hosts: int) -> SlotPool:

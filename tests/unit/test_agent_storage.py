@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from tailguard.agent.storage import Storage
+from tailguard.agent.executor.storage import Storage
 
 
 def test_relative_local_root_is_made_absolute(tmp_path, monkeypatch):

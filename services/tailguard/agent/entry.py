@@ -6,11 +6,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from tailguard.agent import partitions
-from tailguard.agent.api import Job
-from tailguard.agent.result import RunResult
-from tailguard.agent.runner import JobRunner, Publisher, RunOptions, new_job_id
-from tailguard.agent.storage import Storage
+from tailguard.agent.driver.driver import JobRunner, Publisher, RunOptions, new_job_id
+from tailguard.agent.driver.result import RunResult
+from tailguard.agent.executor import partitions
+from tailguard.agent.executor.storage import Storage
+from tailguard.agent.graph.api import Job
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 
@@ -41,7 +41,7 @@ def run(
       `<work-dir>/storage`). Every executor must reach it.
     The per-job Avro archive (`<archive-dir>/<job id>.avro`) is written in both modes.
     """
-    from tailguard.agent.spark_runtime import SparkRuntime
+    from tailguard.agent.adapters.spark import SparkRuntime
     from tailguard.codec import codec_for
     from tailguard.settings_file import load_settings
 
@@ -73,11 +73,11 @@ def run(
 
     publisher: Publisher
     if log_mode == "kafka":
-        from tailguard.agent.publish import KafkaPublisher
+        from tailguard.agent.adapters.kafka import KafkaPublisher
 
         publisher = KafkaPublisher(archive_path, codec, settings, job_id, deliver)
     else:
-        from tailguard.agent.publish import ArchivePublisher
+        from tailguard.agent.adapters.kafka import ArchivePublisher
 
         publisher = ArchivePublisher(archive_path, codec)
     runtime = SparkRuntime(spark)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from tailguard.agent.api import Job
+from tailguard.agent.graph.api import Job
 
 
 class JobFileError(RuntimeError):
@@ -80,8 +80,8 @@ def default_master(work_dir: Path) -> str:
 def run(args: argparse.Namespace) -> int:
     from pyspark import cloudpickle
 
+    from tailguard.agent.adapters.spark import session_builder
     from tailguard.agent.entry import run as run_job
-    from tailguard.agent.spark_runtime import session_builder
     from tailguard.settings_file import load_settings
 
     settings = load_settings(getattr(args, "config", None))

@@ -60,7 +60,7 @@ def session_builder(master: str, app_name: str, conf: Iterable[tuple[str, str]])
 
 def _warm(host: str) -> str:
     # Importing these and running `score` once is the Python-side start-up of a task.
-    import tailguard.agent.task  # noqa: F401
+    import tailguard.agent.executor.attempt  # noqa: F401
 
     example.score(pa.table({"quantity": [1], "price_cents": [1]}), 1)
     return os.environ.get("SPARK_LOCAL_IP", host)

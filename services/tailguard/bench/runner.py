@@ -85,7 +85,7 @@ def tailguard_job(shape: str, data: Path, output: Path, work: int) -> Any:
     """The job as a tailguard graph, written the way plain_spark writes it: `score` and
     `partial_sums` in one operator (the plain job runs them in one mapPartitions), and for the
     sales job a single final aggregation task (the plain job's `reduceByKey(_, 1)`)."""
-    from tailguard.agent.api import Job
+    from tailguard.agent.graph.api import Job
 
     job = Job("sales-by-region" if shape == "sales" else "sales-skew")
     sales = job.read_parquet(str(data), name="sales")
@@ -171,7 +171,7 @@ class Bench:
         from pyspark import SparkContext
 
         from tailguard import stack
-        from tailguard.agent.spark_runtime import session_builder
+        from tailguard.agent.adapters.spark import session_builder
 
         slug = contender.name.replace(" ", "").replace("(", "-").replace(")", "").replace("+", "-")
         output = self.work_dir / "out" / f"{scenario.name}-{slug}-{index}"

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from tailguard.agent.api import Job
+from tailguard.agent.graph.api import Job
 
 SEGMENTS = ("consumer", "small-business", "enterprise", "public-sector", "education")
 

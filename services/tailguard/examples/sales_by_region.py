@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tailguard.agent.api import Job
+from tailguard.agent.graph.api import Job
 
 REGIONS = ("north", "south", "east", "west", "central", "coast", "mountain", "islands")
 

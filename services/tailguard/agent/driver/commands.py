@@ -13,7 +13,7 @@ from tailguard.model import records as r
 from tailguard.model.records import SPLITS_INPUT
 
 if TYPE_CHECKING:
-    from tailguard.agent.runner import JobRunner
+    from tailguard.agent.driver.driver import JobRunner
 
 
 class CommandValidator:

@@ -17,8 +17,8 @@ from typing import Any
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from tailguard.agent.runner import Runtime
-from tailguard.agent.task import TaskSpec, request_cancel, run_attempt
+from tailguard.agent.driver.driver import Runtime
+from tailguard.agent.executor.attempt import TaskSpec, request_cancel, run_attempt
 from tailguard.cluster.pinning import pinned_rdd
 
 log = logging.getLogger("tailguard.agent.spark")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tailguard.agent.runner import Publisher
+from tailguard.agent.driver.driver import Publisher
 from tailguard.codec import RecordCodec
 from tailguard.log.archive import ArchiveWriter
 from tailguard.model import records as r

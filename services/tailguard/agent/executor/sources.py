@@ -6,8 +6,8 @@ subtask reads exactly the same splits: sources are speculation-safe by construct
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
@@ -15,7 +15,16 @@ import pyarrow.fs as pafs
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from tailguard.agent.api import SourceDef
+SourceFormat = Literal["parquet", "csv", "json"]
+
+
+@dataclass
+class SourceDef:
+    format: SourceFormat
+    paths: tuple[str, ...]
+    # Read options handed to pyarrow (e.g. csv column types); kept picklable.
+    options: dict[str, Any] = field(default_factory=dict)
+
 
 _SUFFIXES = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "json": (".json", ".jsonl")}
 

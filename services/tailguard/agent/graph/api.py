@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tailguard.agent.executor.sinks import SinkDef
+from tailguard.agent.executor.sources import SourceDef, SourceFormat
 from tailguard.model.records import (
     Distribution,
     EdgeSpec,
@@ -29,26 +31,11 @@ from tailguard.model.records import (
     VertexSpec,
 )
 
-SourceFormat = Literal["parquet", "csv", "json"]
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 class JobDefinitionError(ValueError):
     """The job graph is not valid; the message says what and where."""
-
-
-@dataclass
-class SourceDef:
-    format: SourceFormat
-    paths: tuple[str, ...]
-    # Read options handed to pyarrow (e.g. csv column types); kept picklable.
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class SinkDef:
-    format: Literal["parquet"]
-    path: str
 
 
 @dataclass

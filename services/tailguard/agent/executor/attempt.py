@@ -19,17 +19,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from tailguard.agent.api import SinkDef, SourceDef
-from tailguard.agent.exchange import hash_partition, round_robin_partition
-from tailguard.agent.partitions import (
+from tailguard.agent.executor.exchange import hash_partition, round_robin_partition
+from tailguard.agent.executor.partitions import (
     PartitionCorrupt,
     PartitionMissing,
     await_partition,
     read_subpartitions,
     write_partition,
 )
-from tailguard.agent.sources import Split, read_splits
-from tailguard.agent.storage import Storage
+from tailguard.agent.executor.sinks import SinkDef
+from tailguard.agent.executor.sources import SourceDef, Split, read_splits
+from tailguard.agent.executor.storage import Storage
 from tailguard.model.records import Distribution, ErrorKind, InputRange, PartitionRef
 
 
@@ -197,7 +197,7 @@ def execute(spec: TaskSpec) -> AttemptOutcome:
             inputs, input_bytes = _read_inputs(spec)
             table = inputs[0] if spec.sink is not None else _call_user(spec, inputs)
         if spec.sink is not None:
-            from tailguard.agent.commit import stage_sink_output
+            from tailguard.agent.executor.sinks import stage_sink_output
 
             staged = stage_sink_output(
                 spec.storage, spec.job_id, spec.vertex, spec.subtask, spec.attempt, table

@@ -6,13 +6,13 @@ tested without a cluster.
 
 from __future__ import annotations
 
-from tailguard.agent import commit as sink_commit
-from tailguard.agent import partitions
-from tailguard.agent.api import SinkDef, VertexDef
-from tailguard.agent.sources import Split
-from tailguard.agent.state import Attempt, ExecutionState, Subtask
-from tailguard.agent.storage import Storage
-from tailguard.agent.task import InputPlan, OutputPlan, TaskSpec
+from tailguard.agent.driver.state import Attempt, ExecutionState, Subtask
+from tailguard.agent.executor import partitions
+from tailguard.agent.executor import sinks as sink_commit
+from tailguard.agent.executor.attempt import InputPlan, OutputPlan, TaskSpec
+from tailguard.agent.executor.sources import Split
+from tailguard.agent.executor.storage import Storage
+from tailguard.agent.graph.api import SinkDef, VertexDef
 from tailguard.decider.policy import static_subtask_inputs as _static_inputs
 from tailguard.model.records import SPLITS_INPUT, PartitionRef, SubtaskInputs
 

@@ -16,21 +16,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tailguard.agent import plans
-from tailguard.agent.api import Job
-from tailguard.agent.result import AttemptSummary, RunResult
-from tailguard.agent.slots import SlotPool, SlotRequest
-from tailguard.agent.sources import Split, discover_splits
-from tailguard.agent.state import (
+from tailguard.agent.driver import plans
+from tailguard.agent.driver.commands import CommandValidator
+from tailguard.agent.driver.result import AttemptSummary, RunResult
+from tailguard.agent.driver.slots import SlotPool, SlotRequest
+from tailguard.agent.driver.state import (
     Attempt,
     AttemptStatus,
     ExecutionState,
     Subtask,
     slot_requests,
 )
-from tailguard.agent.storage import Storage
-from tailguard.agent.task import AttemptOutcome
-from tailguard.agent.validation import CommandValidator
+from tailguard.agent.executor.attempt import AttemptOutcome
+from tailguard.agent.executor.sources import Split, discover_splits
+from tailguard.agent.executor.storage import Storage
+from tailguard.agent.graph.api import Job
 from tailguard.decider.policy import ParallelismDecider
 from tailguard.failover.policy import FailoverStrategy
 from tailguard.model import records as r

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tailguard.agent.partitions import checksum
-from tailguard.agent.storage import Storage
+from tailguard.agent.executor.partitions import checksum
+from tailguard.agent.executor.storage import Storage
 
 STAGING_DIR = "staging"
 SUCCESS_FILE = "_SUCCESS"
@@ -30,6 +31,14 @@ SINK_MARKER = "_TAILGUARD_SINK"
 _COMPRESSION = "zstd"
 # Names that belong to a tailguard sink; everything else in the directory is left alone.
 _OWNED_PATTERNS = ("part-*.parquet", ".part-*.tmp", SUCCESS_FILE)
+
+
+@dataclass
+class SinkDef:
+    """Where a sink vertex writes: the committed files land under `path`."""
+
+    format: Literal["parquet"]
+    path: str
 
 
 class SinkNotEmpty(Exception):

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 
-from tailguard.agent.storage import Storage
+from tailguard.agent.executor.storage import Storage
 from tailguard.model.records import PartitionRef
 
 PARTITIONS_DIR = "partitions"

@@ -10,8 +10,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from tailguard.agent.api import Job, VertexDef, pipelined_groups
-from tailguard.agent.slots import SlotRequest
+from tailguard.agent.driver.slots import SlotRequest
+from tailguard.agent.graph.api import Job, VertexDef, pipelined_groups
 from tailguard.model.records import (
     SPLITS_INPUT,
     Distribution,

@@ -1,0 +1,1 @@
+"""Adapters between the driver and the outside: Spark (runners, executors) and Kafka."""
