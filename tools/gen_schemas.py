@@ -86,6 +86,10 @@ FIELD_DOCS: dict[str, str] = {
     "max_parallelism": "Upper bound of the parallelism; null: the job's default applies.",
     "speculation_safe": "Whether concurrent attempts of one subtask are allowed.",
     "split_bytes": "Sources only: size in bytes of each split, in deterministic split order.",
+    "operators": (
+        "The user's operators this vertex runs as one chain, head first (operator chaining); "
+        "empty when the vertex is a single operator recorded before chaining."
+    ),
     "vertices": "The vertices of the graph.",
     "edges": "The edges of the graph.",
     "source": "Name of the producing vertex.",
@@ -142,6 +146,11 @@ FIELD_DOCS: dict[str, str] = {
     "live_attempts": "The live (deploying or running) attempts at detection time.",
     "latest_attempt": "The highest attempt number the subtask has had.",
     "execution_time_ms": "Execution time of the attempt so far, in ms.",
+    "records_read": "Records the attempt has read so far.",
+    "bytes_read": "Input bytes the attempt has read so far.",
+    "bytes_total": (
+        "Input bytes assigned to the attempt (its splits or subpartition ranges), when known."
+    ),
 }
 
 

@@ -23,7 +23,7 @@ from tailguard.codec import (
     registry_client,
     to_avro,
 )
-from tailguard.codec.schemas import current_schemas
+from tailguard.codec.schemas import current_schemas, released_schemas
 from tailguard.codec.single_object import MARKER
 from tailguard.model import records as r
 from tailguard.model.config import Settings
@@ -41,17 +41,22 @@ def codec(request: pytest.FixtureRequest) -> Iterator[RecordCodec]:
 
 
 JOB = "job-42"
+CHAIN = "join→enrich"
 GRAPH = r.JobGraphSpec(
     vertices=(
         r.VertexSpec("orders", r.VertexKind.SOURCE, split_bytes=(64 << 20, 64 << 20, 12 << 20)),
         r.VertexSpec("regions", r.VertexKind.SOURCE, parallelism=1, split_bytes=(4096,)),
-        r.VertexSpec("join", r.VertexKind.OPERATOR, max_parallelism=128),
+        # A chain of two operators, named by them; a pipelined edge and another parallelism break
+        # the chain before the sink.
+        r.VertexSpec(
+            CHAIN, r.VertexKind.OPERATOR, max_parallelism=128, operators=("join", "enrich")
+        ),
         r.VertexSpec("sink", r.VertexKind.SINK, parallelism=1, speculation_safe=True),
     ),
     edges=(
-        r.EdgeSpec("orders", "join", r.Distribution.ALL_TO_ALL),
-        r.EdgeSpec("regions", "join", r.Distribution.BROADCAST, index=1),
-        r.EdgeSpec("join", "sink", r.Distribution.FORWARD, r.Exchange.PIPELINED),
+        r.EdgeSpec("orders", CHAIN, r.Distribution.ALL_TO_ALL),
+        r.EdgeSpec("regions", CHAIN, r.Distribution.BROADCAST, index=1),
+        r.EdgeSpec(CHAIN, "sink", r.Distribution.FORWARD, r.Exchange.PIPELINED),
     ),
 )
 RANGES = (
@@ -99,7 +104,7 @@ EXAMPLES: dict[type[r.Record], r.Record] = {
         job_id=JOB,
         ts=1_763_900_020_000,
         id=f"{JOB}-e30",
-        vertex="join",
+        vertex=CHAIN,
         parallelism=2,
         subtask_inputs=RANGES,
         decided_by="decider",
@@ -109,7 +114,7 @@ EXAMPLES: dict[type[r.Record], r.Record] = {
         job_id=JOB,
         ts=1_763_900_020_100,
         id=f"{JOB}-e31",
-        vertex="join",
+        vertex=CHAIN,
         subtask=1,
         attempt=1,
         host="127.0.0.2",
@@ -133,7 +138,7 @@ EXAMPLES: dict[type[r.Record], r.Record] = {
         job_id=JOB,
         ts=1_763_900_026_000,
         id=f"{JOB}-e36",
-        vertex="join",
+        vertex=CHAIN,
         subtask=0,
         attempt=0,
         host="127.0.0.4",
@@ -145,11 +150,23 @@ EXAMPLES: dict[type[r.Record], r.Record] = {
         job_id=JOB,
         ts=1_763_900_027_000,
         id=f"{JOB}-e37",
-        vertex="join",
+        vertex=CHAIN,
         subtask=1,
         attempt=0,
         host="127.0.0.3",
         reason=r.CancelReason.LOST_RACE,
+    ),
+    r.AttemptProgress: r.AttemptProgress(
+        job_id=JOB,
+        ts=1_763_900_026_500,
+        id=f"{JOB}-e38",
+        vertex=CHAIN,
+        subtask=1,
+        attempt=0,
+        host="127.0.0.3",
+        records_read=41_250,
+        bytes_read=9 << 20,
+        bytes_total=64 << 20,
     ),
     r.PartitionReleased: r.PartitionReleased(
         job_id=JOB, ts=1_763_900_100_000, id=f"{JOB}-e99", partition=r.PartitionRef("orders", 0, 0)
@@ -178,7 +195,7 @@ EXAMPLES: dict[type[r.Record], r.Record] = {
         ts=1_763_900_029_000,
         id="detector-5e5e",
         caused_by=(f"{JOB}-e38",),
-        vertex="join",
+        vertex=CHAIN,
         speculation_safe=True,
         baseline_ms=60_000,
         baseline_ns_per_byte=1.4901161,
@@ -190,7 +207,7 @@ EXAMPLES: dict[type[r.Record], r.Record] = {
         ts=1_763_900_031_000,
         id="detector-9a9a",
         caused_by=(f"{JOB}-e45",),
-        vertex="join",
+        vertex=CHAIN,
         subtask=3,
         attempt=1,
         host="127.0.0.2",
@@ -200,7 +217,7 @@ EXAMPLES: dict[type[r.Record], r.Record] = {
         ts=1_763_900_029_000,
         id="speculator-0c1d",
         caused_by=("detector-5e5e",),
-        vertex="join",
+        vertex=CHAIN,
         subtask=3,
         count=1,
         avoid_hosts=("127.0.0.3",),
@@ -226,7 +243,7 @@ EXAMPLES: dict[type[r.Record], r.Record] = {
         ts=1_763_900_020_000,
         id="decider-77aa",
         caused_by=(f"{JOB}-e28", f"{JOB}-e29"),
-        vertex="join",
+        vertex=CHAIN,
         parallelism=2,
         subtask_inputs=RANGES,
     ),
@@ -235,7 +252,7 @@ EXAMPLES: dict[type[r.Record], r.Record] = {
         ts=1_763_900_026_000,
         id="failover-1f1f",
         caused_by=(f"{JOB}-e36",),
-        tasks=(r.TaskRef("orders", 1), r.TaskRef("join", 0)),
+        tasks=(r.TaskRef("orders", 1), r.TaskRef(CHAIN, 0)),
         reason="partition orders/1 missing",
         not_before_ts=1_763_900_027_000,
     ),
@@ -315,6 +332,18 @@ def test_floats_round_trip_exactly() -> None:
         assert isinstance(decoded, r.SlowTasksDetected)
         assert decoded.baseline_ns_per_byte is not None
         assert decoded.baseline_ns_per_byte.hex() == value.hex()
+
+
+def test_single_object_decodes_messages_of_every_released_version() -> None:
+    # The decoder learns released fingerprints from schemas/released/: a v1 producer's Tick and
+    # a v2 producer's AttemptProgress both decode (v2 is the current release, same fingerprint).
+    codec = SingleObjectCodec()
+    released = released_schemas()
+    assert {"v1", "v2"} <= set(released)
+    for version, name in (("v1", "Tick"), ("v2", "Tick"), ("v2", "AttemptProgress")):
+        record = EXAMPLES[r.RECORD_TYPES_BY_NAME[name]]
+        body = codec.encode(record)[10:]
+        assert codec.decode(MARKER + released[version][name].fingerprint + body) == record
 
 
 def test_single_object_header_is_marker_and_little_endian_fingerprint() -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
+import itertools
 import json
+import re
 import subprocess
 import sys
 import types
@@ -114,10 +117,60 @@ def test_every_record_type_has_exactly_one_schema_with_its_own_fingerprint() -> 
     assert len(fingerprints) == len(schemas)
 
 
-def test_released_v1_is_a_complete_release() -> None:
-    released = released_schemas()
-    assert "v1" in released
-    assert set(released["v1"]) == {cls.__name__ for cls in r.RECORD_TYPES}
+def _release_order(version: str) -> int:
+    assert re.fullmatch(r"v[1-9][0-9]*", version), f"release directory {version!r} is not vN"
+    return int(version[1:])
+
+
+def _releases() -> list[str]:
+    """Released versions, oldest first (by number: v10 comes after v9)."""
+    return sorted(released_schemas(), key=_release_order)
+
+
+def test_the_newest_release_is_complete_and_equals_the_current_schemas() -> None:
+    # Releasing copies the current schemas; a record type added since the last release means a
+    # release is due (and the compatibility test cannot cover a type no release holds).
+    versions = _releases()
+    assert versions[:2] == ["v1", "v2"]
+    newest = released_schemas()[versions[-1]]
+    assert set(newest) == {cls.__name__ for cls in r.RECORD_TYPES}
+    for name, schema in current_schemas().items():
+        assert newest[name].fingerprint == schema.fingerprint, f"{name} changed since release"
+
+
+def test_each_release_holds_a_subset_of_the_next() -> None:
+    # Record types are added, never removed: a consumer must go on reading every old type.
+    versions = _releases()
+    for older, newer in itertools.pairwise(versions):
+        missing = set(released_schemas()[older]) - set(released_schemas()[newer])
+        assert not missing, f"{newer} dropped {sorted(missing)} that {older} released"
+
+
+def _release_digest(version: str) -> str:
+    forms = sorted(s.canonical_form for s in released_schemas()[version].values())
+    return hashlib.sha256("\n".join(forms).encode()).hexdigest()[:16]
+
+
+# Released directories are frozen: the canonical forms (docs aside) of each one, pinned here.
+RELEASED_DIGESTS = {"v1": "57936d85fcda9b78", "v2": "a5c757f91357308a"}
+
+
+@pytest.mark.parametrize("version", sorted(RELEASED_DIGESTS))
+def test_released_versions_are_never_edited(version: str) -> None:
+    assert _release_digest(version) == RELEASED_DIGESTS[version]
+
+
+def test_v2_added_attempt_progress_and_vertex_operators_to_v1() -> None:
+    v1, v2 = released_schemas()["v1"], released_schemas()["v2"]
+    assert set(v2) - set(v1) == {"AttemptProgress"}
+
+    def vertex_fields(schema: dict[str, Any]) -> list[str]:
+        graph = next(f for f in schema["fields"] if f["name"] == "graph")["type"]
+        vertices = next(f for f in graph["fields"] if f["name"] == "vertices")["type"]
+        return [f["name"] for f in vertices["items"]["fields"]]
+
+    old = vertex_fields(v1["JobSubmitted"].raw)
+    assert vertex_fields(v2["JobSubmitted"].raw) == [*old, "operators"]
 
 
 def _crc64_avro(data: bytes) -> bytes:
@@ -157,7 +210,9 @@ def test_schemas_are_found_from_the_package_not_the_working_directory(tmp_path: 
     script = (
         "from tailguard.codec import load_schemas, released_schemas\n"
         "from tailguard.codec.schemas import schema_root\n"
-        "print(len(load_schemas()), len(released_schemas()['v1']), schema_root())\n"
+        "released = released_schemas()\n"
+        "newest = max(released, key=lambda v: int(v[1:]))\n"
+        "print(len(load_schemas()), len(released[newest]), schema_root())\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True

@@ -85,6 +85,9 @@ class VertexSpec:
     speculation_safe: bool = True
     # Sources only: the size in bytes of each split, in the deterministic split order.
     split_bytes: tuple[int, ...] = ()
+    # The user's operators this vertex runs as one chain, head first (Flink's operator
+    # chaining); empty in records written before chaining, where the vertex is one operator.
+    operators: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +286,20 @@ class AttemptCanceled(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptProgress(Event):
+    """How far a running attempt has read its input, reported by its slot runner."""
+
+    vertex: str
+    subtask: int
+    attempt: int
+    host: str
+    records_read: int
+    bytes_read: int
+    # The bytes assigned to the attempt (its splits or subpartition ranges), when known.
+    bytes_total: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PartitionReleased(Event):
     partition: PartitionRef
 
@@ -395,6 +412,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     AttemptFinished,
     AttemptFailed,
     AttemptCanceled,
+    AttemptProgress,
     PartitionReleased,
     Tick,
     CommandApplied,
