@@ -11,14 +11,20 @@ Operators take and return Arrow tables (`map`) or pandas frames (`map_pandas`); 
 result is accepted and converted. A vertex with several inputs (a join) is built with `join` or
 `Job.combine`. Every vertex is adaptive (the decider chooses its parallelism from the data) unless
 given `parallelism=`.
+
+Before it runs, the graph is cut into chains (`tailguard.agent.graph.chaining`): consecutive
+operators joined by a FORWARD edge with the same parallelism run in one task, with no result
+partition between them. `start_new_chain()` and `disable_chaining()` on a dataset override that
+for its vertex, as in Flink.
 """
 
 from __future__ import annotations
 
+import enum
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from tailguard.agent.executor.sinks import SinkDef
 from tailguard.agent.executor.sources import SourceDef, SourceFormat
@@ -36,6 +42,17 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 class JobDefinitionError(ValueError):
     """The job graph is not valid; the message says what and where."""
+
+
+class Chaining(enum.Enum):
+    """Whether a vertex may share a chain with its neighbours (Flink's ChainingStrategy)."""
+
+    # Chained with its input and its consumer wherever the chaining rules allow.
+    ALWAYS = "always"
+    # Heads a chain: never chained to its input, but its consumer may join it (start_new_chain).
+    HEAD = "head"
+    # A chain of its own (disable_chaining).
+    NEVER = "never"
 
 
 @dataclass
@@ -61,6 +78,7 @@ class VertexDef:
     speculation_safe: bool = True
     source: SourceDef | None = None
     sink: SinkDef | None = None
+    chaining: Chaining = Chaining.ALWAYS
 
 
 class Job:
@@ -251,9 +269,36 @@ class Job:
                     )
 
 
-def pipelined_groups(job: Job) -> list[tuple[str, ...]]:
+class EdgeEnd(Protocol):
+    """What graph utilities read of an input: `InputDef`, and the chains' inputs alike."""
+
+    @property
+    def producer(self) -> str: ...
+
+    @property
+    def exchange(self) -> Exchange: ...
+
+
+class GraphVertex(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def inputs(self) -> Sequence[EdgeEnd]: ...
+
+
+class Graph(Protocol):
+    """A graph of named vertices in topological order: a `Job` (operators) or a `ChainedJob`
+    (chains)."""
+
+    @property
+    def vertices(self) -> Mapping[str, GraphVertex]: ...
+
+
+def pipelined_groups(job: Graph) -> list[tuple[str, ...]]:
     """Vertices joined by PIPELINED edges (connected components with at least two vertices),
-    each in the job's declaration order (which is topological: inputs exist before use)."""
+    each in the graph's declaration order (which is topological: inputs exist before use).
+    Works on operators (`Job`) and on chains (`ChainedJob`)."""
     parent = {name: name for name in job.vertices}
 
     def find(name: str) -> str:
@@ -272,7 +317,7 @@ def pipelined_groups(job: Job) -> list[tuple[str, ...]]:
     return [tuple(g) for g in groups.values() if len(g) > 1]
 
 
-def _descendants(job: Job) -> dict[str, set[str]]:
+def _descendants(job: Graph) -> dict[str, set[str]]:
     """Every vertex reachable from each vertex (job graphs are small)."""
     consumers: dict[str, list[str]] = {name: [] for name in job.vertices}
     for v in job.vertices.values():
@@ -410,6 +455,18 @@ class Dataset:
     def speculation_unsafe(self) -> Dataset:
         """This vertex has side effects outside its sink: never run two attempts at once."""
         self._vertex().speculation_safe = False
+        return self
+
+    def start_new_chain(self) -> Dataset:
+        """Begin a new chain at this vertex: it is not chained to its input, though its own
+        consumer may still be chained to it (Flink's startNewChain)."""
+        self._vertex().chaining = Chaining.HEAD
+        return self
+
+    def disable_chaining(self) -> Dataset:
+        """Run this vertex as a chain of its own: chained neither to its input nor to its
+        consumer (Flink's disableChaining). Its output is then always a result partition."""
+        self._vertex().chaining = Chaining.NEVER
         return self
 
 
