@@ -4,12 +4,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help venv test lint unit demo bench bench-log bench-policy bench-agent bench-sim clean
+.PHONY: help venv test lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
 	@echo "make test   lint, type-check and run the whole test suite"
-	@echo "make bench  the benchmarks (also bench-log, bench-policy, bench-agent, bench-sim)"
+	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,9 @@ bench-sim: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/tailguard bench
+
+bench-quick: $(STAMP)
+	$(BIN)/tailguard bench --quick
 
 clean:
 	rm -rf $(VENV) work .pytest_cache .mypy_cache .ruff_cache .hypothesis

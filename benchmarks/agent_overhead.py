@@ -1,30 +1,27 @@
-"""Agent overhead on a Spark standalone cluster: the cost of one attempt, and exchange speed.
+"""Dispatch overhead of the slot runners on a Spark standalone cluster (`make bench-agent`).
 
-    .venv/bin/python benchmarks/agent_overhead.py [--master spark://HOST:PORT] [--jobs 120]
-        [--rows 500000] [--subpartitions 128] [--in-process]
+    .venv/bin/python benchmarks/agent_overhead.py [--master spark://HOST:PORT] [--workers 3]
+        [--attempts 120] [--jobs 3]
 
-Without `--master` it starts its own 3-worker local cluster (1 core each) and stops it at the end.
+Without `--master` it starts its own local cluster (`--workers` workers, 1 core each) and stops
+it at the end. It runs `--jobs` jobs of `--attempts` trivial attempts each (a source of that
+many one-row-group splits chained with an identity map and a Parquet sink: one attempt per
+split, nothing to compute) through the public entry, `tailguard.run(job, spark)`, without
+services, and reads per attempt what the driver measured (`RunResult`):
 
-(a) Per-attempt overhead: `--jobs` one-task attempts, one after the other, each pinned to a host
-    (round robin) through the agent's real path, `SparkRuntime.submit` (pickled `TaskSpec`,
-    pinned RDD, job group, `task.run_attempt` in the executor's Python worker, outcome back by
-    callback). The task stamps its start time (`AttemptOutcome.started_at_ms`); driver and
-    executors share this machine's clock, so "submit -> task started" is measured directly.
-    Alternately with them runs a bare pinned Spark job that only stamps its start: Spark's own
-    floor under the same load. The first `--warmup` attempts (Python workers starting) are
-    left out.
-(b) Exchange throughput: `partitions.write_partition` and `read_subpartitions` (checksum-verified)
-    of a hash-partitioned table, measured inside a Spark task on each executor (one core each),
-    or in this process with `--in-process`. MB are 10^6 bytes of in-memory Arrow data.
+- dispatch: the deploy -> outcome round trip minus the run time the runner measured, i.e. what
+  the agent adds to every attempt (serialising, the connection, the runner's loop);
+- deploy -> running: from the deploy message sent to the runner's "running" report.
 
-Prints figures and the targets; asserts nothing (timings depend on the machine and its load).
+The first job warms the runners' Python workers up and is left out. The first line of output
+is `dispatch p50 N ms p99 N ms`; details and the targets follow. Asserts nothing: timings depend
+on the machine and its load. Result-partition throughput is `benchmarks/exchange_throughput.py`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import queue
 import shlex
 import shutil
 import sys
@@ -33,228 +30,119 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from tailguard.agent.executor.attempt import AttemptOutcome, OutputPlan, TaskSpec
-from tailguard.agent.executor.exchange import hash_partition
-from tailguard.agent.executor.partitions import read_subpartitions, write_partition
-from tailguard.agent.executor.storage import Storage
-from tailguard.model.records import Distribution, PartitionRef
-
-OVERHEAD_TARGET_MS = 60.0
-EXCHANGE_TARGET_MB_S = 150.0
+from tailguard.bench import report
 
 
-def one_row() -> pa.Table:
-    """The probe attempt's operator: no input, one row out (the cost is all overhead)."""
-    return pa.table({"x": [1]})
+def identity(table: pa.Table) -> pa.Table:
+    return table
 
 
-def percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q))
+def generate(path: Path, splits: int) -> Path:
+    """`splits` one-row-group Parquet files of one row each."""
+    path.mkdir(parents=True, exist_ok=True)
+    for i in range(splits):
+        pq.write_table(pa.table({"x": [i]}), path / f"part-{i:05d}.parquet")
+    return path
 
 
-# --------------------------------------------------------------------------- (a) overhead
+def probe_job(data: Path, output: Path, attempts: int) -> Any:
+    from tailguard.agent.graph.api import Job
+
+    job = Job("bench-dispatch")
+    # A fixed parallelism: one subtask per split, whatever the decider's volume per task.
+    probe = job.read_parquet(str(data), name="probe", parallelism=attempts)
+    probe.map(identity, name="identity").write_parquet(str(output), name="sink")
+    return job
 
 
-def started_ms(_payload: object) -> float:
-    """The bare Spark probe: just stamps when the task began."""
-    return time.time() * 1000.0
-
-
-def measure_overhead(
-    runtime: Any, hosts: list[str], storage: Storage, jobs: int, warmup: int
-) -> dict[str, list[float]]:
-    """Submission -> task start of the agent's attempts, and of bare pinned Spark jobs run
-    alternately with them (same load, same hosts), so the agent's own share shows."""
-    from tailguard.cluster.pinning import pinned_rdd
-
-    def bare(host: str) -> float:
-        submitted_ms = time.time() * 1000.0
-        stamp: float = pinned_rdd(runtime.sc, [(None, host)]).map(started_ms).collect()[0]
-        return stamp - submitted_ms
-
-    ended: queue.Queue[Any] = queue.Queue()
-    timings: dict[str, list[float]] = {"start": [], "round_trip": [], "bare_start": []}
-    for i in range(warmup + jobs):
-        host = hosts[i % len(hosts)]
-        spec = TaskSpec(
-            job_id="bench-overhead",
-            storage=storage,
-            vertex="probe",
-            subtask=0,
-            attempt=i,
-            fn=one_row,
-            output=OutputPlan(Distribution.FORWARD, (), 1),
-        )
-
-        # Alternate which goes first, so neither always finds the host's worker just freed.
-        bare_start = bare(host) if i % 2 else 0.0
-        submitted_ms = time.time() * 1000.0
-        runtime.submit(("probe", 0, i), host, spec, ended.put)
-        outcome = ended.get(timeout=300)
-        returned_ms = time.time() * 1000.0
-        if not isinstance(outcome, AttemptOutcome) or not outcome.ok:
-            raise RuntimeError(f"probe attempt {i} on {host} failed: {outcome!r}")
-        if outcome.host != host and host != "localhost":
-            raise RuntimeError(f"probe attempt {i} ran on {outcome.host}, not {host}")
-        if not i % 2:
-            bare_start = bare(host)
-        if i >= warmup:
-            timings["start"].append(outcome.started_at_ms - submitted_ms)
-            timings["round_trip"].append(returned_ms - submitted_ms)
-            timings["bare_start"].append(bare_start)
-    return timings
-
-
-# --------------------------------------------------------------------------- (b) exchange
-
-
-def exchange_probe(params: dict[str, Any]) -> dict[str, Any]:
-    """Write and read back one hash-partitioned result partition; runs where it is called
-    (inside a Spark task, or in the driver)."""
-    rows, parts, runs = params["rows"], params["subpartitions"], params["runs"]
-    rng = np.random.default_rng(42)
-    ints = rng.integers(0, 10**9, rows)
-    table = pa.table(
-        {
-            "int_key": ints,
-            "str_key": pa.array(np.char.add("customer-", (ints % 1_000_000).astype(str))),
-            "value": rng.random(rows),
-        }
-    )
-    split = hash_partition(table, ["int_key"], parts)
-    write_s = read_s = float("inf")
-    with tempfile.TemporaryDirectory(dir=params.get("dir")) as root:
-        storage = Storage(root)
-        for attempt in range(runs):
-            ref = PartitionRef("p", 0, attempt)
-            started = time.perf_counter()
-            written = write_partition(storage, "bench-exchange", ref, split)
-            write_s = min(write_s, time.perf_counter() - started)
-            sums = {(0, sp): c for sp, c in enumerate(written.checksums)}
-            started = time.perf_counter()
-            read, _ = read_subpartitions(
-                storage, "bench-exchange", "p", {0: attempt}, (0, 0), (0, parts - 1), sums
-            )
-            read_s = min(read_s, time.perf_counter() - started)
-            if read.num_rows != rows:
-                raise RuntimeError(f"read {read.num_rows} rows, wrote {rows}")
-    return {
-        "host": os.environ.get("SPARK_LOCAL_IP", "driver"),
-        "bytes": table.nbytes,
-        "disk_bytes": sum(written.bytes_per_subpartition),
-        "write_s": write_s,
-        "read_s": read_s,
-    }
-
-
-def print_exchange(result: dict[str, Any], where: str) -> tuple[float, float]:
-    mb = result["bytes"] / 1e6
-    write, read = mb / result["write_s"], mb / result["read_s"]
-    print(
-        f"  {where:<22} {mb:6.1f} MB ({result['disk_bytes'] / 1e6:.1f} MB on disk, zstd): "
-        f"write {write:6.1f} MB/s, verified read {read:6.1f} MB/s"
-    )
-    return write, read
-
-
-# --------------------------------------------------------------------------- main
-
-
-def await_executors(runtime: Any, wanted: int, timeout_s: float = 120.0) -> dict[str, int]:
-    deadline = time.monotonic() + timeout_s
-    while len(executors := runtime.executors()) < wanted:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {len(executors)} of {wanted} executors registered")
-        time.sleep(0.2)  # Spark has no registration callback to wait on
-    return dict(executors)
-
-
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--master", help="an existing cluster (default: start a 3-worker one)")
-    parser.add_argument("--workers", type=int, default=3, help="executors to wait for")
-    parser.add_argument("--jobs", type=int, default=120, help="measured probe attempts (>= 100)")
-    parser.add_argument("--warmup", type=int, default=6)
-    parser.add_argument("--rows", type=int, default=500_000)
-    parser.add_argument("--subpartitions", type=int, default=128)
-    parser.add_argument("--runs", type=int, default=3, help="exchange: best of this many")
-    parser.add_argument("--in-process", action="store_true", help="exchange in this process")
+    parser.add_argument("--master", help="an existing cluster (default: start a local one)")
+    parser.add_argument("--workers", type=int, default=3, help="workers of the local cluster")
+    parser.add_argument("--attempts", type=int, default=120, help="attempts per job")
+    parser.add_argument("--jobs", type=int, default=3, help="jobs (the first is a warm-up)")
     args = parser.parse_args()
+    if args.jobs < 2 or args.attempts < 1:
+        raise SystemExit("need --jobs >= 2 (the first is a warm-up) and --attempts >= 1")
 
-    from pyspark.sql import SparkSession
-
-    from tailguard.agent.adapters.spark import SparkRuntime, session_builder
+    from tailguard.agent.adapters.spark import session_builder
+    from tailguard.agent.entry import run
     from tailguard.cluster.local import LocalCluster
-    from tailguard.cluster.pinning import pinned_rdd
+    from tailguard.settings_file import load_settings
 
-    print("reproduce:", shlex.join([sys.executable, *sys.argv]))
     work = Path(tempfile.mkdtemp(prefix="tailguard-bench-agent-"))
     cluster = None
-    spark: SparkSession | None = None
+    spark = None
+    lines: list[str] = []
     try:
         master = args.master
         if master is None:
             cluster = LocalCluster(args.workers, 1, "1g", work / "cluster")
             master = cluster.start()
+        settings = load_settings(
+            None,
+            environ={},
+            extra={
+                "tailguard.work-dir": str(work),
+                "tailguard.archive-dir": str(work / "archive"),
+            },
+        )
+        data = generate(work / "data", args.attempts)
         spark = session_builder(master, "tailguard-bench-agent").getOrCreate()
-        runtime = SparkRuntime(spark)
-        executors = await_executors(runtime, 1 if runtime.local else args.workers)
-        hosts = sorted(executors)
-        print(f"cluster {master}: executors {executors}; load average {os.getloadavg()}")
-
-        timings = measure_overhead(
-            runtime, hosts, Storage(str(work / "storage")), args.jobs, args.warmup
+        spark.sparkContext.setLogLevel("ERROR")
+        dispatch: list[float] = []
+        to_running: list[float] = []
+        jobs_s: list[float] = []
+        for i in range(args.jobs):
+            output = work / "out" / f"job-{i}"
+            job = probe_job(data, output, args.attempts)
+            result = run(
+                job, spark, log_mode="archive", services=False, settings=settings, progress=False
+            )
+            if not result.ok:
+                raise RuntimeError(f"probe job {i} ended {result.status}: {result.message}")
+            if i == 0:
+                continue  # warm-up: the runners' Python workers start and import
+            dispatch.extend(result.dispatch_ms)
+            to_running.extend(result.deploy_to_running_ms)
+            jobs_s.append(result.duration_s)
+        load = os.getloadavg()
+        lines.append(report.dispatch_line(dispatch))
+        lines.append(
+            f"  {len(dispatch)} attempts in {args.jobs - 1} jobs of {args.attempts} (after one "
+            f"warm-up job), {master}, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, "
+            f"{os.cpu_count()} cores"
         )
-        start, trip, bare = timings["start"], timings["round_trip"], timings["bare_start"]
-        print(
-            f"(a) per-attempt overhead over {len(start)} pinned one-task attempts "
-            f"(SparkRuntime.submit, round robin over {len(hosts)} hosts, sequential):"
+        if to_running:
+            lines.append(
+                f"  deploy -> running  p50 {report.percentile(to_running, 50):.1f} ms  "
+                f"p99 {report.percentile(to_running, 99):.1f} ms  "
+                f"max {max(to_running):.1f} ms"
+            )
+        if dispatch:
+            lines.append(f"  dispatch max {max(dispatch):.1f} ms")
+        lines.append(
+            "  job time "
+            + ", ".join(f"{s:.2f} s" for s in jobs_s)
+            + f" ({args.attempts} attempts each)"
         )
-        print(
-            f"  submit -> task started  p50 {percentile(start, 50):6.1f} ms   "
-            f"p99 {percentile(start, 99):6.1f} ms   (target p50 < {OVERHEAD_TARGET_MS:.0f} ms)"
-        )
-        print(
-            f"  submit -> outcome back  p50 {percentile(trip, 50):6.1f} ms   "
-            f"p99 {percentile(trip, 99):6.1f} ms"
-        )
-        print(
-            f"  bare pinned Spark job   p50 {percentile(bare, 50):6.1f} ms   "
-            f"p99 {percentile(bare, 99):6.1f} ms   (job -> task started, run alternately: "
-            f"the agent adds {percentile(start, 50) - percentile(bare, 50):+.1f} ms at p50)"
-        )
-
-        params = {
-            "rows": args.rows,
-            "subpartitions": args.subpartitions,
-            "runs": args.runs,
-            "dir": str(work),
-        }
-        where = "in-process (driver)" if args.in_process else "in a Spark task, per executor"
-        print(f"(b) exchange throughput per core, {args.subpartitions} subpartitions, {where}:")
-        figures = []
-        if args.in_process:
-            figures.append(print_exchange(exchange_probe(params), "driver process"))
-        else:
-            for host in hosts:
-                result = pinned_rdd(spark.sparkContext, [(params, host)]).map(exchange_probe)
-                figures.append(print_exchange(result.collect()[0], f"task on {host}"))
-        writes, reads = [w for w, _ in figures], [r for _, r in figures]
-        print(
-            f"  median: write {float(np.median(writes)):.1f} MB/s, read "
-            f"{float(np.median(reads)):.1f} MB/s (target > {EXCHANGE_TARGET_MB_S:.0f} MB/s)"
-        )
-        runtime.close()
+        lines += [f"  {g}" for g in report.dispatch_goals(dispatch)]
+        lines.append("  reproduce: " + shlex.join([sys.executable, *sys.argv]))
     finally:
         if spark is not None:
             spark.stop()
         if cluster is not None:
             cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
+    print("\n".join(lines))
+    return 0 if dispatch else 1
 
 
 if __name__ == "__main__":
-    main()
+    start = time.monotonic()
+    code = main()
+    print(f"  wall time {time.monotonic() - start:.0f} s")
+    sys.exit(code)

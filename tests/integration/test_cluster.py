@@ -1,4 +1,5 @@
-"""The local standalone cluster: distinct hosts, pinned attempts, throttled nodes, the CLI.
+"""The local standalone cluster: distinct hosts, pinned attempts, throttled nodes (CPU and I/O
+mode), the CLI.
 
 One module-scoped 2-worker cluster and one SparkSession serve every Spark test; the CLI test
 drives its own 1-worker cluster in another work dir so that `down` cannot break the others.
@@ -20,8 +21,14 @@ from typing import Any
 
 import pytest
 
-from tailguard.cluster import procs
-from tailguard.cluster.local import ClusterError, LocalCluster, find_java
+from tailguard.cluster import procs, slowness
+from tailguard.cluster.local import (
+    ClusterError,
+    LocalCluster,
+    ThrottleWarning,
+    cpu_throttle_caveat,
+    find_java,
+)
 from tailguard.cluster.throttle import Throttler
 
 try:
@@ -128,6 +135,96 @@ def test_throttler_with_duration_ends_by_itself(busy_tree: subprocess.Popen[byte
 def test_throttler_rejects_speed_up() -> None:
     with pytest.raises(ValueError, match="factor"):
         Throttler(os.getpid(), factor=0.5)
+
+
+# --------------------------------------------------------------------------- I/O slowness alone
+
+
+class FakeTime:
+    """A clock that only the fake wait moves, and a factor that changes at a given time."""
+
+    def __init__(self, changes: list[tuple[float, float]]) -> None:
+        self.now = 0.0
+        self.changes = changes  # (from time, factor), in time order
+        self.waits: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def wait(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now += seconds
+
+    def factor(self) -> float:
+        return [f for t, f in self.changes if t <= self.now + 1e-9][-1]
+
+
+def test_io_work_takes_factor_times_longer() -> None:
+    fake = FakeTime([(0.0, 5.0)])
+    took = slowness.io_work(2.0, factor=fake.factor, wait=fake.wait, clock=fake.clock)
+    assert took == pytest.approx(10.0)
+    assert max(fake.waits) <= slowness.TICK_S + 1e-9  # the factor is re-read every tick
+    healthy = FakeTime([(0.0, 1.0)])
+    assert slowness.io_work(
+        2.0, factor=healthy.factor, wait=healthy.wait, clock=healthy.clock
+    ) == pytest.approx(2.0)
+
+
+def test_io_work_applies_a_factor_change_to_the_rest_of_the_task() -> None:
+    # 1 s at 5x does 0.2 s of the work; the remaining 1.8 s then run at full speed.
+    fake = FakeTime([(0.0, 5.0), (1.0, 1.0)])
+    took = slowness.io_work(2.0, factor=fake.factor, wait=fake.wait, clock=fake.clock)
+    assert took == pytest.approx(2.8)
+
+
+def test_io_work_counts_late_wake_ups_as_progress() -> None:
+    fake = FakeTime([(0.0, 1.0)])
+
+    def oversleeps(seconds: float) -> None:
+        fake.wait(seconds * 3)  # a busy machine wakes the task late
+
+    took = slowness.io_work(1.0, factor=fake.factor, wait=oversleeps, clock=fake.clock)
+    assert took <= 1.0 + 3 * slowness.TICK_S
+
+
+def test_io_work_stops_when_the_wait_is_cancelled() -> None:
+    class Cancelled(Exception):
+        pass
+
+    def cancelled(_seconds: float) -> None:
+        raise Cancelled
+
+    with pytest.raises(Cancelled):
+        slowness.io_work(5.0, wait=cancelled)
+
+
+def test_slowness_file_round_trip_expiry_and_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = slowness.slowness_file(tmp_path, "127.0.0.3")
+    assert slowness.factor_of(path) == 1.0  # no file: healthy
+    slowness.write(path, 5.0)
+    assert slowness.factor_of(path) == 5.0
+    monkeypatch.setenv(slowness.ENV_VAR, str(path))
+    assert slowness.host_factor() == 5.0
+    slow = slowness.write(path, 4.0, duration_s=30.0)
+    assert slowness.factor_of(path, now=slow.until - 1) == 4.0  # type: ignore[operator]
+    assert slowness.factor_of(path, now=slow.until) == 1.0  # expired: healthy again
+    path.write_text("{not json")
+    assert slowness.factor_of(path) == 1.0
+    slowness.clear(path)
+    assert not path.exists() and slowness.host_factor() == 1.0
+    monkeypatch.delenv(slowness.ENV_VAR)
+    assert slowness.host_factor() == 1.0
+    with pytest.raises(ValueError, match="factor"):
+        slowness.write(path, 0.5)
+
+
+def test_cpu_throttle_caveat_only_with_more_executors_than_cores() -> None:
+    assert cpu_throttle_caveat(2, cpus=2) is None
+    caveat = cpu_throttle_caveat(3, cpus=2)
+    assert caveat is not None
+    assert "3 executor cores over 2 CPUs" in caveat and "io" in caveat
 
 
 # --------------------------------------------------------------------------- Spark cluster
@@ -280,6 +377,68 @@ def test_throttled_host_is_measurably_slower_until_unthrottled(
     assert slow not in json.loads((cluster.work_dir / "cluster.json").read_text())["throttles"]
 
 
+def io_slept(seconds: float) -> tuple[str, float, float]:
+    """Healthy-host seconds of I/O work where it runs: (host, factor at the start, wall s)."""
+    factor = slowness.host_factor()
+    return os.environ["SPARK_LOCAL_IP"], factor, slowness.io_work(seconds)
+
+
+@spark
+@needs_java
+def test_io_slowness_reaches_the_tasks_of_its_host_only(cluster: LocalCluster, sc: Any) -> None:
+    from tailguard.cluster.pinning import pinned_rdd
+
+    slow, fast = cluster.hosts()[0], cluster.hosts()[1]
+    assert cluster.without_io_slowness() == []
+
+    def run(host: str, seconds: float) -> tuple[str, float, float]:
+        result: tuple[str, float, float] = (
+            pinned_rdd(sc, [(seconds, host)]).map(io_slept).collect()[0]
+        )
+        return result
+
+    assert run(slow, 0.0)[1] == 1.0
+    cluster.throttle(slow, 5, mode="io")
+    try:
+        status = {w["host"]: w["throttle"] for w in cluster.status()["workers"]}
+        assert status[slow] is not None and status[slow]["mode"] == "io"
+        assert status[fast] is None
+        host, factor, took = run(slow, 0.3)
+        assert (host, factor) == (slow, 5.0)
+        assert 1.4 <= took < 3.0  # 0.3 s of work at 1/5 speed
+        host, factor, took = run(fast, 0.3)
+        assert (host, factor) == (fast, 1.0)
+        assert took < 0.9
+        # A slowness that expires mid-task: 0.5 s at 5x does 0.1 s of the work, the other
+        # 0.5 s of it then runs at full speed (the task re-reads the factor every tick).
+        cluster.throttle(slow, 5, duration_s=0.5, mode="io")
+        _host, factor, took = run(slow, 0.6)
+        assert factor in (5.0, 1.0)  # 1.0 if the task started after the expiry (busy machine)
+        assert took < 1.8  # 3 s if the change did not reach the running task
+        cluster.throttle(slow, 5, mode="io")
+    finally:
+        cluster.unthrottle(slow)
+    assert run(slow, 0.0)[1] == 1.0
+    assert not slowness.slowness_file(cluster.work_dir, slow).exists()
+
+
+@spark
+@needs_java
+def test_cpu_throttle_warns_when_executors_outnumber_cores(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tailguard.cluster.local as local
+
+    host = cluster.hosts()[0]
+    # As if the machine had one CPU for this cluster's two executors.
+    monkeypatch.setattr(local, "cpu_throttle_caveat", lambda cores: cpu_throttle_caveat(cores, 1))
+    try:
+        with pytest.warns(ThrottleWarning, match="2 executor cores over 1 CPUs"):
+            cluster.throttle(host, 2, duration_s=0.2)
+    finally:
+        cluster.unthrottle(host)
+
+
 # --------------------------------------------------------------------------- the CLI
 
 
@@ -330,6 +489,16 @@ def test_cli_up_status_throttle_down(tmp_path: Path) -> None:
         assert off.returncode == 0, off.stderr
         assert "T" not in tree_states(worker_pid).values()
         assert "throttled" not in tailguard("--work-dir", work, "status").stdout
+
+        io = tailguard("--work-dir", work, "throttle", "127.0.0.2", "--factor", "5", "--mode", "io")
+        assert io.returncode == 0, io.stderr
+        assert "in io mode" in io.stderr
+        assert "throttled x5 io" in tailguard("--work-dir", work, "status").stdout
+        assert procs.state_of(worker_pid) != "T"  # io mode pauses nothing
+        slow_file = tmp_path / "cli-cluster" / "slowness" / "127.0.0.2.json"
+        assert slowness.factor_of(slow_file) == 5.0
+        assert tailguard("--work-dir", work, "throttle", "127.0.0.2", "--off").returncode == 0
+        assert not slow_file.exists()
 
         bad = tailguard("--work-dir", work, "throttle", "127.0.0.9", "--factor", "2")
         assert bad.returncode == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tailguard.bench import report, summary
-from tailguard.bench.scenarios import SCENARIOS, select
+from tailguard.bench.scenarios import IO_QUICK, SCENARIOS, select
 from tailguard.model import records as r
 
 JOB = "job-1"
@@ -199,41 +199,109 @@ def _run(scenario: str, contender: str, t: float, **kw: object) -> dict[str, obj
         "speculation_latency_ms": [],
         "decider_latency_ms": [],
         "skewed_subtask": None,
+        "load_after": 2.0,
     }
     return {**base, **kw}
 
 
-def test_tables_and_goals() -> None:
-    runs = [
-        _run(
-            "S4",
-            "tailguard+services",
-            10.0,
-            stage_work=[{"vertex": "a", "work_s": 22.0, "longest_s": 1.0}],
-        ),
-        _run("S4", "pyspark", 9.0),
-        _run("S4", "pyspark+speculation", 9.5),
-        _run("S1", "tailguard+services", 11.0, blocked_hosts=["127.0.0.4"], speculative_attempts=2),
-        _run("S1", "tailguard+services", 13.0, blocked_hosts=["127.0.0.4"], speculative_attempts=2),
-        _run("S1", "pyspark", 20.0),
-        _run("S1", "pyspark+speculation", 16.0),
-        _run("S1", "pyspark", 0.0, ok=False),
+def test_io_limit_indivisible_tasks_on_a_slow_host() -> None:
+    # 36 tasks of 2 s, 6 hosts, one 5x slow: 5 healthy hosts x 7 tasks + 1 task of 10 s on
+    # the slow one = 36 at 14 s; the fluid bound 72 / 5.2 is lower.
+    lim = report.io_limit(36, 2.0, 6, 5.0)
+    assert lim.tasks_s == pytest.approx(14.0)
+    assert lim.fluid_s == pytest.approx(72.0 / 5.2)
+    # Healthy: 6 waves of 2 s, both bounds agree.
+    assert report.io_limit(36, 2.0, 6) == report.IoLimit(12.0, 12.0)
+    # The critical path binds: one task cannot finish before 2 s however many hosts there are.
+    assert report.io_limit(1, 2.0, 6, 5.0) == report.IoLimit(2.0, 2.0)
+    # 18 tasks: 5 x 3 waves = 15 by 6 s, so the slow host's one task (10 s) is not worth it
+    # and a 4th wave of 2 s gives 8 s.
+    assert report.io_limit(18, 2.0, 6, 5.0).tasks_s == pytest.approx(8.0)
+
+
+def test_io_limit_host_recovers() -> None:
+    # Slow for 6 s: by 14 s the slow host has done 6/5 + 8 = 9.2 s of work (4 tasks), the
+    # healthy ones 35; by 12.8 s (its 4th task) the healthy ones have 30: too few.
+    lim = report.io_limit(36, 2.0, 6, 5.0, slow_for_s=6.0)
+    assert lim.tasks_s == pytest.approx(14.0)
+    # Fluid: 6 s at 5.2 = 31.2, the remaining 40.8 at 6 -> 6.8 s more.
+    assert lim.fluid_s == pytest.approx(12.8)
+    with pytest.raises(ValueError):
+        report.io_limit(0, 2.0, 6)
+
+
+def test_dispatch_line_and_goals() -> None:
+    samples = [1.0] * 98 + [3.0, 40.0]
+    assert report.dispatch_line(samples) == "dispatch p50 1.0 ms p99 3.4 ms"
+    assert report.dispatch_line([]).startswith("dispatch p50 – ms p99 – ms")
+    [goal] = report.dispatch_goals(samples)
+    assert "p50 1.0 ms (goal ≤ 5: met)" in goal
+    assert "p99 3.4 ms (goal ≤ 20: met)" in goal
+    [slow] = report.dispatch_goals([30.0, 30.0])
+    assert "(goal ≤ 5: NOT met)" in slow and "(goal ≤ 20: NOT met)" in slow
+
+
+def _io_runs() -> list[dict[str, object]]:
+    return [
+        _run("io-healthy", "tailguard+services", 12.6, dispatch_ms=[0.5, 1.5]),
+        _run("io-healthy", "tailguard (no services)", 13.0, dispatch_ms=[2.5]),
+        _run("io-healthy", "pyspark", 12.4),
+        _run("io-healthy", "pyspark+speculation", 12.2),
+        _run("io-slow", "tailguard+services", 15.0, blocked_hosts=["127.0.0.7"], load_after=3.0),
+        _run("io-slow", "tailguard+services", 17.0, blocked_hosts=["127.0.0.7"], load_after=5.0),
+        _run("io-slow", "pyspark", 20.0),
+        _run("io-slow", "pyspark+speculation", 18.0),
+        _run("io-slow", "pyspark", 0.0, ok=False),
     ]
-    f = summary.figures(runs, SCENARIOS["S1"])
+
+
+def test_io_tables_limits_and_goals() -> None:
+    runs = _io_runs()
+    f = summary.figures(runs, SCENARIOS["io-slow"])
     assert f.best_plain == "pyspark+speculation"
-    assert f.ideal_s == 9.0
-    assert f.limit_s == pytest.approx(10.0)
-    assert "| tailguard+services | 12.0 | 11.0–13.0 | 2 | 0.75× | 2.0 | 1.0 |" in f.table
+    assert f.ideal_s == 12.2
+    assert f.limit_s == pytest.approx(14.0)
+    assert "| tailguard+services | 16.0 | 15.0–17.0 | 2 | 0.89× | 0.0 | 1.0 | 4.0 |" in f.table
     assert "| pyspark | 20.0 | 20.0–20.0 | 1 (+1 failed) |" in f.table
-    assert any("= 0.75 (goal < 0.8: met)" in g for g in f.goals)
-    assert any("physical limit = 1.20 (goal ≤ 1.2: met)" in g for g in f.goals)
-    s4 = summary.figures(runs, SCENARIOS["S4"])
-    assert any(
-        "tailguard+services / best plain (pyspark) = 1.11 (goal ≤ 1.15: met)" in g for g in s4.goals
+    assert "| *physical limit: 36 indivisible 2 s tasks on 6 hosts, no overhead* | 14.0 |" in (
+        f.table
     )
-    text = summary.markdown(runs, ["S1", "S4"], {"date": "today"})
+    assert "| *fluid bound: total work / capacity* | 13.8 |" in f.table
+    assert "tailguard+services / best plain (pyspark+speculation) = 0.89 (goal ≤ 0.9: met)" in (
+        f.goals
+    )
+    assert "tailguard+services / physical limit = 1.14 (goal ≤ 1.15: met)" in f.goals
+    healthy = summary.figures(runs, SCENARIOS["io-healthy"])
+    assert healthy.limit_s == pytest.approx(12.0)
+    assert healthy.goals == [
+        "tailguard+services / best plain (pyspark+speculation) = 1.03 (goal ≤ 1.05: met)",
+        "tailguard (no services) / best plain (pyspark+speculation) = 1.07 (goal ≤ 1.05: NOT met)",
+    ]
+
+
+def test_quick_io_size_changes_the_limit() -> None:
+    f = summary.figures(_io_runs(), SCENARIOS["io-slow"], IO_QUICK)
+    assert f.limit_s == pytest.approx(8.0)
+    assert "18 indivisible 2 s tasks" in f.table
+
+
+def test_cpu_sales_goal_and_markdown_with_dispatch() -> None:
+    runs = [
+        *_io_runs(),
+        _run("cpu-sales", "tailguard+services", 5.0),
+        _run("cpu-sales", "pyspark", 4.0),
+    ]
+    [goal] = summary.figures(runs, SCENARIOS["cpu-sales"]).goals
+    assert goal == "tailguard+services / best plain (pyspark) = 1.25 (goal ≤ 1.1: NOT met)"
+    dispatch, to_running = summary.dispatch_samples(runs)
+    assert sorted(dispatch) == [0.5, 1.5, 2.5] and to_running == []
+    text = summary.markdown(runs, ["io-healthy", "io-slow", "cpu-sales"], {"date": "today"})
     assert text.startswith("date: today")
-    assert "### S1: one node 5x slow for the whole job" in text
+    assert "### io-slow: I/O mode, one node 5x slow for the whole job" in text
+    assert "| dispatch: deploy → outcome round trip minus run time (tailguard, all runs) | 3 " in (
+        text
+    )
+    assert "- dispatch overhead p50 1.5 ms (goal ≤ 5: met)" in text
 
 
 def test_skew_goal_reports_a_speculated_skewed_subtask() -> None:
@@ -245,10 +313,10 @@ def test_skew_goal_reports_a_speculated_skewed_subtask() -> None:
         "speculated_subtasks": [2, 5],
     }
     runs = [
-        _run("S3", "tailguard+services", 5.0, skewed_subtask=skewed),
-        _run("S3", "pyspark", 6.0),
+        _run("cpu-skew", "tailguard+services", 5.0, skewed_subtask=skewed),
+        _run("cpu-skew", "pyspark", 6.0),
     ]
-    [goal] = summary.figures(runs, SCENARIOS["S3"]).goals
+    [goal] = summary.figures(runs, SCENARIOS["cpu-skew"]).goals
     assert "speculated in 1 of 1 tailguard+services runs (goal 0: NOT met)" in goal
     assert "other subtasks: 1" in goal
 
@@ -257,6 +325,7 @@ def test_latency_table_and_selection() -> None:
     table = report.latency_table({"a": [100.0, 200.0, 300.0], "b": []})
     assert "| a | 3 | 200 | 298 | 300 |" in table
     assert "| b | 0 | – | – | – |" in table
-    assert [s.name for s in select("s1, S4")] == ["S1", "S4"]
+    assert [s.name for s in select("io-slow, CPU-sales")] == ["io-slow", "cpu-sales"]
+    assert [s.name for s in select(None)] == ["io-healthy", "io-slow", "cpu-sales"]
     with pytest.raises(ValueError, match="unknown scenario"):
-        select("S9")
+        select("S1")

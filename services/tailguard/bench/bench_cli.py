@@ -25,10 +25,15 @@ RESULTS_DIR = Path("benchmarks") / "results"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs per contender (default 3)")
     parser.add_argument(
-        "--scenarios", default=None, help="comma-separated subset of S1,S2,S3,S4 (default all)"
+        "--scenarios",
+        default=None,
+        help=f"comma-separated, from {', '.join(sc.SCENARIOS)} "
+        f"(default {','.join(sc.DEFAULT_SCENARIOS)})",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="smaller data and 1 run: for trying it out"
+        "--quick",
+        action="store_true",
+        help="fewer tasks and 1 run (a few minutes): for trying it out",
     )
     parser.add_argument("--out", default=str(RESULTS_DIR), help=f"default {RESULTS_DIR}")
     parser.add_argument("--work-dir", default=str(BENCH_DIR), help=f"default {BENCH_DIR}")
@@ -45,11 +50,15 @@ def _load() -> str:
 
 def run(args: argparse.Namespace) -> int:
     from tailguard.bench.runner import Bench
+    from tailguard.bench.runner import workers_for as runner_workers
 
     chosen = sc.select(args.scenarios)
-    if any(s.has_slow_node for s in chosen) and all(s.name != summary.HEALTHY for s in chosen):
-        _say("note: the ideal and the physical limit come from S4's runs; add S4 to get them")
+    names = {s.name for s in chosen}
+    for s in chosen:
+        if s.healthy and s.healthy not in names:
+            _say(f"note: {s.name}'s ideal comes from {s.healthy}'s runs; add {s.healthy} to get it")
     size = sc.QUICK if args.quick else sc.FULL
+    io = sc.IO_QUICK if args.quick else sc.IO_FULL
     runs = 1 if args.quick else args.runs
     if runs < 1:
         raise SystemExit("--runs must be at least 1")
@@ -58,29 +67,33 @@ def run(args: argparse.Namespace) -> int:
     command = f"tailguard bench {shlex.join(given)}"
     load_before = _load()
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    bench = Bench(Path(args.work_dir).resolve(), size, chosen, runs, _say)
+    bench = Bench(Path(args.work_dir).resolve(), size, io, chosen, runs, _say)
     result = bench.run()
     raw = [asdict(x) for x in result.records]
     header = {
         "date": started,
         "command": command.strip(),
         "machine": f"{os.cpu_count()} cores; load average before {load_before}, after {_load()}",
-        "data": f"{size.files} files × {size.rows_per_file} rows = {size.splits} splits, "
-        f"score work {size.work}",
+        "I/O mode": f"{io.workers} workers × 1 core, {io.tasks} tasks of {io.task_s:g} s "
+        f"({io.rows_per_split} rows each), slow node {sc.SCENARIOS['io-slow'].slow_factor:g}x "
+        "by its slowness factor",
+        "CPU mode": f"{runner_workers('cpu', io)} workers × 1 core, {size.splits} splits of "
+        f"{size.rows_per_file // 2} rows, score work {size.work}",
         "runs": f"{runs} per contender, interleaved",
         "total wall time": f"{result.wall_s / 60:.1f} min (including cluster and session start-up)",
         "Spark speculation defaults": ", ".join(
             f"{k}={v}" for k, v in result.spark_defaults.items()
         ),
     }
-    text = summary.markdown(raw, [s.name for s in chosen], header)
+    text = summary.markdown(raw, [s.name for s in chosen], header, io)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = time.strftime("%Y-%m-%d", time.gmtime()) + ("-quick" if args.quick else "")
     document = {
         **header,
         "size": asdict(size),
-        "policy": sc.policy_for(size),
+        "io_size": asdict(io),
+        "policy": sc.policy_for(size, io),
         "scenarios": [asdict(s) for s in chosen],
         "spark_defaults": result.spark_defaults,
         "runs_raw": raw,

@@ -7,6 +7,9 @@ no per-row Python. `spark.read.parquet` would pack these small files into one or
 (`spark.sql.files.maxPartitionBytes` is 128 MiB), i.e. no parallelism at all, and a pandas UDF
 adds a JVM -> Arrow -> pandas round trip per batch for nothing. Same source files, same `score`,
 same aggregation (`partial_sums` per split, `final_sums` per key), same output check.
+
+The I/O job is the sales job with the CPU work replaced by `io_job.partials`: per split, a wait
+scaled by the host's slowness factor, then the partial sums; the same function tailguard runs.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tailguard.bench import io_job
 from tailguard.bench.report import StageWork
+from tailguard.cluster import slowness
 from tailguard.examples import sales_by_region as example
 
 Split = tuple[str, int]  # (file, row group)
@@ -74,6 +79,22 @@ def warm_up(sc: Any, hosts: list[str]) -> list[str]:
     return sorted(pinned_rdd(sc, [(h, h) for h in hosts]).map(_warm).collect())
 
 
+def _slowness_env(host: str) -> tuple[str, str | None, float]:
+    return (
+        os.environ.get("SPARK_LOCAL_IP", host),
+        os.environ.get(slowness.ENV_VAR),
+        slowness.host_factor(),
+    )
+
+
+def probe_slowness(sc: Any, hosts: list[str]) -> dict[str, tuple[str | None, float]]:
+    """Per host, as a task there sees it: the slowness file it reads and its factor now."""
+    from tailguard.cluster.pinning import pinned_rdd
+
+    seen = pinned_rdd(sc, [(h, h) for h in hosts]).map(_slowness_env).collect()
+    return {host: (path, factor) for host, path, factor in seen}
+
+
 def _read(split: Split) -> pa.Table:
     return pq.ParquetFile(split[0]).read_row_group(split[1])
 
@@ -86,6 +107,13 @@ def _sums_rows(table: pa.Table) -> Iterator[tuple[str, tuple[int, int]]]:
 def _score_partials(splits: Iterator[Split], work: int) -> Iterator[tuple[str, tuple[int, int]]]:
     for split in splits:
         yield from _sums_rows(example.partial_sums(example.score(_read(split), work)))
+
+
+def _io_partials(
+    splits: Iterator[Split], task_s: float, rows_per_split: int
+) -> Iterator[tuple[str, tuple[int, int]]]:
+    for split in splits:
+        yield from _sums_rows(io_job.partials(_read(split), task_s, rows_per_split))
 
 
 def _by_region(splits: Iterator[Split]) -> Iterator[tuple[str, bytes]]:
@@ -160,8 +188,18 @@ def task_stats(sc: Any, skip: set[int]) -> tuple[int, list[StageWork]]:
     return speculative, work
 
 
-def run_job(spark: Any, shape: str, data: Path, output: Path, work: int) -> PlainRun:
-    """Run the job and write its output; the time covers the job only (the session exists)."""
+def run_job(
+    spark: Any,
+    shape: str,
+    data: Path,
+    output: Path,
+    work: int,
+    task_s: float = 0.0,
+    rows_per_split: int = 1,
+) -> PlainRun:
+    """Run the job and write its output; the time covers the job only (the session exists).
+    `work` is the CPU work of the sales and skew jobs, `task_s` and `rows_per_split` the wait
+    of the I/O job."""
     sc = spark.sparkContext
     before = stage_ids(sc)  # the warm-up's stages
     started = time.monotonic()
@@ -169,6 +207,10 @@ def run_job(spark: Any, shape: str, data: Path, output: Path, work: int) -> Plai
     rdd = sc.parallelize(splits, len(splits))
     if shape == "sales":
         sums = rdd.mapPartitions(lambda it: _score_partials(it, work)).reduceByKey(_add, 1)
+    elif shape == "io":
+        sums = rdd.mapPartitions(lambda it: _io_partials(it, task_s, rows_per_split)).reduceByKey(
+            _add, 1
+        )
     elif shape == "skew":
         sums = (
             rdd.mapPartitions(_by_region)
@@ -188,5 +230,5 @@ def run_job(spark: Any, shape: str, data: Path, output: Path, work: int) -> Plai
     output.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, output / "part-00000.parquet")
     duration = time.monotonic() - started
-    speculative, work = task_stats(sc, before)
-    return PlainRun(duration, table.num_rows, len(splits), speculative, work)
+    speculative, stages = task_stats(sc, before)
+    return PlainRun(duration, table.num_rows, len(splits), speculative, stages)

@@ -101,6 +101,96 @@ def physical_limit(
     return t
 
 
+def _host_work_s(t: float, factor: float, slow_for_s: float | None) -> float:
+    """Healthy-host seconds of work a host slowed by `factor` (for `slow_for_s`) does by `t`."""
+    until = math.inf if slow_for_s is None else slow_for_s
+    return min(t, until) / factor + max(0.0, t - until)
+
+
+def _time_for_work_s(work_s: float, factor: float, slow_for_s: float | None) -> float:
+    """The inverse of `_host_work_s`: when such a host has done `work_s`."""
+    until = math.inf if slow_for_s is None else slow_for_s
+    if work_s * factor <= until:
+        return work_s * factor
+    return until + work_s - until / factor
+
+
+@dataclass(frozen=True)
+class IoLimit:
+    tasks_s: float  # the best schedule of the indivisible tasks: the physical limit
+    fluid_s: float  # total work over capacity, bounded below by one task (work may split)
+
+
+def io_limit(
+    tasks: int,
+    task_s: float,
+    hosts: int,
+    slow_factor: float = 1.0,
+    slow_for_s: float | None = None,
+) -> IoLimit:
+    """Lower bounds on the I/O job's work stage: `tasks` tasks of `task_s` healthy-host seconds
+    on `hosts` one-slot hosts, one of them `slow_factor` times slower (for `slow_for_s`, or
+    throughout), no overhead at all.
+
+    - `fluid_s`: total work over the capacity, `hosts - 1 + 1/factor` slot-seconds per second
+      while slow, and never below `task_s` (the critical path: one task on a healthy host).
+    - `tasks_s`: tasks cannot be split, and a copy of a task (speculation) redoes it whole, so
+      no schedule beats the smallest t at which the hosts, each running tasks back to back,
+      can have finished `tasks` of them: sum over hosts of floor(work done by t / task_s).
+      This is the tighter bound and the one called the physical limit.
+    The final aggregation (one task over tiny partial sums) is left out: both bounds are for
+    the work stage only, and so a little under what any real run can reach.
+    """
+    if tasks < 1 or task_s <= 0 or hosts < 1:
+        raise ValueError("need at least one task of positive length and one host")
+    factors = [max(1.0, slow_factor)] + [1.0] * (hosts - 1)
+    fluid = physical_limit(
+        [StageWork("io", tasks * task_s, task_s)], hosts, max(1.0, slow_factor), slow_for_s
+    )
+    # The makespan is a moment at which some host completes its k-th task.
+    candidates = sorted(
+        {
+            _time_for_work_s(k * task_s, f, slow_for_s)
+            for f in set(factors)
+            for k in range(1, tasks + 1)
+        }
+    )
+    for t in candidates:
+        done = sum(math.floor(_host_work_s(t, f, slow_for_s) / task_s + 1e-9) for f in factors)
+        if done >= tasks:
+            return IoLimit(t, fluid)
+    raise AssertionError("unreachable: the healthy hosts alone finish every task")
+
+
+# ----------------------------------------------------------------- dispatch overhead
+
+DISPATCH_P50_GOAL_MS = 5.0
+DISPATCH_P99_GOAL_MS = 20.0
+
+
+def dispatch_line(dispatch_ms: Sequence[float]) -> str:
+    """The one-line figure of `make bench-agent`: `dispatch p50 N ms p99 N ms`."""
+    if not dispatch_ms:
+        return "dispatch p50 – ms p99 – ms (no attempt measured)"
+    return (
+        f"dispatch p50 {percentile(dispatch_ms, 50):.1f} ms "
+        f"p99 {percentile(dispatch_ms, 99):.1f} ms"
+    )
+
+
+def dispatch_goals(dispatch_ms: Sequence[float]) -> list[str]:
+    """The issue's targets for the dispatch overhead, met or not."""
+    if not dispatch_ms:
+        return ["dispatch overhead: no attempt measured (the runtime reports no dispatch_ms)"]
+    p50, p99 = percentile(dispatch_ms, 50), percentile(dispatch_ms, 99)
+    return [
+        f"dispatch overhead p50 {p50:.1f} ms (goal ≤ {DISPATCH_P50_GOAL_MS:g}: "
+        f"{'met' if p50 <= DISPATCH_P50_GOAL_MS else 'NOT met'}), p99 {p99:.1f} ms "
+        f"(goal ≤ {DISPATCH_P99_GOAL_MS:g}: {'met' if p99 <= DISPATCH_P99_GOAL_MS else 'NOT met'}),"
+        f" over {len(dispatch_ms)} attempts"
+    ]
+
+
 # ----------------------------------------------------------------- control-plane latencies
 
 
@@ -248,6 +338,7 @@ class Row:
     speculative: Sequence[int | None] = ()
     blocked: Sequence[int | None] = ()
     failed: int = 0
+    load: Sequence[float] = ()  # the 1-minute load average at the end of each run
 
 
 def _mean_count(values: Sequence[int | None]) -> str:
@@ -266,32 +357,41 @@ def scenario_table(
     ref = medians.get(reference) if reference else None
     lines = [
         "| contender | median s | min–max s | runs | vs best plain | speculative attempts "
-        "| blocked hosts |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| blocked hosts | load 1 min |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
+        load = fmt_s(spread(row.load).median) if row.load else "–"
         if not row.times_s:
-            lines.append(f"| {row.contender} | – | – | 0 (failed {row.failed}) | – | – | – |")
+            lines.append(
+                f"| {row.contender} | – | – | 0 (failed {row.failed}) | – | – | – | {load} |"
+            )
             continue
         s = spread(row.times_s)
         ratio = s.median / ref if ref else None
         runs = f"{s.n}" + (f" (+{row.failed} failed)" if row.failed else "")
         lines.append(
             f"| {row.contender} | {s.median:.1f} | {s.low:.1f}–{s.high:.1f} | {runs} "
-            f"| {fmt_ratio(ratio)} | {_mean_count(row.speculative)} | {_mean_count(row.blocked)} |"
+            f"| {fmt_ratio(ratio)} | {_mean_count(row.speculative)} | {_mean_count(row.blocked)} "
+            f"| {load} |"
         )
     for label, value in extra.items():
-        lines.append(f"| *{label}* | {fmt_s(value)} | | | | | |")
+        lines.append(f"| *{label}* | {fmt_s(value)} | | | | | | |")
     return "\n".join(lines)
 
 
 def latency_table(named: Mapping[str, Sequence[float]]) -> str:
+    """p50/p99/max per latency; sub-10 ms figures keep a decimal (dispatch is ~1 ms)."""
+
+    def ms(value: float) -> str:
+        return f"{value:.1f}" if abs(value) < 10 else f"{value:.0f}"
+
     lines = ["| latency | samples | p50 ms | p99 ms | max ms |", "|---|---:|---:|---:|---:|"]
     for label, values in named.items():
         if values:
             lines.append(
-                f"| {label} | {len(values)} | {percentile(values, 50):.0f} "
-                f"| {percentile(values, 99):.0f} | {max(values):.0f} |"
+                f"| {label} | {len(values)} | {ms(percentile(values, 50))} "
+                f"| {ms(percentile(values, 99))} | {ms(max(values))} |"
             )
         else:
             lines.append(f"| {label} | 0 | – | – | – |")

@@ -1,5 +1,6 @@
-"""Runs the bench: one broker, one 3-worker cluster and the services for the whole bench; every
-contender run in its own SparkSession (speculation settings are SparkContext confs), contenders
+"""Runs the bench: one broker and the services for the whole bench, one local cluster per mode
+(I/O mode: 6 workers; CPU mode: no more workers than cores), started in turn; every contender
+run in its own SparkSession (speculation settings are SparkContext confs), contenders
 interleaved within each round so drifts in machine load hit all of them alike.
 """
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -16,13 +18,24 @@ from typing import Any
 
 import pandas as pd
 
-from tailguard.bench import plain_spark, report
-from tailguard.bench.scenarios import CONTENDERS, Contender, DataSize, Scenario, policy_for
+from tailguard.bench import io_job, plain_spark, report
+from tailguard.bench.scenarios import (
+    CONTENDERS,
+    Contender,
+    DataSize,
+    IoSize,
+    Mode,
+    Scenario,
+    cpu_workers,
+    policy_for,
+)
+from tailguard.cluster import slowness
 from tailguard.examples import sales_by_region as example
 from tailguard.model import records as r
 
 Say = Callable[[str], None]
 SCORE_VERTEX = "score"  # where the CPU work happens (keyed in the skew job)
+IO_VERTEX = "io"  # where the I/O job waits
 SPECULATION_KEYS = ("spark.speculation.multiplier", "spark.speculation.quantile")
 
 
@@ -46,6 +59,14 @@ class RunRecord:
     speculation_latency_ms: list[dict[str, Any]] = field(default_factory=list)
     decider_latency_ms: list[dict[str, Any]] = field(default_factory=list)
     skewed_subtask: dict[str, Any] | None = None
+    # The 1-minute load average when the session was up and when the job had ended.
+    load_before: float | None = None
+    load_after: float | None = None
+    slow_host: str | None = None
+    # Per attempt, from `RunResult` (tailguard runs, once the runtime reports them): the
+    # deploy -> outcome round trip minus the runner-measured run time, and deploy -> running.
+    dispatch_ms: list[float] = field(default_factory=list)
+    deploy_to_running_ms: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -55,10 +76,10 @@ class BenchRun:
     wall_s: float
 
 
-def write_settings(work_dir: Path, size: DataSize) -> Path:
+def write_settings(work_dir: Path, size: DataSize, io: IoSize) -> Path:
     """The bench's settings file; the services read it too, so both sides agree."""
     values = {
-        **policy_for(size),
+        **policy_for(size, io),
         "tailguard.work-dir": str(work_dir),
         "tailguard.archive-dir": str(work_dir / "archive"),
     }
@@ -68,9 +89,11 @@ def write_settings(work_dir: Path, size: DataSize) -> Path:
     return path
 
 
-def prepare_data(work_dir: Path, size: DataSize, scenario: Scenario) -> Path:
+def prepare_data(work_dir: Path, size: DataSize | IoSize, scenario: Scenario) -> Path:
     # The size is in the name so a quick run never reuses a full run's data or vice versa.
-    name = f"{scenario.shape}-skew{scenario.skew:g}-{size.files}x{size.rows_per_file}"
+    # The I/O job reads the sales data (its work is the wait, not the rows).
+    shape = "sales" if scenario.shape == "io" else scenario.shape
+    name = f"{shape}-skew{scenario.skew:g}-{size.files}x{size.rows_per_file}"
     path = work_dir / "data" / name
     if not (path / "_COMPLETE").exists():
         shutil.rmtree(path, ignore_errors=True)
@@ -81,15 +104,22 @@ def prepare_data(work_dir: Path, size: DataSize, scenario: Scenario) -> Path:
     return path
 
 
-def tailguard_job(shape: str, data: Path, output: Path, work: int) -> Any:
+def tailguard_job(shape: str, data: Path, output: Path, work: int, io: IoSize | None = None) -> Any:
     """The job as a tailguard graph, written the way plain_spark writes it: `score` and
     `partial_sums` in one operator (the plain job runs them in one mapPartitions), and for the
-    sales job a single final aggregation task (the plain job's `reduceByKey(_, 1)`)."""
+    sales and I/O jobs a single final aggregation task (the plain job's `reduceByKey(_, 1)`).
+    The I/O job's operator is `io_job.partials`, the same function the plain job calls."""
     from tailguard.agent.graph.api import Job
 
-    job = Job("sales-by-region" if shape == "sales" else "sales-skew")
+    names = {"sales": "sales-by-region", "skew": "sales-skew", "io": "sales-io"}
+    job = Job(names[shape])
     sales = job.read_parquet(str(data), name="sales")
-    if shape == "sales":
+    if shape == "io":
+        assert io is not None
+        task_s, rows = io.task_s, io.rows_per_split
+        partial = sales.map(lambda t: io_job.partials(t, task_s, rows), name=IO_VERTEX)
+        totals = partial.partition_by("region").map(example.final_sums, name="final", parallelism=1)
+    elif shape == "sales":
         partial = sales.map(
             lambda t: example.partial_sums(example.score(t, work)), name=SCORE_VERTEX
         )
@@ -104,11 +134,16 @@ def tailguard_job(shape: str, data: Path, output: Path, work: int) -> Any:
     return job
 
 
+def workers_for(mode: Mode, io: IoSize) -> int:
+    return io.workers if mode == "io" else cpu_workers()
+
+
 class Bench:
     def __init__(
         self,
         work_dir: Path,
         size: DataSize,
+        io: IoSize,
         scenarios: list[Scenario],
         runs: int,
         say: Say,
@@ -116,6 +151,7 @@ class Bench:
     ) -> None:
         self.work_dir = work_dir
         self.size = size
+        self.io = io
         self.scenarios = scenarios
         self.runs = runs
         self.say = say
@@ -128,33 +164,51 @@ class Bench:
 
         started = time.monotonic()
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        config = write_settings(self.work_dir, self.size)
+        config = write_settings(self.work_dir, self.size, self.io)
         settings = load_settings(config, environ={})
-        data = {s.name: prepare_data(self.work_dir, self.size, s) for s in self.scenarios}
+        data = {
+            s.name: prepare_data(self.work_dir, self.io if s.mode == "io" else self.size, s)
+            for s in self.scenarios
+        }
         records: list[RunRecord] = []
         defaults: dict[str, str] = {}
-        quiet = _quiet_spark_logs()
+        modes: list[Mode] = [m for m in ("io", "cpu") if any(s.mode == m for s in self.scenarios)]
         with (
-            quiet,
+            _quiet_spark_logs(),
             stack.broker(self.work_dir, self.say),
-            stack.cluster(self.work_dir, 3, self.say) as cluster,
             stack.services(self.work_dir, config, True, self.say),
         ):
-            for scenario in self.scenarios:
-                for i in range(self.runs):
-                    for contender in self.contenders:
-                        self.say(f"{scenario.name} run {i + 1}/{self.runs}: {contender.name} ...")
-                        rec = self._one(cluster, settings, scenario, contender, i, data, defaults)
-                        records.append(rec)
-                        self.say(
-                            f"{scenario.name} run {i + 1}/{self.runs}: {contender.name}: "
-                            + (
-                                f"{rec.job_s:.1f} s"
-                                if rec.ok and rec.job_s
-                                else f"FAILED {rec.error}"
-                            )
-                        )
+            for mode in modes:
+                # One cluster at a time, each in its own dir (its shape differs): 6 idle
+                # workers would only add load to the CPU-mode runs.
+                workers = workers_for(mode, self.io)
+                with stack.cluster(self.work_dir / mode, workers, self.say) as cluster:
+                    for scenario in (s for s in self.scenarios if s.mode == mode):
+                        for i in range(self.runs):
+                            for contender in self.contenders:
+                                records.append(
+                                    self._logged(
+                                        cluster, settings, scenario, contender, i, data, defaults
+                                    )
+                                )
         return BenchRun(records, defaults, time.monotonic() - started)
+
+    def _logged(
+        self,
+        cluster: Any,
+        settings: Any,
+        scenario: Scenario,
+        contender: Contender,
+        index: int,
+        data: dict[str, Path],
+        defaults: dict[str, str],
+    ) -> RunRecord:
+        label = f"{scenario.name} run {index + 1}/{self.runs}: {contender.name}"
+        self.say(f"{label} ...")
+        rec = self._one(cluster, settings, scenario, contender, index, data, defaults)
+        outcome = f"{rec.job_s:.1f} s" if rec.ok and rec.job_s else f"FAILED {rec.error}"
+        self.say(f"{label}: {outcome} (load {rec.load_after})")
+        return rec
 
     # ----------------------------------------------------------------- one run
 
@@ -190,13 +244,26 @@ class Bench:
                 defaults.update(_speculation_defaults(spark))
             stack.await_executors(spark, cluster.hosts())
             plain_spark.warm_up(spark.sparkContext, cluster.hosts())
+            if scenario.mode == "io":
+                _check_slowness_reaches_tasks(spark.sparkContext, cluster)
             if scenario.has_slow_node:
-                cluster.throttle(slow, scenario.slow_factor, duration_s=scenario.slow_for_s)
+                # CPU mode: after registration (a throttled executor registers late).
+                cluster.throttle(
+                    slow, scenario.slow_factor, duration_s=scenario.slow_for_s, mode=scenario.mode
+                )
+                rec.slow_host = slow
+            rec.load_before = round(os.getloadavg()[0], 2)
             if contender.tailguard:
                 self._run_tailguard(spark, settings, scenario, contender, data, output, rec)
             else:
                 run = plain_spark.run_job(
-                    spark, scenario.shape, data[scenario.name], output, self.size.work
+                    spark,
+                    scenario.shape,
+                    data[scenario.name],
+                    output,
+                    self.size.work,
+                    self.io.task_s,
+                    self.io.rows_per_split,
                 )
                 rec.job_s = run.duration_s
                 rec.ok = True
@@ -206,6 +273,7 @@ class Bench:
             rec.ok = False
             rec.error = f"{type(err).__name__}: {err}"[:500]
         finally:
+            rec.load_after = round(os.getloadavg()[0], 2)
             spark.stop()
             if SparkContext._active_spark_context is not None:
                 raise RuntimeError("the SparkContext is still active after spark.stop()")
@@ -231,8 +299,17 @@ class Bench:
     ) -> None:
         from tailguard.agent.entry import run as run_job
 
-        job = tailguard_job(scenario.shape, data[scenario.name], output, self.size.work)
-        result = run_job(job, spark, services=contender.services, settings=settings, progress=False)
+        job = tailguard_job(scenario.shape, data[scenario.name], output, self.size.work, self.io)
+        # No services: archive only, so the services (running for the other contender) do not
+        # act on this job's events.
+        result = run_job(
+            job,
+            spark,
+            log_mode="kafka" if contender.services else "archive",
+            services=contender.services,
+            settings=settings,
+            progress=False,
+        )
         rec.job_id = result.job_id
         rec.archive = str(result.archive) if result.archive else None
         rec.ok = result.ok
@@ -242,6 +319,9 @@ class Bench:
         rec.speculative_wins = result.speculative_wins
         rec.blocked_hosts = sorted({host for host, _, _ in result.blocked})
         rec.parallelism = {v: p for v, (p, _by) in result.parallelism.items()}
+        # Reported by the slot-runner runtime; absent (empty) before it.
+        rec.dispatch_ms = [float(v) for v in getattr(result, "dispatch_ms", ())]
+        rec.deploy_to_running_ms = [float(v) for v in getattr(result, "deploy_to_running_ms", ())]
         if result.archive:
             _from_archive(Path(result.archive), settings, rec)
 
@@ -272,6 +352,22 @@ def _from_archive(path: Path, settings: Any, rec: RunRecord) -> None:
             "speculated": (SCORE_VERTEX, largest[0]) in speculated,
             "speculated_subtasks": sorted(s for v, s in speculated if v == SCORE_VERTEX),
         }
+
+
+def _check_slowness_reaches_tasks(sc: Any, cluster: Any) -> None:
+    """Every host's tasks read the slowness file `tailguard cluster` writes for that host, and
+    are healthy before the scenario starts: otherwise an I/O-mode run would measure nothing."""
+    seen = plain_spark.probe_slowness(sc, cluster.hosts())
+    for host in cluster.hosts():
+        want = str(slowness.slowness_file(cluster.work_dir, host))
+        path, factor = seen.get(host, (None, 0.0))
+        if path != want:
+            raise RuntimeError(
+                f"tasks on {host} read slowness from {path!r}, not {want!r}: the cluster was "
+                "started without it; stop it (`tailguard cluster --work-dir DIR down`) and rerun"
+            )
+        if factor != 1.0:
+            raise RuntimeError(f"{host} is still slowed (factor {factor:g}) before the run")
 
 
 def speculation_latency_rows(records: list[r.Record]) -> list[dict[str, Any]]:

@@ -1,26 +1,43 @@
-"""What `tailguard bench` runs: the scenarios, the contenders and the data sizes.
+"""What `tailguard bench` runs: the scenarios, the contenders and the sizes.
 
-Every contender does the same Python work (`sales_by_region.score`) on the same generated files,
-on the same 3-worker local cluster; only the scheduling differs.
+Two families, each on its own local cluster, because a slow node can only be made honestly in
+one of two ways on a small machine (design §7):
+
+- **I/O mode** (`io-*`): 6 workers on 2 cores. A task's work is a wait of `task_s` healthy-host
+  seconds, scaled by its host's slowness factor (`tailguard.cluster.slowness.io_work`), so six
+  executors fit on two cores and a node slowed 5x really loses 4/5 of its capacity. Tasks of
+  2 s: the problem tailguard addresses exists for long tasks.
+- **CPU mode** (`cpu-*`): the CPU-bound demo job (`sales_by_region.score`) with no more
+  executors than cores, so a node's CPU is its own. Healthy only: pausing a node's process tree
+  would hand its CPU to the others as soon as there are more executors than cores.
+
+Every contender does the same work on the same generated files; only the scheduling differs.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
-JobShape = Literal["sales", "skew"]
+JobShape = Literal["sales", "skew", "io"]
+Mode = Literal["cpu", "io"]
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
     title: str
-    shape: JobShape  # "sales": CPU work before the shuffle; "skew": CPU work after it
+    shape: JobShape  # "io": waits before the shuffle; "sales"/"skew": CPU work before/after it
     skew: float = 0.0  # extra weight of the first region (9 -> it holds 10x each other one)
     slow_factor: float = 1.0  # 1: no slow node
     # None: slow for the whole job; otherwise the slow node recovers after this many seconds.
     slow_for_s: float | None = None
+    healthy: str | None = None  # the scenario that gives the ideal (same job, no slow node)
+
+    @property
+    def mode(self) -> Mode:
+        return "io" if self.shape == "io" else "cpu"
 
     @property
     def has_slow_node(self) -> bool:
@@ -30,18 +47,29 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
-        Scenario("S1", "one node 5x slow for the whole job", "sales", slow_factor=5.0),
+        Scenario("io-healthy", "I/O mode, healthy cluster", "io"),
         Scenario(
-            "S2",
-            "one node 5x slow for 4 s, then healthy again",
-            "sales",
+            "io-slow",
+            "I/O mode, one node 5x slow for the whole job",
+            "io",
             slow_factor=5.0,
-            slow_for_s=4.0,
+            healthy="io-healthy",
         ),
-        Scenario("S3", "data skew: one key holds 10x the data of each other key", "skew", skew=9.0),
-        Scenario("S4", "healthy cluster (overhead)", "sales"),
+        Scenario(
+            "io-recovers",
+            "I/O mode, one node 5x slow for the first 6 s, then healthy again",
+            "io",
+            slow_factor=5.0,
+            slow_for_s=6.0,
+            healthy="io-healthy",
+        ),
+        Scenario("cpu-sales", "CPU mode, the sales demo job, healthy cluster", "sales"),
+        Scenario(
+            "cpu-skew", "CPU mode, data skew: one key holds 10x the data of each other", "skew", 9.0
+        ),
     )
 }
+DEFAULT_SCENARIOS = ("io-healthy", "io-slow", "cpu-sales")
 
 
 @dataclass(frozen=True)
@@ -69,11 +97,14 @@ CONTENDERS: tuple[Contender, ...] = (
     ),
 )
 SERVICES_CONTENDER = CONTENDERS[0].name
+TAILGUARD_CONTENDERS = tuple(c.name for c in CONTENDERS if c.tailguard)
 PLAIN_CONTENDERS = tuple(c.name for c in CONTENDERS if not c.tailguard)
 
 
 @dataclass(frozen=True)
 class DataSize:
+    """CPU mode: the sales data and the CPU work per row."""
+
     files: int
     rows_per_file: int  # two row groups (splits) per file
     work: int  # rounds of `score` per row: the CPU per row
@@ -83,13 +114,41 @@ class DataSize:
         return self.files * 2
 
 
-# Full: 24 splits = 8 per slot in the CPU stage (several waves); ~10 s on a healthy cluster
-# when the machine is quiet (the whole bench must stay under 30 min on 2 cores).
+@dataclass(frozen=True)
+class IoSize:
+    """I/O mode: `tasks` splits of equal rows, each `task_s` seconds of wait on a healthy host."""
+
+    files: int
+    rows_per_file: int  # two row groups (splits) per file
+    task_s: float
+    workers: int
+
+    @property
+    def tasks(self) -> int:
+        return self.files * 2
+
+    @property
+    def rows_per_split(self) -> int:
+        return self.rows_per_file // 2
+
+
+def cpu_workers() -> int:
+    """No more executors than cores (at most 3): a CPU-bound node's CPU is then its own."""
+    return max(1, min(3, os.cpu_count() or 1))
+
+
+# CPU mode. 24 splits of 6,000 rows (~74 KB each: one source subtask per split at 64 KiB per
+# task); several waves per slot.
 FULL = DataSize(files=12, rows_per_file=12_000, work=8_000)
 QUICK = DataSize(files=6, rows_per_file=12_000, work=6_000)
+# I/O mode. 36 tasks of 2 s on 6 workers: 6 waves, 12 s healthy at best, 14 s with one node 5x
+# slow (see `report.io_limit`). The splits are as large as CPU mode's, so the same policy gives
+# one source subtask per split. Quick: 18 tasks, 3 waves.
+IO_FULL = IoSize(files=18, rows_per_file=12_000, task_s=2.0, workers=6)
+IO_QUICK = IoSize(files=9, rows_per_file=12_000, task_s=2.0, workers=6)
 
 # The control-plane settings of every tailguard run (the services read the same file). Scaled to
-# ten-second jobs as in the demo; blocks short enough to expire inside S2's job. With 64 KiB per
+# jobs of ten to twenty seconds; blocks short enough to expire inside a job. With 64 KiB per
 # task a source gets one subtask per split (~74 KB each), so both sides run the same tasks, and
 # with max-parallelism twice the splits the skew job's keyed stage gets fewer subtasks than
 # subpartitions: the case where byte-balanced ranges matter.
@@ -103,17 +162,18 @@ BENCH_POLICY: dict[str, str] = {
 }
 
 
-def policy_for(size: DataSize) -> dict[str, str]:
+def policy_for(size: DataSize, io: IoSize | None = None) -> dict[str, str]:
+    splits = max(size.splits, io.tasks if io else 0)
     return {
         **BENCH_POLICY,
-        "execution.batch.adaptive.auto-parallelism.max-parallelism": str(2 * size.splits),
+        "execution.batch.adaptive.auto-parallelism.max-parallelism": str(2 * splits),
     }
 
 
 def select(names: str | None) -> list[Scenario]:
     if not names:
-        return list(SCENARIOS.values())
-    chosen = [n.strip().upper() for n in names.split(",") if n.strip()]
+        return [SCENARIOS[n] for n in DEFAULT_SCENARIOS]
+    chosen = [n.strip().lower() for n in names.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario(s) {unknown}; choose from {sorted(SCENARIOS)}")

@@ -9,15 +9,22 @@ from typing import Any
 from tailguard.bench import report
 from tailguard.bench.scenarios import (
     CONTENDERS,
+    IO_FULL,
     PLAIN_CONTENDERS,
     SCENARIOS,
     SERVICES_CONTENDER,
+    TAILGUARD_CONTENDERS,
+    IoSize,
     Scenario,
 )
 
-HEALTHY = "S4"
-SLOTS = 3
 Run = Mapping[str, Any]  # one run as stored in the JSON (`RunRecord` as a dict)
+
+# The issue's targets, per scenario: (contenders, ratio to the best plain contender, to the limit)
+HEALTHY_IO_GOAL = 1.05
+SLOW_IO_GOAL = 0.9
+SLOW_IO_LIMIT_GOAL = 1.15
+CPU_SALES_GOAL = 1.1
 
 
 @dataclass
@@ -31,64 +38,63 @@ class ScenarioFigures:
     goals: list[str] = field(default_factory=list)
 
 
-def _ok_times(runs: Sequence[Run], scenario: str, contender: str) -> list[float]:
+def _ok(runs: Sequence[Run], scenario: str, contender: str) -> list[Run]:
     return [
-        float(x["job_s"])
-        for x in runs
-        if x["scenario"] == scenario and x["contender"] == contender and x["ok"]
+        x for x in runs if x["scenario"] == scenario and x["contender"] == contender and x["ok"]
     ]
 
 
-def healthy_limits(runs: Sequence[Run], scenario: Scenario) -> dict[str, float]:
-    """The physical limit of `scenario` per contender: the median over that contender's healthy
-    (S4) runs of the limit computed from the run's own task times."""
-    per: dict[str, list[float]] = {}
-    for x in runs:
-        if x["scenario"] == HEALTHY and x["ok"] and x.get("stage_work"):
-            stages = [report.StageWork(**s) for s in x["stage_work"]]
-            per.setdefault(x["contender"], []).append(
-                report.physical_limit(stages, SLOTS, scenario.slow_factor, scenario.slow_for_s)
-            )
-    return {c: report.spread(v).median for c, v in per.items()}
+def _ok_times(runs: Sequence[Run], scenario: str, contender: str) -> list[float]:
+    return [float(x["job_s"]) for x in _ok(runs, scenario, contender)]
 
 
-def figures(runs: Sequence[Run], scenario: Scenario) -> ScenarioFigures:
+def io_limit(scenario: Scenario, io: IoSize) -> report.IoLimit:
+    return report.io_limit(
+        io.tasks, io.task_s, io.workers, scenario.slow_factor, scenario.slow_for_s
+    )
+
+
+def figures(runs: Sequence[Run], scenario: Scenario, io: IoSize = IO_FULL) -> ScenarioFigures:
     name = scenario.name
     rows = []
     medians: dict[str, float] = {}
     for c in CONTENDERS:
         mine = [x for x in runs if x["scenario"] == name and x["contender"] == c.name]
-        times = _ok_times(runs, name, c.name)
+        ok = [x for x in mine if x["ok"]]
+        times = [float(x["job_s"]) for x in ok]
         if times:
             medians[c.name] = report.spread(times).median
         rows.append(
             report.Row(
                 c.name,
                 times,
-                [x.get("speculative_attempts") for x in mine if x["ok"]],
-                [len(x["blocked_hosts"]) if c.tailguard else None for x in mine if x["ok"]],
-                failed=sum(1 for x in mine if not x["ok"]),
+                [x.get("speculative_attempts") for x in ok],
+                [len(x["blocked_hosts"]) if c.tailguard else None for x in ok],
+                failed=len(mine) - len(ok),
+                load=[float(x["load_after"]) for x in mine if x.get("load_after") is not None],
             )
         )
     plain = {c: medians[c] for c in PLAIN_CONTENDERS if c in medians}
     best_plain = min(plain, key=plain.__getitem__) if plain else None
-    healthy = {
-        c: report.spread(t).median
-        for c in (c.name for c in CONTENDERS)
-        if (t := _ok_times(runs, HEALTHY, c))
-    }
-    ideal = min(healthy.values()) if healthy and scenario.shape == "sales" else None
     extra: dict[str, float | None] = {}
+    ideal = None
+    if scenario.healthy:
+        healthy = [
+            report.spread(t).median
+            for c in CONTENDERS
+            if (t := _ok_times(runs, scenario.healthy, c.name))
+        ]
+        ideal = min(healthy) if healthy else None
+        extra[f"ideal: best median on a healthy cluster ({scenario.healthy})"] = ideal
     limit = None
-    if scenario.shape == "sales":
-        extra["ideal: best median on a healthy cluster (S4)"] = ideal
-        if scenario.has_slow_node:
-            # The least total work any contender needed gives the tightest bound.
-            limits = healthy_limits(runs, scenario)
-            source = min(limits, key=limits.__getitem__) if limits else None
-            limit = limits[source] if source else None
-            label = f"of {source}" if source else "needed: run S4 too"
-            extra[f"physical limit (from S4 task times {label})"] = limit
+    if scenario.mode == "io":
+        bounds = io_limit(scenario, io)
+        limit = bounds.tasks_s
+        extra[
+            f"physical limit: {io.tasks} indivisible {io.task_s:g} s tasks on {io.workers} hosts, "
+            "no overhead"
+        ] = limit
+        extra["fluid bound: total work / capacity"] = bounds.fluid_s
     table = report.scenario_table(rows, best_plain, extra)
     out = ScenarioFigures(scenario, medians, best_plain, ideal, limit, table)
     out.goals = goals(out, runs)
@@ -99,55 +105,81 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
-def goals(f: ScenarioFigures, runs: Sequence[Run]) -> list[str]:
-    tg = f.medians.get(SERVICES_CONTENDER)
+def _vs_best_plain(
+    f: ScenarioFigures, contenders: Sequence[str], goal: float, op: str
+) -> list[str]:
     ref = f.medians.get(f.best_plain) if f.best_plain else None
+    if not ref:
+        return []
     lines = []
-    if f.scenario.name == "S1" and tg is not None:
-        if ref:
-            ratio = tg / ref
+    for c in contenders:
+        if c in f.medians:
+            ratio = f.medians[c] / ref
+            ok = ratio < goal if op == "<" else ratio <= goal
             lines.append(
-                f"tailguard+services / best plain ({f.best_plain}) = {ratio:.2f} "
-                f"(goal < 0.8: {_verdict(ratio < 0.8)})"
-            )
-        if f.limit_s:
-            ratio = tg / f.limit_s
-            lines.append(
-                f"tailguard+services / physical limit = {ratio:.2f} "
-                f"(goal ≤ 1.2: {_verdict(ratio <= 1.2)})"
-            )
-    if f.scenario.name == "S4" and ref:
-        for c in (c.name for c in CONTENDERS if c.tailguard):
-            if c in f.medians:
-                ratio = f.medians[c] / ref
-                lines.append(
-                    f"{c} / best plain ({f.best_plain}) = {ratio:.2f} "
-                    f"(goal ≤ 1.15: {_verdict(ratio <= 1.15)})"
-                )
-    if f.scenario.shape == "skew":
-        checked = [
-            x
-            for x in runs
-            if x["scenario"] == f.scenario.name
-            and x["contender"] == SERVICES_CONTENDER
-            and x.get("skewed_subtask")
-        ]
-        hit = [x for x in checked if x["skewed_subtask"]["speculated"]]
-        others = sum(len(x["skewed_subtask"]["speculated_subtasks"]) for x in checked) - len(hit)
-        if checked:
-            sk = checked[0]["skewed_subtask"]
-            lines.append(
-                f"skewed subtask ({sk['vertex']} #{sk['subtask']}, "
-                f"{sk['input_bytes'] / 1024:.0f} KiB in): speculated in {len(hit)} of "
-                f"{len(checked)} tailguard+services runs (goal 0: {_verdict(not hit)}); "
-                f"speculative launches for other subtasks: {others}"
+                f"{c} / best plain ({f.best_plain}) = {ratio:.2f} "
+                f"(goal {op} {goal:g}: {_verdict(ok)})"
             )
     return lines
 
 
+def goals(f: ScenarioFigures, runs: Sequence[Run]) -> list[str]:
+    s = f.scenario
+    lines = []
+    if s.mode == "io" and not s.has_slow_node:
+        lines += _vs_best_plain(f, TAILGUARD_CONTENDERS, HEALTHY_IO_GOAL, "≤")
+    if s.mode == "io" and s.has_slow_node and s.slow_for_s is None:
+        lines += _vs_best_plain(f, (SERVICES_CONTENDER,), SLOW_IO_GOAL, "≤")
+        tg = f.medians.get(SERVICES_CONTENDER)
+        if tg is not None and f.limit_s:
+            ratio = tg / f.limit_s
+            lines.append(
+                f"{SERVICES_CONTENDER} / physical limit = {ratio:.2f} "
+                f"(goal ≤ {SLOW_IO_LIMIT_GOAL:g}: {_verdict(ratio <= SLOW_IO_LIMIT_GOAL)})"
+            )
+    if s.shape == "sales" and not s.has_slow_node:
+        lines += _vs_best_plain(f, TAILGUARD_CONTENDERS, CPU_SALES_GOAL, "≤")
+    if s.shape == "skew":
+        lines += _skew_goal(f, runs)
+    return lines
+
+
+def _skew_goal(f: ScenarioFigures, runs: Sequence[Run]) -> list[str]:
+    checked = [
+        x
+        for x in runs
+        if x["scenario"] == f.scenario.name
+        and x["contender"] == SERVICES_CONTENDER
+        and x.get("skewed_subtask")
+    ]
+    if not checked:
+        return []
+    hit = [x for x in checked if x["skewed_subtask"]["speculated"]]
+    others = sum(len(x["skewed_subtask"]["speculated_subtasks"]) for x in checked) - len(hit)
+    sk = checked[0]["skewed_subtask"]
+    return [
+        f"skewed subtask ({sk['vertex']} #{sk['subtask']}, "
+        f"{sk['input_bytes'] / 1024:.0f} KiB in): speculated in {len(hit)} of "
+        f"{len(checked)} tailguard+services runs (goal 0: {_verdict(not hit)}); "
+        f"speculative launches for other subtasks: {others}"
+    ]
+
+
+def dispatch_samples(runs: Sequence[Run]) -> tuple[list[float], list[float]]:
+    """Every tailguard attempt's dispatch overhead and deploy → running time, all runs."""
+    mine = [x for x in runs if x["contender"] in TAILGUARD_CONTENDERS and x["ok"]]
+    return (
+        [float(v) for x in mine for v in x.get("dispatch_ms") or ()],
+        [float(v) for x in mine for v in x.get("deploy_to_running_ms") or ()],
+    )
+
+
 def latencies(runs: Sequence[Run]) -> dict[str, list[float]]:
     mine = [x for x in runs if x["contender"] == SERVICES_CONTENDER and x["ok"]]
+    dispatch, to_running = dispatch_samples(runs)
     return {
+        "dispatch: deploy → outcome round trip minus run time (tailguard, all runs)": dispatch,
+        "deploy sent → attempt running (tailguard, all runs)": to_running,
         "slow Tick → LaunchSpeculativeAttempts answered (applied or rejected)": [
             float(s["to_answered"])
             for x in mine
@@ -172,17 +204,25 @@ def latencies(runs: Sequence[Run]) -> dict[str, list[float]]:
     }
 
 
-def markdown(runs: Sequence[Run], scenario_names: Sequence[str], header: Mapping[str, str]) -> str:
+def markdown(
+    runs: Sequence[Run],
+    scenario_names: Sequence[str],
+    header: Mapping[str, str],
+    io: IoSize = IO_FULL,
+) -> str:
     parts = [f"{k}: {v}  " for k, v in header.items()]
     for name in scenario_names:
-        f = figures(runs, SCENARIOS[name])
+        f = figures(runs, SCENARIOS[name], io)
         parts += ["", f"### {name}: {f.scenario.title}", "", f.table]
         if f.goals:
             parts += [""] + [f"- {g}" for g in f.goals]
+    dispatch, _ = dispatch_samples(runs)
     parts += [
         "",
-        "### Control-plane latency (tailguard+services runs, embedded broker)",
+        "### Dispatch and control-plane latency (embedded broker)",
         "",
         report.latency_table(latencies(runs)),
+        "",
+        *[f"- {g}" for g in report.dispatch_goals(dispatch)],
     ]
     return "\n".join(parts) + "\n"

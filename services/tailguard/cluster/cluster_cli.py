@@ -1,6 +1,9 @@
 """`tailguard cluster up|status|down|throttle`: the local standalone cluster from the shell.
 
 The cluster outlives the command; later calls find it through `<work-dir>/cluster.json`.
+A slow node comes in two modes (`--mode`, `--throttle-mode`): `cpu` pauses the worker's
+process tree in a duty cycle (honest only with no more executors than cores), `io` sets the
+host's factor that I/O-bound tasks read (`tailguard.cluster.slowness`).
 """
 
 from __future__ import annotations
@@ -8,10 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
-from tailguard.cluster.local import DEFAULT_WORK_DIR, ClusterError, LocalCluster
+from tailguard.cluster.local import (
+    DEFAULT_WORK_DIR,
+    THROTTLE_MODES,
+    ClusterError,
+    LocalCluster,
+    ThrottleWarning,
+)
 from tailguard.cluster.throttle import parse_duration
 
 
@@ -52,8 +62,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="HOST=FACTOR",
-        help="slow a worker down once the cluster is up (repeatable); note that an executor "
+        help="slow a worker down once the cluster is up (repeatable); in cpu mode an executor "
         "started on a throttled node registers late",
+    )
+    up.add_argument(
+        "--throttle-mode",
+        choices=THROTTLE_MODES,
+        default="cpu",
+        help="mode of every --throttle: cpu (pause the process tree; default) or io (the "
+        "factor I/O-bound tasks read)",
     )
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for workers")
 
@@ -70,7 +87,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     throttle.add_argument(
         "--for", dest="duration", type=_duration, help="only for this long (e.g. 30s, 2m)"
     )
-    throttle.add_argument("--period-ms", type=float, default=100.0, help="duty-cycle period")
+    throttle.add_argument(
+        "--mode",
+        choices=THROTTLE_MODES,
+        default="cpu",
+        help="cpu: pause and resume the worker's process tree (default; honest only with no "
+        "more executors than cores); io: tasks' I/O-bound waits there take FACTOR times longer",
+    )
+    throttle.add_argument(
+        "--period-ms", type=float, default=100.0, help="cpu mode: duty-cycle period"
+    )
 
 
 def _say(message: str) -> None:
@@ -78,6 +104,8 @@ def _say(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The cluster reports a misleading CPU throttle through `progress` already.
+    warnings.simplefilter("ignore", ThrottleWarning)
     try:
         if args.action == "up":
             return _up(args)
@@ -90,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
             _say("stopped")
             return 0
         if args.action == "throttle":
+            cluster._progress = _say
             return _throttle(cluster, args)
     except ClusterError as exc:
         _say(f"error: {exc}")
@@ -108,8 +137,8 @@ def _up(args: argparse.Namespace) -> int:
     )
     master_url = cluster.start()
     for host, factor in args.throttle:
-        cluster.throttle(host, factor)
-        _say(f"throttling {host} x{factor:g}")
+        cluster.throttle(host, factor, mode=args.throttle_mode)
+        _say(f"throttling {host} x{factor:g} ({args.throttle_mode} mode)")
     print(master_url)
     return 0
 
@@ -138,7 +167,7 @@ def _format_status(status: dict[str, Any]) -> str:
         if w["throttle"]:
             t = w["throttle"]
             left = t["seconds_left"]
-            line += f"  throttled x{t['factor']:g}" + (
+            line += f"  throttled x{t['factor']:g} {t['mode']}" + (
                 "" if left is None else f" ({left:.0f}s left)"
             )
         lines.append(line)
@@ -150,7 +179,10 @@ def _throttle(cluster: LocalCluster, args: argparse.Namespace) -> int:
         cluster.unthrottle(args.host)
         _say(f"{args.host} runs at full speed")
         return 0
-    pid = cluster.throttle(args.host, args.factor, args.duration, args.period_ms)
+    if args.factor < 1:
+        raise ClusterError(f"factor must be >= 1 (1 = not slowed), got {args.factor:g}")
+    pid = cluster.throttle(args.host, args.factor, args.duration, args.period_ms, args.mode)
     span = "" if args.duration is None else f" for {args.duration:g}s"
-    _say(f"throttling {args.host} x{args.factor:g}{span} (throttler pid {pid})")
+    how = f"throttler pid {pid}" if pid is not None else "tasks there read the new factor"
+    _say(f"throttling {args.host} x{args.factor:g} in {args.mode} mode{span} ({how})")
     return 0

@@ -23,12 +23,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from tailguard.cluster import procs
+from tailguard.cluster import procs, slowness
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -36,9 +37,36 @@ THROTTLE_MODULE = "tailguard.cluster.throttle"
 STATE_FILE = "cluster.json"
 DEFAULT_WORK_DIR = Path("work") / "cluster"
 
+ThrottleMode = Literal["cpu", "io"]
+THROTTLE_MODES: tuple[ThrottleMode, ...] = ("cpu", "io")
+
 
 class ClusterError(RuntimeError):
     """The local cluster cannot be started, found or managed."""
+
+
+class ThrottleWarning(UserWarning):
+    """A CPU throttle that will not remove the capacity it claims to (more executors than
+    cores)."""
+
+
+def cpu_throttle_caveat(executor_cores: int, cpus: int | None = None) -> str | None:
+    """Why a SIGSTOP throttle misleads on this cluster, or None when it does what it says.
+
+    Pausing a worker's process tree removes capacity only if the others cannot use the freed
+    CPU, i.e. with no more executor cores than CPUs (design §7: with 3 executors on 2 cores a
+    "5x slow" node cost plain PySpark ~1.26x).
+    """
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    if executor_cores <= cpus:
+        return None
+    return (
+        f"CPU throttling on {executor_cores} executor cores over {cpus} CPUs: the paused "
+        "node's CPU goes to the other executors, so the node loses far less capacity than "
+        "the factor says (design §7: a '5x slow' node cost plain PySpark ~1.26x with 3 "
+        "executors on 2 cores). For I/O-bound work use mode 'io' (`--mode io`), or run no "
+        "more executors than cores."
+    )
 
 
 def spark_home() -> Path:
@@ -221,6 +249,15 @@ class LocalCluster:
             procs.is_alive(w.pid, WORKER_CLASS) for w in state.workers
         )
 
+    def without_io_slowness(self) -> list[str]:
+        """Hosts whose worker was started without the slowness file in its environment (a
+        cluster started by an older tailguard): their tasks always see factor 1."""
+        return [
+            w.host
+            for w in self._require_state().workers
+            if slowness.ENV_VAR not in procs.environ(w.pid)
+        ]
+
     def status(self) -> dict[str, Any]:
         """A summary for `tailguard cluster status`: processes, Master's view, throttles."""
         state = self._require_state()
@@ -248,10 +285,14 @@ class LocalCluster:
 
     def _throttle_summary(self, host: str, now: float) -> dict[str, Any] | None:
         t = self._require_state().throttles.get(host)
-        if t is None or not procs.is_alive(t.pid, THROTTLE_MODULE):
-            return None
-        left = None if t.until is None else max(0.0, t.until - now)
-        return {"factor": t.factor, "pid": t.pid, "seconds_left": left}
+        if t is not None and procs.is_alive(t.pid, THROTTLE_MODULE):
+            left = None if t.until is None else max(0.0, t.until - now)
+            return {"mode": "cpu", "factor": t.factor, "pid": t.pid, "seconds_left": left}
+        slow = slowness.read(slowness.slowness_file(self.work_dir, host))
+        if slow is not None and slow.factor_at(now) > 1.0:
+            left = None if slow.until is None else max(0.0, slow.until - now)
+            return {"mode": "io", "factor": slow.factor, "pid": None, "seconds_left": left}
+        return None
 
     # ----------------------------------------------------------------- starting
     def start(self) -> str:
@@ -272,6 +313,12 @@ class LocalCluster:
                     )
                 self._progress(f"reusing the running cluster at {existing.master_url}")
                 self._await_workers()
+                if stale := self.without_io_slowness():
+                    self._progress(
+                        f"warning: workers {', '.join(stale)} were started without "
+                        f"{slowness.ENV_VAR}: I/O-mode slowness cannot reach their tasks "
+                        "(restart the cluster: `tailguard cluster down`, then `up`)"
+                    )
                 return existing.master_url
             self._progress("the recorded cluster is no longer complete; replacing it")
             self.stop()
@@ -348,7 +395,14 @@ class LocalCluster:
                         str(port),
                         master_url,
                     ],
-                    {**base_env, "SPARK_LOCAL_IP": host, "SPARK_WORKER_DIR": str(worker_dir)},
+                    {
+                        **base_env,
+                        "SPARK_LOCAL_IP": host,
+                        "SPARK_WORKER_DIR": str(worker_dir),
+                        # Inherited by executors and Python workers: where a task reads its
+                        # host's I/O slowness (`tailguard.cluster.slowness`).
+                        slowness.ENV_VAR: str(slowness.slowness_file(self.work_dir, host)),
+                    },
                     logs / f"worker-{host}.log",
                 )
                 self._children.append(proc)
@@ -415,14 +469,34 @@ class LocalCluster:
         raise ClusterError(f"no worker {host}; workers are {', '.join(self.hosts())}")
 
     def throttle(
-        self, host: str, factor: float, duration_s: float | None = None, period_ms: float = 100
-    ) -> int:
+        self,
+        host: str,
+        factor: float,
+        duration_s: float | None = None,
+        period_ms: float = 100,
+        mode: ThrottleMode = "cpu",
+    ) -> int | None:
         """Slow `host` down `factor` times (for `duration_s`, or until `unthrottle`).
 
-        Returns the throttler's pid. Throttle only after the host's executor has registered:
-        an executor that starts on a throttled node registers late.
+        - `mode="cpu"`: a throttler process pauses and resumes the worker's process tree
+          (returns its pid). Throttle only after the host's executor has registered: an
+          executor that starts on a throttled node registers late. With more executor cores
+          than CPUs this misleads; it still runs, with a `ThrottleWarning` that says why.
+        - `mode="io"`: the host's slowness file, which `slowness.io_work` in the tasks there
+          reads (returns None). Takes effect on running tasks within 100 ms.
+        A host has one slowness at a time: this lifts the previous one of either mode.
         """
+        if mode not in THROTTLE_MODES:
+            raise ValueError(f"mode must be one of {THROTTLE_MODES}, not {mode!r}")
         self.unthrottle(host)  # also re-reads the state file and checks the host
+        if mode == "io":
+            slowness.write(slowness.slowness_file(self.work_dir, host), factor, duration_s)
+            return None
+        state = self._require_state()
+        caveat = cpu_throttle_caveat(len(state.workers) * state.cores)
+        if caveat is not None:
+            self._progress(f"warning: {caveat}")
+            warnings.warn(caveat, ThrottleWarning, stacklevel=2)
         worker = self.worker(host)
         argv = [
             sys.executable,
@@ -446,9 +520,11 @@ class LocalCluster:
         return proc.pid
 
     def unthrottle(self, host: str) -> None:
-        """Stop throttling `host`; its processes are running again when this returns."""
+        """Stop slowing `host` (either mode); its processes are running again when this
+        returns, and its tasks see factor 1 from their next tick on."""
         state = self._refresh()
         worker = self.worker(host)
+        slowness.clear(slowness.slowness_file(self.work_dir, host))
         t = state.throttles.pop(host, None)
         if t is not None:
             if procs.is_alive(t.pid, THROTTLE_MODULE):
@@ -472,6 +548,8 @@ class LocalCluster:
             roots.append(state.master_pid)
         self._progress(f"stopping {len(roots)} Spark daemons")
         procs.terminate_trees(roots, grace_s)
+        for w in state.workers:  # a later cluster in this dir starts healthy
+            slowness.clear(slowness.slowness_file(self.work_dir, w.host))
         self.state_path.unlink(missing_ok=True)
         self.state = None
 

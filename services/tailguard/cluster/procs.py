@@ -63,6 +63,16 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def environ(pid: int) -> dict[str, str]:
+    """The environment a process started with ({} if it is gone or not ours to read)."""
+    try:
+        raw = (_PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
 def is_alive(pid: int, marker: str | None = None) -> bool:
     """Alive (not a zombie) and, if `marker` is given, its command line contains it.
 
