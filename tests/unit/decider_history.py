@@ -3,8 +3,8 @@
 The simulator plays the agent's part of FLIP-187's loop: it applies each `SetParallelism` by
 emitting `VertexInitialized`, initialises fixed vertices itself with `static_subtask_inputs`
 once their producers are initialised, and finishes every subtask with the bytes a callback
-chooses, each producer writing as many subpartitions as the agent would (the largest max
-parallelism among its ALL_TO_ALL consumers, else 1).
+chooses, each producer writing the largest max parallelism among its ALL_TO_ALL and POINTWISE
+consumers subpartitions, else 1.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ from tailguard.model.records import Distribution, VertexKind
 
 JOB = "job-1"
 MAXP_KEY = "execution.batch.adaptive.auto-parallelism.max-parallelism"
+# Producers hash-partition for ALL_TO_ALL consumers and, as Flink's dynamic graphs do, write
+# several subpartitions for POINTWISE ones too, so a POINTWISE consumer can have more subtasks
+# than its producer has partitions.
+SLICED = (Distribution.ALL_TO_ALL, Distribution.POINTWISE)
 
 
 def source(name: str, splits: tuple[int, ...], **kw: object) -> r.VertexSpec:
@@ -119,7 +123,7 @@ class Sim:
         counts = [1] + [
             self.max_parallelism(e.target)
             for e in self.edges
-            if e.source == producer and e.distribution is Distribution.ALL_TO_ALL
+            if e.source == producer and e.distribution in SLICED
         ]
         return max(counts)
 

@@ -1,10 +1,12 @@
-"""ParallelismDecider and its range rules: FLIP-187's examples, the formula, bounds, forward
-groups, joins, skew and sources."""
+"""ParallelismDecider under `decider.algorithm = optimal` (tailguard 1.0's rule, kept as an
+option) and the rules every algorithm shares: FLIP-187's examples, the formula, bounds, forward
+groups, joins, skew and sources. Flink 2.1's default is tested in `test_decider_flink.py`."""
 
 from __future__ import annotations
 
 import pytest
-from decider_history import JOB, Sim, edge, op, source, vol
+from decider_history import JOB, edge, op, source, vol
+from decider_history import Sim as _Sim
 
 from tailguard.decider.policy import ParallelismDecider, static_subtask_inputs
 from tailguard.decider.policy.formula import closest_power_of_two
@@ -22,6 +24,20 @@ NORMALIZE = "execution.batch.adaptive.auto-parallelism.normalize-to-power-of-two
 MINP = "execution.batch.adaptive.auto-parallelism.min-parallelism"
 MAXP = "execution.batch.adaptive.auto-parallelism.max-parallelism"
 DEFAULT_SOURCE = "execution.batch.adaptive.auto-parallelism.default-source-parallelism"
+
+
+# tailguard 1.0's decider: the optimal linear partition, broadcast bytes capped at 0.5·V.
+OPTIMAL = {
+    "decider.algorithm": "optimal",
+    "execution.batch.adaptive.auto-parallelism.max-broadcast-ratio": "0.5",
+}
+
+
+class Sim(_Sim):
+    def __post_init__(self) -> None:
+        if self.decider is None:
+            self.decider = ParallelismDecider(Settings(OPTIMAL))
+        super().__post_init__()
 
 
 def sub_ranges(d: r.SetParallelism | tuple[SubtaskInputs, ...], producer: str) -> list[tuple]:

@@ -90,6 +90,16 @@ def assert_cover(ranges: list[tuple[int, int]], n: int) -> None:
     assert ranges[-1][0] <= ranges[-1][1]
 
 
+def pairs_of(rngs: list[r.InputRange]) -> list[tuple[int, int]]:
+    """The (partition, subpartition) pairs a subtask reads of one input, in reading order."""
+    return [
+        (p, sp)
+        for x in sorted(rngs, key=lambda x: (x.partition_start, x.subpartition_start))
+        for p in range(x.partition_start, x.partition_end + 1)
+        for sp in range(x.subpartition_start, x.subpartition_end + 1)
+    ]
+
+
 def check_ranges(sim: Sim, vertex: str, parallelism: int, inputs: tuple[r.SubtaskInputs, ...]):
     assert [s.subtask for s in inputs] == list(range(parallelism))
     in_edges = sim.inputs(vertex)
@@ -105,7 +115,11 @@ def check_ranges(sim: Sim, vertex: str, parallelism: int, inputs: tuple[r.Subtas
     for e in in_edges:
         pp = sim.initialized[e.source].parallelism
         nsub = sim.subpartitions(e.source)
-        rngs = [next(i for i in s.inputs if i.input == e.source) for s in inputs]
+        per_subtask = [[i for i in s.inputs if i.input == e.source] for s in inputs]
+        if e.distribution is not Distribution.POINTWISE:
+            # One range per input, except POINTWISE runs that cut partitions.
+            assert all(len(rs) == 1 for rs in per_subtask), per_subtask
+        rngs = [rs[0] for rs in per_subtask]
         parts = [(x.partition_start, x.partition_end) for x in rngs]
         subs = [(x.subpartition_start, x.subpartition_end) for x in rngs]
         if e.distribution is A2A:
@@ -114,11 +128,84 @@ def check_ranges(sim: Sim, vertex: str, parallelism: int, inputs: tuple[r.Subtas
             by_nsub.setdefault(nsub, []).append(subs)
         elif e.distribution is Distribution.BROADCAST:
             assert set(parts) == {(0, pp - 1)} and set(subs) == {(0, nsub - 1)}
-        else:
+        elif e.distribution is Distribution.FORWARD:
             assert set(subs) == {(0, nsub - 1)}
             assert_cover(parts, pp)
+        else:
+            # POINTWISE: every (partition, subpartition) read once, each subtask a contiguous
+            # non-empty run of them in partition-major order.
+            runs = [pairs_of(rs) for rs in per_subtask]
+            assert all(runs)
+            assert [pair for run in runs for pair in run] == [
+                (p, sp) for p in range(pp) for sp in range(nsub)
+            ]
+            assert all(len(rs) <= 3 for rs in per_subtask)
     for cuts in by_nsub.values():
         assert all(c == cuts[0] for c in cuts), "join inputs must share subpartition ranges"
+
+
+def greedy_ranges(weights: list[int], limit: int) -> list[tuple[int, int]]:
+    """Flink's computeSubpartitionSliceRanges, restated: a range closes before the slice that
+    would take it above the limit; a range's first slice is always taken."""
+    ranges: list[tuple[int, int]] = []
+    for i in range(len(weights)):
+        if ranges and sum(weights[ranges[-1][0] : i + 1]) <= limit:
+            ranges[-1] = (ranges[-1][0], i)
+        else:
+            ranges.append((i, i))
+    return ranges
+
+
+def check_flink_packing(sim: Sim, name: str, d: r.SetParallelism, config: dict[str, str]) -> None:
+    """DefaultVertexParallelismAndInputInfosDecider: when greedy packing of the ALL_TO_ALL
+    subpartitions under V gives a count inside [min, max], that count is the parallelism and
+    those are the ranges, so no subtask reads more than V unless one subpartition alone is
+    more than V."""
+    in_edges = sim.inputs(name)
+    if not in_edges or any(e.distribution is not A2A for e in in_edges):
+        return
+    if (
+        sim.spec(name).parallelism is not None
+        or config[KEY + "normalize-to-power-of-two"] == "true"
+    ):
+        return
+    leader_fixed = any(
+        e.distribution is Distribution.FORWARD for e in sim.edges if name in (e.source, e.target)
+    )
+    if leader_fixed:
+        return
+    nsubs = {sim.subpartitions(e.source) for e in in_edges}
+    if len(nsubs) != 1:
+        return
+    (nsub,) = nsubs
+    volume = int(config[KEY + "avg-data-volume-per-task"].split()[0])
+    weights = [0] * nsub
+    for e in in_edges:
+        for k in range(sim.initialized[e.source].parallelism):
+            sizes = next(
+                x
+                for x in sim.log
+                if isinstance(x, r.AttemptFinished) and x.vertex == e.source and x.subtask == k
+            ).bytes_per_subpartition
+            weights = [a + b for a, b in zip(weights, sizes, strict=True)]
+    maxp = int(config[KEY + "max-parallelism"])
+    high = min(maxp, sim.spec(name).max_parallelism or maxp, nsub)
+    low = min(int(config[KEY + "min-parallelism"]), sim.spec(name).max_parallelism or maxp, high)
+    greedy = greedy_ranges(weights, volume)
+    if not low <= len(greedy) <= high:
+        return
+    assert d.parallelism == len(greedy)
+    assert sub_ranges_of(d, in_edges[0].source) == greedy
+    for start, end in greedy:
+        assert sum(weights[start : end + 1]) <= volume or start == end
+
+
+def sub_ranges_of(d: r.SetParallelism, producer: str) -> list[tuple[int, int]]:
+    out = []
+    for s in d.subtask_inputs:
+        (rng,) = [i for i in s.inputs if i.input == producer]
+        out.append((rng.subpartition_start, rng.subpartition_end))
+    return out
 
 
 @settings(max_examples=150, deadline=None)
@@ -128,14 +215,20 @@ def test_decisions_are_bounded_complete_and_cover_every_input_exactly_once(job):
     vertices, edges, config, _ = job
     maxp = int(config[KEY + "max-parallelism"])
     adaptive = {v.name for v in vertices if v.parallelism is None}
-    # Liveness: the agent's loop ran to the end, every adaptive vertex was decided once.
-    assert set(sim.decisions) == adaptive
+    fixed_operators = {v.name for v in vertices if v.parallelism is not None and sim.inputs(v.name)}
+    # Liveness: the agent's loop ran to the end, every adaptive vertex was decided once; a
+    # fixed vertex with inputs may be decided too (Flink 2.1 gives it byte-balanced ranges).
+    assert adaptive <= set(sim.decisions) <= adaptive | fixed_operators
     assert set(sim.initialized) == {v.name for v in vertices}
     for name, d in sim.decisions.items():
         spec = sim.spec(name)
+        if spec.parallelism is not None:
+            assert d.parallelism == spec.parallelism
+            continue
         assert 1 <= d.parallelism <= min(maxp, spec.max_parallelism or maxp)
         if not sim.inputs(name):
             assert d.parallelism <= len(spec.split_bytes)
+        check_flink_packing(sim, name, d, config)
     for name, init in sim.initialized.items():
         check_ranges(sim, name, init.parallelism, init.subtask_inputs)
     if sim.decider.metrics()["forward_group_breaks"] == 0:

@@ -28,7 +28,12 @@ DEFAULTS: dict[str, str] = {
     "execution.batch.adaptive.auto-parallelism.max-parallelism": "128",
     "execution.batch.adaptive.auto-parallelism.default-source-parallelism": "0",
     "execution.batch.adaptive.auto-parallelism.normalize-to-power-of-two": "false",
-    "execution.batch.adaptive.auto-parallelism.max-broadcast-ratio": "0.5",
+    # 0: broadcast bytes do not count toward V (Flink 2.1); > 0 caps them at ratio·V and takes
+    # them off V (tailguard 1.0's rule).
+    "execution.batch.adaptive.auto-parallelism.max-broadcast-ratio": "0",
+    # "flink-2.1": Flink 2.1's DefaultVertexParallelismAndInputInfosDecider; "optimal":
+    # tailguard 1.0's optimal linear partition into exactly ceil(S / V) ranges.
+    "decider.algorithm": "flink-2.1",
     "decider.timeout": "10 s",
     # FLIP-1 failover and restart limits
     "restart-strategy.type": "exponential-delay",
@@ -45,6 +50,8 @@ DEFAULTS: dict[str, str] = {
     "failover.restart-consumers": "unless-checksum-matches",
     # How long the agent waits for the failover service before restarting a region itself.
     "failover.timeout": "5 s",
+    # How long a slot runner lets a cancelled attempt stop by itself before ending its worker.
+    "tailguard.runner.cancel-grace": "5 s",
 }
 
 # Recorded in JobSubmitted.config by the agent: whether the services ran for the job ("on"/"off").

@@ -39,6 +39,8 @@ class InputInfo:
     # None: not known (a fixed vertex initialised before its producers ran).
     partition_bytes: tuple[int, ...] | None = None
     subpartition_bytes: tuple[int, ...] | None = None
+    # Bytes of each (partition, subpartition): what POINTWISE slicing cuts. None: not known.
+    bytes_by_partition: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.parallelism < 1 or self.subpartitions < 1:

@@ -3,8 +3,12 @@
 - `JobSubmitted`: sources without a fixed parallelism are decided at once, from their splits.
 - `VertexInitialized`: a vertex's parallelism is known (whoever decided it).
 - `AttemptFinished`: the first finished attempt of a subtask is its result. When every producer
-  of an undecided adaptive vertex is initialised and has all its results, the vertex is decided:
-  P = ceil(S / (V − min(Sb, ratio·V))), bounded, with byte-balanced ranges.
+  of an undecided vertex is initialised and has all its results, the vertex is decided. By
+  default (`decider.algorithm = flink-2.1`) as Flink 2.1's
+  `DefaultVertexParallelismAndInputInfosDecider` does it (`policy/flink.py`): greedy packing of
+  slices under V gives the parallelism and the ranges, a fixed vertex not yet initialised gets
+  byte-balanced ranges for its fixed parallelism. With `optimal` (tailguard 1.0):
+  P = ceil(S / (V − min(Sb, ratio·V))), bounded, with optimally byte-balanced ranges.
 
 Forward groups share one parallelism: the first member decided sets it, the others take it when
 their own inputs are ready. A member that cannot take it (a POINTWISE or FORWARD producer has
@@ -22,9 +26,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from tailguard.decider.policy.assign import InputInfo, data_bound, split_inputs, subtask_inputs
+from tailguard.decider.policy.flink import compute_vertex_inputs, flink_data_bound
 from tailguard.decider.policy.formula import (
+    FLINK,
     DeciderParams,
     capped_broadcast_bytes,
+    flink_parallelism,
     source_parallelism,
     unclamped_parallelism,
 )
@@ -44,10 +51,19 @@ class _Results:
     seen: list[bool]
     missing: int
     subpartition_bytes: list[int] = field(default_factory=lambda: [0])
+    # Each subtask's bytes per subpartition, for POINTWISE slicing (references to the events'
+    # tuples, so no copy).
+    rows: list[tuple[int, ...]] = field(default_factory=list)
 
     @classmethod
     def empty(cls, parallelism: int) -> _Results:
-        return cls(parallelism, [0] * parallelism, [False] * parallelism, parallelism)
+        return cls(
+            parallelism,
+            [0] * parallelism,
+            [False] * parallelism,
+            parallelism,
+            rows=[()] * parallelism,
+        )
 
     def add(self, subtask: int, bytes_per_subpartition: tuple[int, ...]) -> bool:
         """Record a subtask's first result; True if this one completed the vertex."""
@@ -59,6 +75,7 @@ class _Results:
         for i, b in enumerate(sizes):
             self.subpartition_bytes[i] += b
         self.seen[subtask] = True
+        self.rows[subtask] = tuple(sizes)
         self.partition_bytes[subtask] = sum(sizes)
         self.missing -= 1
         return self.missing == 0
@@ -76,6 +93,12 @@ class _Job:
 
     def bound(self, vertex: str) -> int:
         return self.params.upper_bound(self.graph.vertices[vertex].max_parallelism)
+
+    def vertex_min(self, vertex: str) -> int:
+        """The vertex's own min parallelism, when the job graph gives one (Flink 2.1's
+        `vertexMinParallelism`); 1 otherwise."""
+        own = getattr(self.graph.vertices[vertex], "min_parallelism", None)
+        return own if isinstance(own, int) and own > 0 else 1
 
     def complete(self, vertex: str) -> bool:
         produced = self.results.get(vertex)
@@ -98,6 +121,7 @@ class ParallelismDecider:
                 "broadcast_capped",
                 "sources_without_splits",
                 "config_errors",
+                "fixed_beyond_data",
             ),
             0,
         )
@@ -136,8 +160,15 @@ class ParallelismDecider:
             self._counters["config_errors"] += 1
             params = DeciderParams.from_settings(self.settings)
         graph = GraphView.of(event.graph)
-        fixed = {name for name, v in graph.vertices.items() if v.parallelism is not None}
-        job = _Job(params, graph, settled=set(fixed))
+        # Fixed vertices are the agent's to initialise. Under Flink 2.1's rules a fixed vertex
+        # with inputs still gets byte-balanced ranges from the decider when its inputs have
+        # finished, if the agent has not initialised it by then (`VertexInitialized` settles it).
+        fixed = {
+            name
+            for name, v in graph.vertices.items()
+            if v.parallelism is not None and (params.algorithm != FLINK or not graph.inputs[name])
+        }
+        job = _Job(params, graph, settled=fixed)
         for leader, members in graph.members.items():
             bounds = [job.bound(m) for m in members]
             bounds += [
@@ -198,29 +229,52 @@ class ParallelismDecider:
         if leader in job.group_parallelism:
             parallelism = self._follow(job, leader, hard)
         else:
-            wish = source_parallelism(sum(max(0, b) for b in splits), job.params)
-            parallelism = min(hard, job.params.clamp(wish, job.group_bound[leader]))
+            total = sum(max(0, b) for b in splits)
+            if job.params.algorithm == FLINK:
+                # `computeSourceParallelismUpperBound`: min(default-source-parallelism, else
+                # the global max, and the vertex's max). Below it the source infers its own
+                # parallelism (FLIP-379's dynamic source inference): one subtask per V of
+                # splits. min-parallelism does not apply to sources.
+                upper = job.params.default_source_parallelism or job.params.max_parallelism
+                wish = max(1, -(-total // job.params.volume_per_task))
+                parallelism = max(1, min(hard, job.group_bound[leader], upper, wish))
+            else:
+                wish = source_parallelism(total, job.params)
+                parallelism = min(hard, job.params.clamp(wish, job.group_bound[leader]))
             self._counters["sources_decided"] += 1
         return self._emit(job, cause, name, parallelism, split_inputs(parallelism, splits))
 
-    def _decide_operator(self, job: _Job, cause: r.Event, name: str) -> r.Record | None:
-        if name in job.settled:
-            return None
+    def _inputs(self, job: _Job, name: str) -> list[InputInfo] | None:
+        """What the vertex reads, once every producer has all its results; else None."""
         infos: list[InputInfo] = []
         for edge in job.graph.inputs[name]:
             if not job.complete(edge.source):
                 return None
             produced = job.results[edge.source]
+            nsub = len(produced.subpartition_bytes)
             infos.append(
                 InputInfo(
                     producer=edge.source,
                     distribution=edge.distribution,
                     parallelism=produced.parallelism,
-                    subpartitions=len(produced.subpartition_bytes),
+                    subpartitions=nsub,
                     partition_bytes=tuple(produced.partition_bytes),
                     subpartition_bytes=tuple(produced.subpartition_bytes),
+                    bytes_by_partition=tuple(
+                        row + (0,) * (nsub - len(row)) for row in produced.rows
+                    ),
                 )
             )
+        return infos
+
+    def _decide_operator(self, job: _Job, cause: r.Event, name: str) -> r.Record | None:
+        if name in job.settled:
+            return None
+        infos = self._inputs(job, name)
+        if infos is None:
+            return None
+        if job.params.algorithm == FLINK:
+            return self._decide_flink(job, cause, name, infos)
         hard = job.bound(name)
         data = data_bound(infos)
         if data is not None:
@@ -233,14 +287,56 @@ class ParallelismDecider:
             self._counters["vertices_decided"] += 1
         return self._emit(job, cause, name, parallelism, subtask_inputs(parallelism, infos))
 
-    def _formula(self, job: _Job, infos: list[InputInfo], upper: int) -> int:
-        non_broadcast = broadcast = 0
-        for i in infos:
-            assert i.partition_bytes is not None
-            if i.distribution is r.Distribution.BROADCAST:
-                broadcast += sum(i.partition_bytes)
+    def _decide_flink(
+        self, job: _Job, cause: r.Event, name: str, infos: list[InputInfo]
+    ) -> r.Record | None:
+        """Flink 2.1's `decideParallelismAndInputInfosForVertex` for a non-source vertex."""
+        params = job.params
+        leader = job.graph.leader[name]
+        fixed = job.graph.vertices[name].parallelism
+        data = flink_data_bound(infos)
+        if fixed is not None:
+            if data is not None and fixed > data:
+                # The inputs cannot feed that many subtasks; the agent's static ranges report it.
+                self._counters["fixed_beyond_data"] += 1
+                job.settled.add(name)
+                return None
+            parallelism = low = high = fixed
+        else:
+            vertex_max = job.bound(name)
+            low = max(params.min_parallelism, job.vertex_min(name))
+            # A vertex max below the minimum lowers the minimum (Flink logs and does the same).
+            low = min(low, vertex_max)
+            high = min(vertex_max, job.group_bound[leader])
+            if data is not None:
+                high = min(high, data)
+            low = max(1, min(low, high))
+            if leader in job.group_parallelism:
+                parallelism = self._follow(job, leader, high)
+                low = high = parallelism
             else:
-                non_broadcast += sum(i.partition_bytes)
+                self._counters["vertices_decided"] += 1
+                parallelism = self._flink_parallelism(job, infos, low, high)
+                if params.normalize_to_power_of_two:
+                    low = high = parallelism  # the rounded P is the decision, not a first guess
+        volume = self._volume(job, infos)
+        inputs = compute_vertex_inputs(infos, parallelism, low, high, volume)
+        return self._emit(job, cause, name, len(inputs), inputs)
+
+    def _flink_parallelism(self, job: _Job, infos: list[InputInfo], low: int, high: int) -> int:
+        non_broadcast, broadcast = _split_bytes(infos)
+        if capped_broadcast_bytes(broadcast, job.params) > 0:
+            self._counters["broadcast_capped"] += 1
+        parallelism, _ = flink_parallelism(non_broadcast, broadcast, low, high, job.params)
+        return parallelism
+
+    @staticmethod
+    def _volume(job: _Job, infos: list[InputInfo]) -> int:
+        _, broadcast = _split_bytes(infos)
+        return flink_parallelism(0, broadcast, 1, 1, job.params)[1]
+
+    def _formula(self, job: _Job, infos: list[InputInfo], upper: int) -> int:
+        non_broadcast, broadcast = _split_bytes(infos)
         if capped_broadcast_bytes(broadcast, job.params) < broadcast:
             self._counters["broadcast_capped"] += 1
         return job.params.clamp(unclamped_parallelism(non_broadcast, broadcast, job.params), upper)
@@ -273,6 +369,18 @@ class ParallelismDecider:
             parallelism=parallelism,
             subtask_inputs=inputs,
         )
+
+
+def _split_bytes(infos: list[InputInfo]) -> tuple[int, int]:
+    """(non-broadcast bytes, broadcast bytes) of a vertex's inputs."""
+    non_broadcast = broadcast = 0
+    for i in infos:
+        assert i.partition_bytes is not None
+        if i.distribution is r.Distribution.BROADCAST:
+            broadcast += sum(i.partition_bytes)
+        else:
+            non_broadcast += sum(i.partition_bytes)
+    return non_broadcast, broadcast
 
 
 def _is_split_source(graph: GraphView, name: str) -> bool:

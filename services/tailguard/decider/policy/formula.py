@@ -8,6 +8,13 @@ from dataclasses import dataclass
 from tailguard.model.config import ConfigError, Settings
 
 _PREFIX = "execution.batch.adaptive.auto-parallelism."
+ALGORITHM_KEY = "decider.algorithm"
+# The default: Flink 2.1's DefaultVertexParallelismAndInputInfosDecider (`policy/flink.py`).
+FLINK = "flink-2.1"
+# tailguard 1.0's rule, kept as an option: P = ceil(S / (V − capped Sb)), then the optimal
+# linear partition of the bytes into exactly P ranges, POINTWISE read in whole partitions.
+OPTIMAL = "optimal"
+ALGORITHMS = (FLINK, OPTIMAL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +27,7 @@ class DeciderParams:
     default_source_parallelism: int
     normalize_to_power_of_two: bool
     max_broadcast_ratio: float
+    algorithm: str = FLINK
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeciderParams:
@@ -30,7 +38,10 @@ class DeciderParams:
             default_source_parallelism=settings.integer(_PREFIX + "default-source-parallelism"),
             normalize_to_power_of_two=settings.flag(_PREFIX + "normalize-to-power-of-two"),
             max_broadcast_ratio=settings.number(_PREFIX + "max-broadcast-ratio"),
+            algorithm=settings.text(ALGORITHM_KEY),
         )
+        if params.algorithm not in ALGORITHMS:
+            raise ConfigError(f"{ALGORITHM_KEY} must be one of {', '.join(ALGORITHMS)}")
         if params.volume_per_task < 1:
             raise ConfigError(f"{_PREFIX}avg-data-volume-per-task must be at least 1 byte")
         if params.max_parallelism < 1:
@@ -63,7 +74,8 @@ def closest_power_of_two(x: int) -> int:
 
 def capped_broadcast_bytes(broadcast_bytes: int, params: DeciderParams) -> int:
     """Broadcast bytes count at most max-broadcast-ratio · V: a large broadcast side must not
-    inflate the parallelism (each task reads it whole anyway)."""
+    inflate the parallelism (each task reads it whole anyway). A ratio of 0 (the default) is
+    Flink 2.1's rule: broadcast bytes do not count at all."""
     return min(broadcast_bytes, math.ceil(params.volume_per_task * params.max_broadcast_ratio))
 
 
@@ -78,6 +90,27 @@ def unclamped_parallelism(
     if params.normalize_to_power_of_two:
         parallelism = closest_power_of_two(parallelism)
     return parallelism
+
+
+def flink_parallelism(
+    non_broadcast_bytes: int,
+    broadcast_bytes: int,
+    min_parallelism: int,
+    max_parallelism: int,
+    params: DeciderParams,
+) -> tuple[int, int]:
+    """`DefaultVertexParallelismAndInputInfosDecider.decideParallelism` and the data volume per
+    task the ranges are packed under: (P, V).
+
+    P = ceil(S / V) clamped to [min, max] (the minimum when there are only broadcast inputs).
+    The options change V and P: `max-broadcast-ratio` > 0 takes the capped broadcast bytes off
+    V (tailguard 1.0), and `normalize-to-power-of-two` rounds P (FLIP-187), before clamping.
+    """
+    volume = max(1, params.volume_per_task - capped_broadcast_bytes(broadcast_bytes, params))
+    parallelism = -(-non_broadcast_bytes // volume)
+    if params.normalize_to_power_of_two:
+        parallelism = closest_power_of_two(parallelism)
+    return max(min_parallelism, min(max_parallelism, parallelism)), volume
 
 
 def source_parallelism(total_split_bytes: int, params: DeciderParams) -> int:
