@@ -1,4 +1,6 @@
-"""SlowTaskDetector: the FLIP-168 rules, one test per rule, plus the incremental cost."""
+"""SlowTaskDetector: the FLIP-168 rules, one test per rule, plus the incremental cost. The
+baseline details follow Flink 2.1's ExecutionTimeBasedSlowTaskDetector (each such test says
+which method)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from hypothesis import strategies as st
 from speculation_histories import JobEvents, one_split_each, operator, source
 
 from tailguard.detector.policy import SlowTaskDetector
-from tailguard.detector.policy.median import SmallestKMedian
+from tailguard.detector.policy.median import BaselineElement
 from tailguard.model.config import Settings
 from tailguard.model.ids import derived_id
 from tailguard.model.records import (
@@ -87,15 +89,17 @@ def test_ratio_counts_finished_subtasks_even_when_k_attempts_finished_earlier() 
     assert slow_subtasks(feed(detector, ev.tick(101 * S))) == [6]
 
 
-def test_baseline_is_median_of_k_smallest_not_of_all_finished() -> None:
-    # N=8, R=0.75: checked from 6 finished; K=6 smallest of the 7 finished.
+def test_baseline_is_element_k_over_2_of_k_smallest_not_an_average() -> None:
+    """ExecutionTimeBasedSlowTaskDetector.calculateFinishedTaskExecutionTimeMedian: the K
+    fastest sorted, the one at index K/2 (integer division) taken, never an average."""
+    # N=8, R=0.75: checked from 6 finished; K=6 smallest of the 7 finished; index 3: 13 s.
     detector, ev = source_job(8, split_bytes=(), config=LOW_BOUND)
     times = [10, 11, 12, 13, 14, 15, 100]
     feed(detector, *(ev.finished("v", s, t * S, f"h{s % 4}") for s, t in enumerate(times)))
     (finding,) = findings(feed(detector, ev.tick(200 * S)))
-    assert finding.baseline_ms == 18_750  # median(10..15 s) = 12.5 s, × 1.5
+    assert finding.baseline_ms == 19_500  # 13 s × 1.5 (an average of 12 and 13 would be 18.75)
     assert finding.baseline_ns_per_byte is None  # no sizes known: plain times
-    assert statistics.median(times) * 1.5 * S != finding.baseline_ms
+    assert statistics.median(times[:6]) * 1.5 * S == 18_750 != finding.baseline_ms
 
 
 def test_lower_bound_keeps_short_attempts_from_being_slow() -> None:
@@ -104,7 +108,8 @@ def test_lower_bound_keeps_short_attempts_from_being_slow() -> None:
     assert feed(detector, ev.tick(MIN - 1)) == []  # 59.999 s ≫ 1.5 s baseline, but < 1 min
     (finding,) = findings(feed(detector, ev.tick(MIN)))
     assert [s.subtask for s in finding.slow] == [3]
-    assert finding.baseline_ms == MIN
+    # Flink keeps the lower bound apart from the baseline (an attempt must reach both).
+    assert finding.baseline_ms == 1_500
 
 
 def test_time_per_byte_spares_a_subtask_that_only_has_more_data() -> None:
@@ -170,7 +175,7 @@ def test_execution_time_per_state() -> None:
         ev.failed("v", 4, 500 * S, "h0", attempt=0),
     )
     (finding,) = findings(feed(detector, ev.tick(600 * S)))
-    assert finding.baseline_ms == 14_250  # median(8, 9, 10, 11 s) = 9.5 s, × 1.5
+    assert finding.baseline_ms == 15_000  # index 4/2 of (8, 9, 10, 11 s) = 10 s, × 1.5
     (subtask,) = finding.slow
     # Live: now − deploying of the live attempt only.
     assert [(a.attempt, a.execution_time_ms) for a in subtask.live_attempts] == [(1, 599 * S)]
@@ -288,9 +293,50 @@ def test_tick_work_is_proportional_to_old_live_attempts_not_finished_ones() -> N
 
 
 @given(st.integers(1, 40), st.lists(st.integers(0, 10_000), max_size=200))
-def test_smallest_k_median_matches_sorting(k: int, values: list[int]) -> None:
-    median = SmallestKMedian(k)
+def test_baseline_element_matches_sorting(k: int, values: list[int]) -> None:
+    """calculateFinishedTaskExecutionTimeMedian: sorted(...).limit(K).get(K / 2)."""
+    element = BaselineElement(k)
     for count, value in enumerate(values, 1):
-        median.add(value)
-        expected = statistics.median(sorted(values[:count])[:k]) if count >= k else None
-        assert median.median() == expected
+        element.add(value, count, (value, None))
+        got = element.element()
+        if count >= k:
+            assert got is not None and got[0] == sorted(values[:count])[:k][k // 2]
+        elif count < k // 2 + 1:
+            assert got is None
+
+
+# --------------------------------------------------------------------------- Flink 2.1 details
+
+
+def test_ratio_zero_gives_a_zero_baseline_and_every_attempt_past_the_bound_is_slow() -> None:
+    """ExecutionTimeBasedSlowTaskDetector: K = round(N · 0) = 0 -> baseline (0, UNKNOWN), and
+    getFinishedRatio >= 0 holds with nothing finished."""
+    config = {**LOW_BOUND, "slow-task-detector.execution-time.baseline-ratio": "0"}
+    detector, ev = source_job(4, config=config)
+    assert feed(detector, ev.tick(S - 1)) == []  # below the lower bound
+    (finding,) = findings(feed(detector, ev.tick(S)))
+    assert finding.baseline_ms == 0
+    assert [s.subtask for s in finding.slow] == [0, 1, 2, 3]
+
+
+def test_zero_input_bytes_is_the_smallest_positive_size_not_unknown() -> None:
+    """ExecutionTimeWithInputBytes.compareTo: time / max(bytes, Double.MIN_VALUE)."""
+    detector, ev = source_job(4, split_bytes=(1000, 1000, 1000, 0), config=LOW_BOUND)
+    feed(detector, *(ev.finished("v", s, 10 * S, f"h{s}", input_bytes=1000) for s in range(3)))
+    # Subtask 3 read 0 bytes: per byte it is infinitely slow once past the lower bound (with
+    # 0 taken as unknown it would be judged on plain time, 15 s, and not be slow at 2 s).
+    (finding,) = findings(feed(detector, ev.tick(2 * S)))
+    (attempt,) = finding.slow[0].live_attempts
+    assert (attempt.input_bytes, attempt.slow) == (0, True)
+
+
+def test_baseline_time_is_rounded_down_before_dividing_by_bytes() -> None:
+    """getBaseline: (long) (median time × multiplier), then per the median's input bytes."""
+    # Times 1001 ms, × 1.5 = 1501.5 -> 1501 ms over 1000 bytes: 1.501 ms/byte.
+    config = {"slow-task-detector.execution-time.baseline-lower-bound": "0 ms"}
+    detector, ev = source_job(4, split_bytes=(1000,) * 4, config=config)
+    feed(detector, *(ev.finished("v", s, 1001, f"h{s}", input_bytes=1000) for s in range(3)))
+    assert findings(feed(detector, ev.tick(1500))) == []
+    (finding,) = findings(feed(detector, ev.tick(1501)))
+    assert finding.baseline_ms == 1501
+    assert finding.baseline_ns_per_byte == 1_501_000.0

@@ -1,19 +1,25 @@
-"""Slow task detection (FLIP-168's ExecutionTimeBasedSlowTaskDetector), as a pure core.
+"""Slow task detection (Flink 2.1's ExecutionTimeBasedSlowTaskDetector), as a pure core.
 
-Events in, findings out. On every `Tick` each initialised vertex with at least R·N finished
-subtasks gets a baseline: the median of the K = round(N·R) smallest execution times per input
-byte among its finished attempts, times M. A live (deploying or running) attempt is slow when it
-has run for at least the lower bound B and its time per assigned input byte reaches the
-baseline; when the bytes are unknown, plain times are compared against median × M instead.
+Events in, findings out. On every `Tick` each initialised vertex whose finished subtasks are at
+least R of its N (`finished / N >= R`, as a double) gets a baseline. K = Math.round(N·R); the K
+finished attempts with the smallest execution time per input byte are sorted and the one at
+index K/2 (integer division) is the baseline element; the baseline is its time × M, rounded down
+(Java's (long) cast), per that element's input bytes. A live (deploying or running) attempt is
+slow when it has run for at least the lower bound B and its time per assigned input byte
+reaches the baseline's. Sizes as Flink's `ExecutionTimeWithInputBytes` takes them: time /
+max(bytes, Double.MIN_VALUE), so an input of 0 bytes is the smallest positive size, not
+"unknown"; when the bytes are unknown, plain times are compared instead. K = 0 (a ratio of 0)
+gives a 0 baseline: every live attempt past B is slow.
 
 Execution time, as FLIP-168 defines it: finish − deploying for a finished attempt, now −
 deploying for a live one, 0 for a failed or cancelled one (so those are never slow and never in
 the baseline). Only `Tick` triggers a check, so every decision happens at a logged instant.
 
-Work per Tick does not grow with the finished attempts: the baselines are kept incrementally as
-attempts finish (`SmallestKMedian`), assigned input bytes are cached per subtask, and a Tick
-walks the live attempts oldest first and stops at the first one younger than B (none after it
-can be slow), so it touches only the live attempts that have run for at least B, plus one.
+Work per Tick does not grow with the finished attempts: the baseline elements are kept
+incrementally as attempts finish (`BaselineElement`), assigned input bytes are cached per
+subtask, and a Tick walks the live attempts oldest first and stops at the first one younger
+than B (none after it can be slow), so it touches only the live attempts that have run for at
+least B, plus one.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from tailguard.detector.policy.inputs import ProducerOutputs, assigned_bytes, split_prefix_sums
-from tailguard.detector.policy.median import SmallestKMedian
+from tailguard.detector.policy.median import BaselineElement
 from tailguard.model.config import ConfigError, Settings
 from tailguard.model.ids import derived_id
 from tailguard.model.records import (
@@ -46,9 +52,17 @@ from tailguard.model.records import (
     VertexSpec,
 )
 
-__all__ = ["SlowTaskDetector"]
+__all__ = ["SlowTaskDetector", "time_per_byte"]
 
 _NS_PER_MS = 1_000_000
+# Java's Double.MIN_VALUE: Flink divides by max(input bytes, this), so 0 bytes is the smallest
+# positive size (a positive time over it is +inf), not "unknown".
+_MIN_BYTES = 5e-324
+
+
+def time_per_byte(execution_ms: int, input_bytes: int) -> float:
+    """`ExecutionTimeWithInputBytes.compareTo`'s key: time / max(bytes, Double.MIN_VALUE)."""
+    return execution_ms / max(input_bytes, _MIN_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +93,10 @@ class _LiveAttempt:
 class _VertexState:
     __slots__ = (
         "assigned",
-        "baseline_count",
         "done",
         "finished",
         "inputs",
+        "k",
         "latest_attempt",
         "live",
         "live_by_age",
@@ -114,9 +128,9 @@ class _VertexState:
         self.done: set[int] = set()
         # Known assigned input bytes per subtask (inputs never change once initialised).
         self.assigned: dict[int, int] = {}
-        self.baseline_count = 0
-        self.plain: SmallestKMedian | None = None
-        self.per_byte: SmallestKMedian | None = None
+        self.k = 0
+        self.plain: BaselineElement | None = None
+        self.per_byte: BaselineElement | None = None
         self.reported_slow = False
 
     def initialise(self, event: VertexInitialized, rule: _Rule) -> None:
@@ -124,13 +138,13 @@ class _VertexState:
         self.parallelism = n
         self.inputs = {s.subtask: s.inputs for s in event.subtask_inputs}
         self.assigned.clear()
-        # Java's Math.round (half up), as Flink computes the baseline count.
-        k = min(n, max(1, math.floor(n * rule.ratio + 0.5)))
-        # "At least R·N finished": the smallest integer >= R·N, never below K.
-        self.baseline_count = max(k, math.ceil(n * rule.ratio - 1e-9))
-        if self.plain is None or self.plain.k != k:
-            self.plain = SmallestKMedian(k)
-            self.per_byte = SmallestKMedian(k)
+        # K = Math.round(N·R) (half up), as Flink computes the baseline count. K = 0 (a ratio
+        # of 0) gives a 0 baseline: every live attempt past the lower bound is slow.
+        k = min(n, math.floor(n * rule.ratio + 0.5))
+        if self.plain is None or self.k != k:
+            self.k = k
+            self.plain = BaselineElement(k) if k else None
+            self.per_byte = BaselineElement(k) if k else None
 
 
 class _JobState:
@@ -263,10 +277,13 @@ class SlowTaskDetector:
             return []
         execution_ms = event.ts - live.deploying_ts
         if vertex.plain is not None and vertex.per_byte is not None:
-            vertex.plain.add(execution_ms)
-            size = event.input_bytes or self._assigned(job, vertex, event.subtask)
-            if size:
-                vertex.per_byte.add(execution_ms * _NS_PER_MS / size)
+            size = event.input_bytes
+            if size is None:
+                size = self._assigned(job, vertex, event.subtask)
+            vertex.plain.add(execution_ms, event.subtask, (execution_ms, size))
+            if size is not None:
+                key = time_per_byte(execution_ms, size)
+                vertex.per_byte.add(key, event.subtask, (execution_ms, size))
         if not (won and live.speculative):
             return []
         self._speculative_wins += 1
@@ -318,27 +335,28 @@ class SlowTaskDetector:
     def _check_vertex(
         self, tick: Tick, job: _JobState, name: str, vertex: _VertexState
     ) -> SlowTasksDetected | None:
-        if vertex.plain is None or vertex.per_byte is None:
+        n = vertex.parallelism
+        if n is None or not self._ratio_reached(vertex, n, job.rule.ratio):
             return None
-        if len(vertex.finished) < vertex.baseline_count:
+        baseline = self._baseline(vertex, job.rule.multiplier)
+        if baseline is None:
             return None
-        plain_median = vertex.plain.median()
-        if plain_median is None:
-            return None
-        rule = job.rule
-        baseline_ms = max(math.ceil(plain_median * rule.multiplier), rule.lower_bound_ms)
-        per_byte_median = vertex.per_byte.median()
-        baseline_ns = None if per_byte_median is None else per_byte_median * rule.multiplier
+        baseline_ms, baseline_per_byte = baseline
         slow: list[SlowSubtask] = []
-        for subtask in self._old_enough(tick.ts, rule.lower_bound_ms, vertex):
+        for subtask in self._old_enough(tick.ts, job.rule.lower_bound_ms, vertex):
             attempts = vertex.live[subtask]
-            entries = self._judge(tick.ts, job, vertex, subtask, attempts, baseline_ms, baseline_ns)
+            entries = self._judge(
+                tick.ts, job, vertex, subtask, attempts, baseline_ms, baseline_per_byte
+            )
             if entries is not None:
                 slow.append(SlowSubtask(subtask, entries, vertex.latest_attempt[subtask]))
         if not slow and not vertex.reported_slow:
             return None
         vertex.reported_slow = bool(slow)
         slow.sort(key=lambda s: s.subtask)
+        ns_per_byte = None
+        if baseline_per_byte is not None and math.isfinite(baseline_per_byte):
+            ns_per_byte = baseline_per_byte * _NS_PER_MS
         return SlowTasksDetected(
             job_id=tick.job_id,
             ts=tick.ts,
@@ -347,10 +365,37 @@ class SlowTaskDetector:
             vertex=name,
             speculation_safe=vertex.spec.speculation_safe,
             baseline_ms=baseline_ms,
-            baseline_ns_per_byte=baseline_ns,
+            baseline_ns_per_byte=ns_per_byte,
             slow=tuple(slow),
             hosts=job.host_list(),
         )
+
+    @staticmethod
+    def _ratio_reached(vertex: _VertexState, n: int, ratio: float) -> bool:
+        """`getJobVerticesToCheck`: finished subtasks / N ≥ R, as a double. (Flink also skips a
+        vertex whose subtasks have all finished; such a vertex has no attempt to judge, and
+        checking it lets a last empty finding clear it for the readers of findings.)"""
+        return len(vertex.finished) / n >= ratio
+
+    @staticmethod
+    def _baseline(vertex: _VertexState, multiplier: float) -> tuple[int, float | None] | None:
+        """`getBaseline`: the element at index K/2 of the K fastest finished attempts (by time
+        per byte when sizes are known, else by time); its time × M rounded down as Java's
+        (long) cast does; per byte over that element's own bytes. K = 0: a 0 baseline.
+        None: not enough finished attempts seen (e.g. their deploying was never seen)."""
+        if vertex.k == 0:
+            return 0, None
+        assert vertex.plain is not None and vertex.per_byte is not None
+        plain = vertex.plain.element()
+        if plain is None:
+            return None
+        baseline_ms = int(plain[0] * multiplier)
+        per_byte = vertex.per_byte.element()
+        if per_byte is None:
+            return baseline_ms, None
+        time_ms, size = per_byte
+        assert size is not None
+        return baseline_ms, time_per_byte(int(time_ms * multiplier), size)
 
     def _old_enough(self, now: int, lower_bound_ms: int, vertex: _VertexState) -> list[int]:
         """Unfinished subtasks with a live attempt that has run for at least the lower bound."""
@@ -373,7 +418,7 @@ class SlowTaskDetector:
         subtask: int,
         attempts: dict[int, _LiveAttempt],
         baseline_ms: int,
-        baseline_ns: float | None,
+        baseline_per_byte: float | None,
     ) -> tuple[SlowAttempt, ...] | None:
         """All live attempts of `subtask` if at least one of them is slow, else None."""
         lower_bound = job.rule.lower_bound_ms
@@ -384,9 +429,10 @@ class SlowTaskDetector:
             execution_ms = now - live.deploying_ts
             if execution_ms < lower_bound:
                 is_slow = False
-            elif size and baseline_ns is not None:
-                is_slow = execution_ms * _NS_PER_MS / size >= baseline_ns
+            elif size is not None and baseline_per_byte is not None:
+                is_slow = time_per_byte(execution_ms, size) >= baseline_per_byte
             else:
+                # Unknown sizes, or a 0 baseline (ratio 0): plain times, as Flink compares them.
                 is_slow = execution_ms >= baseline_ms
             any_slow = any_slow or is_slow
             entries.append(

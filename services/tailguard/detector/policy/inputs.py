@@ -67,8 +67,8 @@ def assigned_bytes(
     producers: Mapping[str, ProducerOutputs],
     parallelism: Mapping[str, int],
 ) -> int | None:
-    """Input bytes of a subtask reading `ranges`; None when unknown (or zero, which carries no
-    size information either)."""
+    """Input bytes of a subtask reading `ranges`; None when unknown. 0 is a size (Flink takes
+    it as the smallest positive one), not "unknown"."""
     total = 0
     for rng in ranges:
         if rng.input == SPLITS_INPUT:
@@ -84,4 +84,4 @@ def assigned_bytes(
         if size is None:
             return None
         total += size
-    return total or None
+    return total
