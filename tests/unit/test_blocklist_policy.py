@@ -1,16 +1,24 @@
-"""BlocklistTracker: which hosts, for how long, and never too many."""
+"""BlocklistTracker: which hosts, on what evidence, for how long, and never too many.
+
+The FLIP-168 tests run with `blocklist.min-slow-attempts = 1` and `blocklist.evidence-window =
+0 ms` (every slow attempt's host, FLIP-168's rule); the evidence tests with the defaults."""
 
 from __future__ import annotations
 
 from speculation_histories import slow_finding
 
-from tailguard.blocklist.policy import BlocklistTracker
+from tailguard.blocklist.policy import (
+    BlocklistTracker,
+    blocked_fraction_problem,
+    max_blocked_hosts,
+)
 from tailguard.model.config import Settings
 from tailguard.model.ids import derived_id
 from tailguard.model.records import BlockNodes, Record, SlowAttempt, SlowSubtask, UnblockNodes
 
 MIN = 60_000
 HOSTS = tuple(f"h{i}" for i in range(6))
+FLIP168 = {"blocklist.min-slow-attempts": "1", "blocklist.evidence-window": "0 ms"}
 
 
 def slow_on(n: int, *attempts: tuple[str, bool]) -> SlowSubtask:
@@ -26,7 +34,7 @@ def blocks(records: list[Record]) -> list[tuple[tuple[str, ...], int]]:
 
 
 def test_hosts_of_slow_attempts_only_are_blocked_for_the_duration() -> None:
-    tracker = BlocklistTracker(Settings())
+    tracker = BlocklistTracker(Settings(FLIP168))
     finding = slow_finding(
         slow_on(0, ("h1", True), ("h2", False)), slow_on(1, ("h3", True)), ts=1000, hosts=HOSTS
     )
@@ -38,7 +46,7 @@ def test_hosts_of_slow_attempts_only_are_blocked_for_the_duration() -> None:
 
 
 def test_a_block_is_extended_but_re_emitted_only_after_half_the_duration() -> None:
-    tracker = BlocklistTracker(Settings())
+    tracker = BlocklistTracker(Settings(FLIP168))
     slow = slow_on(0, ("h1", True))
     assert blocks(tracker.handle(slow_finding(slow, ts=0, hosts=HOSTS))) == [(("h1",), MIN)]
     assert tracker.handle(slow_finding(slow, ts=MIN // 2 - 1, hosts=HOSTS)) == []
@@ -50,7 +58,7 @@ def test_a_block_is_extended_but_re_emitted_only_after_half_the_duration() -> No
 
 
 def test_blocks_expire_with_finding_time() -> None:
-    tracker = BlocklistTracker(Settings())
+    tracker = BlocklistTracker(Settings(FLIP168))
     tracker.handle(slow_finding(slow_on(0, ("h1", True)), ts=0, hosts=HOSTS))
     assert tracker.metrics()["blockedHosts"] == 1
     tracker.handle(slow_finding(ts=MIN, hosts=HOSTS))
@@ -61,7 +69,7 @@ def test_blocks_expire_with_finding_time() -> None:
 
 
 def test_never_more_than_the_fraction_most_slow_attempts_first_then_by_name() -> None:
-    tracker = BlocklistTracker(Settings())  # 0.5 of 6 hosts: 3
+    tracker = BlocklistTracker(Settings(FLIP168))  # 0.5 of 6 hosts: 3
     finding = slow_finding(
         slow_on(0, ("h5", True)),
         slow_on(1, ("h4", True)),
@@ -77,13 +85,13 @@ def test_never_more_than_the_fraction_most_slow_attempts_first_then_by_name() ->
 
 
 def test_never_all_hosts_even_with_fraction_one() -> None:
-    tracker = BlocklistTracker(Settings({"blocklist.max-blocked-fraction": "1.0"}))
+    tracker = BlocklistTracker(Settings({**FLIP168, "blocklist.max-blocked-fraction": "1.0"}))
     finding = slow_finding(slow_on(0, ("a", True)), slow_on(1, ("b", True)), hosts=("a", "b"))
     assert blocks(tracker.handle(finding)) == [(("a",), MIN)]
 
 
 def test_a_shrinking_cluster_lifts_blocks_to_stay_under_the_fraction() -> None:
-    tracker = BlocklistTracker(Settings())
+    tracker = BlocklistTracker(Settings(FLIP168))
     tracker.handle(slow_finding(slow_on(0, ("h1", True)), ts=0, hosts=HOSTS))
     tracker.handle(slow_finding(slow_on(0, ("h2", True)), ts=10, hosts=HOSTS))
     out = tracker.handle(slow_finding(ts=20, hosts=("h1", "h2", "h3")))  # limit now 1
@@ -91,3 +99,78 @@ def test_a_shrinking_cluster_lifts_blocks_to_stay_under_the_fraction() -> None:
         (UnblockNodes, ("h1",))  # the block ending first goes
     ]
     assert tracker.metrics()["blockedHosts"] == 1
+
+
+# --------------------------------------------------------------------------- evidence
+
+
+def unblocks(records: list[Record]) -> list[tuple[str, ...]]:
+    return [r.hosts for r in records if isinstance(r, UnblockNodes)]
+
+
+def test_one_slow_attempt_is_not_enough_two_distinct_subtasks_on_a_host_are() -> None:
+    tracker = BlocklistTracker(Settings())  # 2 slow subtasks within 2 min
+    assert tracker.handle(slow_finding(slow_on(0, ("h1", True)), ts=0, hosts=HOSTS)) == []
+    # The same subtask reported again on the next Tick is the same evidence.
+    assert tracker.handle(slow_finding(slow_on(0, ("h1", True)), ts=1000, hosts=HOSTS)) == []
+    out = tracker.handle(
+        slow_finding(slow_on(0, ("h1", True)), slow_on(3, ("h1", True)), ts=2000, hosts=HOSTS)
+    )
+    assert blocks(out) == [(("h1",), 2000 + MIN)]
+
+
+def test_evidence_older_than_the_window_does_not_count() -> None:
+    tracker = BlocklistTracker(Settings({"blocklist.evidence-window": "10 s"}))
+    tracker.handle(slow_finding(slow_on(0, ("h1", True)), ts=0, hosts=HOSTS))
+    assert tracker.handle(slow_finding(slow_on(1, ("h1", True)), ts=10_001, hosts=HOSTS)) == []
+    out = tracker.handle(slow_finding(slow_on(2, ("h1", True)), ts=15_000, hosts=HOSTS))
+    assert blocks(out) == [(("h1",), 15_000 + MIN)]
+
+
+def test_a_subtask_slow_on_two_hosts_points_at_the_task_not_the_hosts() -> None:
+    tracker = BlocklistTracker(Settings())
+    both = slow_on(0, ("h1", True), ("h2", True))
+    other = slow_on(1, ("h1", True))
+    assert tracker.handle(slow_finding(both, other, ts=0, hosts=HOSTS)) == []
+    assert tracker.metrics()["slowAttemptsBlamedOnTheTask"] == 2
+
+
+def test_a_host_whose_slow_attempts_are_gone_is_unblocked_before_its_time() -> None:
+    tracker = BlocklistTracker(Settings({"blocklist.evidence-window": "10 s"}))
+    two = (slow_on(0, ("h1", True)), slow_on(1, ("h1", True)))
+    assert blocks(tracker.handle(slow_finding(*two, ts=0, hosts=HOSTS))) == [(("h1",), MIN)]
+    # h1's attempts ended; another host's attempt keeps the findings coming.
+    elsewhere = slow_on(5, ("h4", True))
+    assert unblocks(tracker.handle(slow_finding(elsewhere, ts=10_000, hosts=HOSTS))) == []
+    out = tracker.handle(slow_finding(elsewhere, ts=10_001, hosts=HOSTS))
+    assert unblocks(out) == [("h1",)]
+    assert tracker.metrics()["earlyUnblocks"] == 1
+    assert tracker.metrics()["blockedHosts"] == 0
+
+
+def test_a_blocked_host_still_slow_is_not_unblocked_early() -> None:
+    tracker = BlocklistTracker(Settings({"blocklist.evidence-window": "10 s"}))
+    two = (slow_on(0, ("h1", True)), slow_on(1, ("h1", True)))
+    tracker.handle(slow_finding(*two, ts=0, hosts=HOSTS))
+    out = tracker.handle(slow_finding(slow_on(0, ("h1", True)), ts=30_000, hosts=HOSTS))
+    assert unblocks(out) == []
+
+
+# --------------------------------------------------------------------------- the shared rule
+
+
+def test_max_blocked_hosts_is_the_floor_of_the_fraction_and_never_all() -> None:
+    assert max_blocked_hosts(6, 0.5) == 3
+    assert max_blocked_hosts(7, 0.5) == 3
+    assert max_blocked_hosts(2, 1.0) == 1
+    assert max_blocked_hosts(1, 0.5) == 0
+    assert max_blocked_hosts(0, 0.5) == 0
+
+
+def test_blocked_fraction_problem_counts_only_registered_hosts() -> None:
+    assert blocked_fraction_problem({"h1", "h2"}, {"h3"}, HOSTS, 0.5) is None
+    problem = blocked_fraction_problem({"h1", "h2", "h3"}, {"h4"}, HOSTS, 0.5)
+    assert problem is not None and "4 of 6" in problem and "max-blocked-fraction" in problem
+    # A block kept on a host that left the cluster takes no share.
+    assert blocked_fraction_problem({"gone", "h1", "h2"}, {"h3"}, HOSTS, 0.5) is None
+    assert blocked_fraction_problem(set(), {"a"}, ("a",), 1.0) is not None  # never all

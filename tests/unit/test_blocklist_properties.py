@@ -20,6 +20,14 @@ from tailguard.model.records import (
 )
 
 fractions = st.sampled_from(["0", "0.2", "0.5", "0.75", "1.0"])
+# FLIP-168's rule and the evidence rule (defaults), and a short window that unblocks early.
+modes = st.sampled_from(
+    [
+        {"blocklist.min-slow-attempts": "1", "blocklist.evidence-window": "0 ms"},
+        {},
+        {"blocklist.min-slow-attempts": "2", "blocklist.evidence-window": "20 s"},
+    ]
+)
 ALL_HOSTS = tuple(f"h{i}" for i in range(8))
 
 
@@ -50,16 +58,20 @@ def replay(tracker: BlocklistTracker, stream: list[SlowTasksDetected]) -> list[R
 
 
 @settings(max_examples=100, deadline=None)
-@given(finding_streams(), fractions)
-def test_same_findings_give_same_commands(stream: list[SlowTasksDetected], fraction: str) -> None:
-    config = Settings({"blocklist.max-blocked-fraction": fraction})
+@given(finding_streams(), fractions, modes)
+def test_same_findings_give_same_commands(
+    stream: list[SlowTasksDetected], fraction: str, mode: dict[str, str]
+) -> None:
+    config = Settings({**mode, "blocklist.max-blocked-fraction": fraction})
     assert replay(BlocklistTracker(config), stream) == replay(BlocklistTracker(config), stream)
 
 
 @settings(max_examples=150, deadline=None)
-@given(finding_streams(), fractions)
-def test_never_blocks_past_the_fraction(stream: list[SlowTasksDetected], fraction: str) -> None:
-    tracker = BlocklistTracker(Settings({"blocklist.max-blocked-fraction": fraction}))
+@given(finding_streams(), fractions, modes)
+def test_never_blocks_past_the_fraction(
+    stream: list[SlowTasksDetected], fraction: str, mode: dict[str, str]
+) -> None:
+    tracker = BlocklistTracker(Settings({**mode, "blocklist.max-blocked-fraction": fraction}))
     until: dict[str, int] = {}  # what the agent holds, from the commands
     for finding in stream:
         commands = tracker.handle(finding)
@@ -83,3 +95,38 @@ def test_closed_loop_never_blocks_past_the_fraction(seed: int, slow: int, fracti
     run = simulate(SimulationParams(seed=seed, hosts=6, slow_hosts=slow), config)
     for _ts, registered, blocked in run.block_samples:
         assert blocked <= math.floor(float(fraction) * registered)
+
+
+@settings(max_examples=100, deadline=None)
+@given(finding_streams(), modes)
+def test_a_new_block_always_has_enough_fresh_evidence(
+    stream: list[SlowTasksDetected], mode: dict[str, str]
+) -> None:
+    """Restated independently: a host newly blocked had at least min-slow-attempts distinct
+    subtasks slow on it (and on no other host at the time) within the window."""
+    config = Settings({**mode, "blocklist.max-blocked-fraction": "1.0"})
+    tracker = BlocklistTracker(config)
+    need = config.integer("blocklist.min-slow-attempts")
+    window = config.duration_ms("blocklist.evidence-window")
+    last_seen: dict[str, dict[tuple[str, int], int]] = {}
+    until: dict[str, int] = {}
+    for finding in stream:
+        for s in finding.slow:
+            hosts = {a.host for a in s.live_attempts if a.slow and a.host in finding.hosts}
+            if len(hosts) == 1 or (hosts and window == 0):
+                for host in hosts:
+                    last_seen.setdefault(host, {})[(finding.vertex, s.subtask)] = finding.ts
+        for command in tracker.handle(finding):
+            if isinstance(command, UnblockNodes):
+                for host in command.hosts:
+                    until.pop(host, None)
+            elif isinstance(command, BlockNodes):
+                for host in command.hosts:
+                    if until.get(host, 0) <= finding.ts:  # a new block
+                        fresh = [
+                            k
+                            for k, ts in last_seen.get(host, {}).items()
+                            if ts >= finding.ts - window
+                        ]
+                        assert len(fresh) >= need, (host, fresh)
+                    until[host] = command.until_ts

@@ -22,6 +22,10 @@ DEFAULTS: dict[str, str] = {
     "execution.batch.speculative.max-concurrent-executions": "2",
     "execution.batch.speculative.block-slow-node-duration": "1 min",
     "blocklist.max-blocked-fraction": "0.5",
+    # Evidence before a host is blocked: distinct slow subtasks on it within the window (1 and
+    # "0 ms": FLIP-168's every-slow-attempt rule). Defaults chosen with `make bench-sim`.
+    "blocklist.min-slow-attempts": "2",
+    "blocklist.evidence-window": "2 min",
     # FLIP-187 adaptive parallelism (Flink 1.17+ key names)
     "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "16 MiB",
     "execution.batch.adaptive.auto-parallelism.min-parallelism": "1",
