@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import queue
 from pathlib import Path
 from typing import Any
 
-from tailguard.agent.driver.driver import JobRunner, Publisher, RunOptions, new_job_id
+from tailguard.agent.driver.driver import JobDriver, RunOptions, new_job_id
+from tailguard.agent.driver.ports import CommandReceived, InboxMessage, Publisher
 from tailguard.agent.driver.result import RunResult
 from tailguard.agent.executor import partitions
 from tailguard.agent.executor.storage import Storage
@@ -66,10 +68,11 @@ def run(
     use_services = services and log_mode == "kafka"
     options.services = use_services
 
-    inbox: list[JobRunner] = []
+    # The driver's inbox exists before the consumer thread that feeds it starts.
+    inbox: queue.Queue[InboxMessage] = queue.Queue()
 
     def deliver(command: r.Command) -> None:
-        inbox[0].post("command", command)
+        inbox.put(CommandReceived(command))
 
     publisher: Publisher
     if log_mode == "kafka":
@@ -80,11 +83,7 @@ def run(
         from tailguard.agent.adapters.kafka import ArchivePublisher
 
         publisher = ArchivePublisher(archive_path, codec)
-    runtime = SparkRuntime(spark)
-    runner = JobRunner(job, runtime, publisher, settings, options, job_id=job_id)
-    inbox.append(runner)
+    runtime = SparkRuntime(spark, settings)
+    driver = JobDriver(job, runtime, publisher, settings, options, job_id=job_id, inbox=inbox)
     partitions.mark_job_running(store, job_id, partitions.JobOwner.current())
-    try:
-        return runner.run()
-    finally:
-        runtime.close()
+    return driver.run()

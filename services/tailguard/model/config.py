@@ -17,6 +17,11 @@ DEFAULTS: dict[str, str] = {
     "slow-task-detector.execution-time.baseline-ratio": "0.75",
     "slow-task-detector.execution-time.baseline-multiplier": "1.5",
     "slow-task-detector.execution-time.baseline-lower-bound": "1 min",
+    # tailguard's opt-in second rule (LATE-like, per input byte): an attempt is slow when its
+    # time left, at its progress rate, is at least `slowdown` × what a fresh copy would need.
+    "slow-task-detector.progress-rate.enabled": "false",
+    "slow-task-detector.progress-rate.slowdown": "2",
+    "slow-task-detector.progress-rate.min-elapsed": "10 s",
     # FLIP-168 speculative execution and slow-node blocking (Flink 1.16+ key names)
     "execution.batch.speculative.enabled": "true",
     "execution.batch.speculative.max-concurrent-executions": "2",

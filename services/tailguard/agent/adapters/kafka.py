@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tailguard.agent.driver.driver import Publisher
 from tailguard.codec import RecordCodec
 from tailguard.log.archive import ArchiveWriter
 from tailguard.model import records as r
@@ -23,7 +22,7 @@ from tailguard.model.config import Settings
 log = logging.getLogger(__name__)
 
 
-class ArchivePublisher(Publisher):
+class ArchivePublisher:
     """Facts to the archive only: a run with no broker (services off, nothing to tell)."""
 
     def __init__(self, archive_path: Path, codec: RecordCodec) -> None:

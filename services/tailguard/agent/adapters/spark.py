@@ -1,42 +1,73 @@
-"""Attempts as Spark jobs: one job per attempt, pinned to its host, in its own job group.
+"""Slot runners on Spark: one long-lived Spark task per executor core, connected to the driver.
 
-Spark keeps doing what it is good at (executors, Python workers, JVM fault detection); its own
-task retries and speculation are off for these jobs, because the control plane owns both.
+At job start the runtime opens a listener in the driver (bound to `spark.driver.host`, guarded by
+a per-job secret) and launches one runner per executor core, each as a one-partition Spark job
+pinned to its host by location preference. A runner connects back, and from then on attempts are
+messages on its connection, not Spark jobs: a pinned Spark job per attempt cost 169 ms p50, a
+message round trip costs well under a millisecond (design §1).
+
+Spark keeps doing what it is good at: executors, Python workers, loss detection. Its own retries
+and speculation are off (`spark.task.maxFailures=1`, `spark.speculation=false`) because the
+control plane owns both; a runner's Spark job that ends, for whatever reason, is a lost slot.
+While a job runs its runners hold every executor core of the application.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import sys
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, Listener
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
-from tailguard.agent.driver.driver import Runtime
-from tailguard.agent.executor.attempt import TaskSpec, request_cancel, run_attempt
+from tailguard.agent.driver.ports import FromRunner, Post, RunnerConnected, RunnerLost
+from tailguard.agent.executor.attempt import AttemptKey, TaskSpec
+from tailguard.agent.executor.protocol import (
+    AttemptEnded,
+    AttemptProgressed,
+    AttemptStarted,
+    Cancel,
+    Deploy,
+    DriverMessage,
+    RunnerHello,
+    Shutdown,
+    no_delay,
+    receive,
+    send,
+)
+from tailguard.agent.executor.runner import RunnerConfig, run_partition
 from tailguard.cluster.pinning import pinned_rdd
+from tailguard.model.config import Settings
 
 log = logging.getLogger("tailguard.agent.spark")
 
-# What an attempt job needs from the session; set when the session is built by tailguard, and
-# checked (with a warning) when the user brings their own.
+# What the runners' Spark jobs need from the session; set when the session is built by
+# tailguard, and checked (with a warning) when the user brings their own.
 REQUIRED_CONF = {
     "spark.task.maxFailures": "1",
     "spark.speculation": "false",
     "spark.locality.wait": "1h",
 }
 
+# How long a connected peer has to say hello before it is dropped.
+HELLO_TIMEOUT_S = 10.0
+# Runners of one host that end before connecting, in a row, before the host is given up on
+# (an environment problem: every further launch would fail the same way).
+MAX_FAILED_LAUNCHES = 3
+
 
 def session_builder(master: str, app_name: str = "tailguard") -> SparkSession.Builder:
-    """A SparkSession builder with the settings attempt jobs rely on."""
+    """A SparkSession builder with the settings the runners rely on."""
     builder = SparkSession.builder.master(master).appName(app_name)
-    # Executors must run the tasks with this interpreter: it is the one with tailguard installed.
-    # PySpark 4 takes the executors' Python from the driver's environment.
+    # Executors must run the runners with this interpreter: it is the one with tailguard
+    # installed. PySpark 4 takes the executors' Python from the driver's environment.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = builder.config("spark.pyspark.python", sys.executable)
     for key, value in REQUIRED_CONF.items():
@@ -50,24 +81,63 @@ def session_builder(master: str, app_name: str = "tailguard") -> SparkSession.Bu
     )
 
 
-class SparkRuntime(Runtime):
-    def __init__(self, spark: SparkSession, max_threads: int = 64) -> None:
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tailguard")
+    except PackageNotFoundError:  # running from a source tree
+        return "0+unknown"
+
+
+@dataclass
+class _Runner:
+    runner_id: str
+    host: str
+    group: str
+    conn: Connection | None = None
+    connected: bool = False
+    ended: bool = False
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Set once its Spark job has returned (the runner's process is done with its core).
+    job_done: threading.Event = field(default_factory=threading.Event)
+
+
+class SparkRuntime:
+    """The `Runtime` port on a SparkContext: slot runners on its executors."""
+
+    def __init__(self, spark: SparkSession, settings: Settings | None = None) -> None:
         self.sc: SparkContext = spark.sparkContext
         self.local = self.sc.master.startswith("local")
+        conf = self.sc.getConf()
         for key, value in REQUIRED_CONF.items():
-            actual = self.sc.getConf().get(key)
-            if actual != value:
+            actual = conf.get(key)
+            if actual != value and not (self.local and key == "spark.locality.wait"):
                 log.warning("Spark setting %s is %r; tailguard expects %r", key, actual, value)
-        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="tg-attempt")
+        settings = settings or Settings()
+        self._progress_s = settings.duration_ms("slow-task-detector.check-interval") / 1000.0
+        self._grace_s = settings.duration_ms("tailguard.runner.cancel-grace") / 1000.0
+        self._task_cpus = int(conf.get("spark.task.cpus", "1") or "1")
         self._lock = threading.Lock()
-        # key -> (job group, spec) of each attempt whose Spark job has not ended yet
-        self._running: dict[tuple[str, int, int], tuple[str, Any]] = {}
+        self._runners: dict[str, _Runner] = {}
+        self._failed_launches: Counter[str] = Counter()
+        self._launched = 0
+        self._closed = False
+        self._post: Post | None = None
+        self._job_id = ""
+        # The job's runner key: shipped to the runners inside their Spark task, never logged.
+        self._secret = secrets.token_bytes(32)
+        self._listener: Listener | None = None
+        self._address: tuple[str, int] | None = None
+        self._version = _version()
 
     # ---------------------------------------------------------------- cluster view
 
     def executors(self) -> dict[str, int]:
+        """Host -> slots (executor cores / task cpus) of the live executors."""
         if self.local:
             return {"localhost": self.sc.defaultParallelism}
+        assert self.sc._jsc is not None
         hosts: dict[str, int] = {}
         summaries = self.sc._jsc.sc().statusStore().executorList(True)
         for i in range(summaries.size()):
@@ -75,48 +145,206 @@ class SparkRuntime(Runtime):
             if summary.id() == "driver" or not summary.isActive():
                 continue
             host = summary.hostPort().rsplit(":", 1)[0]
-            hosts[host] = hosts.get(host, 0) + int(summary.totalCores())
+            hosts[host] = hosts.get(host, 0) + int(summary.totalCores()) // self._task_cpus
         return hosts
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self, job_id: str, post: Post) -> None:
+        self._job_id = job_id
+        self._post = post
+        conf = self.sc.getConf()
+        advertised = "127.0.0.1" if self.local else conf.get("spark.driver.host") or "127.0.0.1"
+        bind = "127.0.0.1" if self.local else conf.get("spark.driver.bindAddress") or advertised
+        self._listener = Listener((bind, 0), family="AF_INET", authkey=self._secret)
+        port = self._listener.address[1]
+        self._address = (advertised, port)
+        threading.Thread(target=self._accept, name="tg-runner-accept", daemon=True).start()
+        self.ensure_runners()
+
+    def ensure_runners(self) -> None:
+        if self._closed or self._post is None:
+            return
+        executors = self.executors()
+        with self._lock:
+            live = Counter(r.host for r in self._runners.values() if not r.ended)
+            stale = [
+                r for r in self._runners.values()
+                if not r.ended and not r.connected and r.host not in executors
+            ]
+            launches: list[_Runner] = []
+            for host, slots in sorted(executors.items()):
+                if self._failed_launches[host] >= MAX_FAILED_LAUNCHES:
+                    continue
+                for _ in range(slots - live[host]):
+                    self._launched += 1
+                    runner_id = f"{host}/r{self._launched}"
+                    runner = _Runner(runner_id, host, f"tailguard-{self._job_id}-r{self._launched}")
+                    self._runners[runner_id] = runner
+                    launches.append(runner)
+        for runner in stale:
+            # Waiting for an executor that is gone: it would wait for the locality timeout.
+            self.sc.cancelJobGroup(runner.group)
+        for runner in launches:
+            threading.Thread(
+                target=self._run_job, args=(runner,), name=f"tg-runner-{runner.runner_id}",
+                daemon=True,
+            ).start()
+
+    def _run_job(self, runner: _Runner) -> None:
+        """The runner's Spark job, from launch to its end (which is the runner's end)."""
+        assert self._address is not None
+        config = RunnerConfig(
+            address=self._address,
+            secret=self._secret,
+            runner_id=runner.runner_id,
+            host=runner.host,
+            version=self._version,
+            progress_interval_s=self._progress_s,
+            cancel_grace_s=self._grace_s,
+        )
+        reason = "its Spark task finished"
+        try:
+            self.sc.setJobGroup(
+                runner.group, f"tailguard {self._job_id} slot runner {runner.runner_id}", True
+            )
+            if self.local:
+                rdd = self.sc.parallelize([config], 1)
+            else:
+                rdd = pinned_rdd(self.sc, [(config, runner.host)])
+            ended = rdd.mapPartitions(run_partition).collect()
+            reason = f"its Spark task finished: {ended[0] if ended else 'no answer'}"
+        except Exception as err:  # the task failed: executor lost, worker process ended, ...
+            reason = f"its Spark task failed: {_first_line(err)}"
+        finally:
+            runner.job_done.set()
+        self._ended(runner, reason)
+
+    def _ended(self, runner: _Runner, reason: str) -> None:
+        with self._lock:
+            if runner.ended:
+                return
+            runner.ended = True
+            if not runner.connected:
+                self._failed_launches[runner.host] += 1
+            conn = runner.conn
+        if conn is not None:
+            conn.close()
+        if not runner.connected and not self._closed:
+            log.warning("slot runner %s ended before connecting: %s", runner.runner_id, reason)
+        if self._post is not None and not self._closed:
+            self._post(RunnerLost(runner.runner_id, reason))
+
+    # ---------------------------------------------------------------- connections
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while not self._closed:
+            try:
+                conn = self._listener.accept()
+            except OSError as err:  # includes AuthenticationError: no secret, no slot
+                if self._closed:
+                    return
+                log.warning("refused a runner connection: %s", _first_line(err))
+                continue
+            threading.Thread(
+                target=self._serve_connection, args=(conn,), name="tg-runner-conn", daemon=True
+            ).start()
+
+    def _serve_connection(self, conn: Connection) -> None:
+        try:
+            no_delay(conn)
+            if not conn.poll(HELLO_TIMEOUT_S):
+                raise EOFError("no hello")
+            hello = receive(conn)
+        except (EOFError, OSError) as err:
+            log.warning("a runner connection closed before its hello: %s", err)
+            conn.close()
+            return
+        if not isinstance(hello, RunnerHello):
+            log.warning("dropped a runner connection that began with %s", type(hello).__name__)
+            conn.close()
+            return
+        with self._lock:
+            runner = self._runners.get(hello.runner_id)
+            if runner is None or runner.ended or runner.connected:
+                runner = None
+            else:
+                runner.conn = conn
+                runner.connected = True
+                self._failed_launches[runner.host] = 0
+        if runner is None:
+            log.warning("dropped a connection from unknown runner %s", hello.runner_id)
+            conn.close()
+            return
+        if hello.version != self._version:
+            log.warning(
+                "runner %s runs tailguard %s, the driver %s",
+                hello.runner_id,
+                hello.version,
+                self._version,
+            )
+        post = self._post
+        assert post is not None
+        post(RunnerConnected(runner.runner_id, runner.host, self.executors().get(runner.host, 1)))
+        while True:
+            try:
+                message = receive(conn)
+            except (EOFError, OSError):
+                self._ended(runner, "its connection closed")
+                return
+            if isinstance(message, AttemptStarted | AttemptProgressed | AttemptEnded):
+                post(FromRunner(runner.runner_id, message, time.perf_counter()))
+
+    def _send(self, slot: str, message: DriverMessage) -> None:
+        with self._lock:
+            runner = self._runners.get(slot)
+        if runner is None or runner.conn is None or runner.ended:
+            if runner is not None and not runner.ended:
+                self._ended(runner, "not connected")
+            elif runner is None and self._post is not None:
+                self._post(RunnerLost(slot, "unknown runner"))
+            return
+        try:
+            with runner.send_lock:
+                send(runner.conn, message)
+        except (OSError, ValueError) as err:
+            self._ended(runner, f"sending to it failed: {err}")
 
     # ---------------------------------------------------------------- attempts
 
-    def submit(
-        self, key: tuple[str, int, int], host: str, payload: Any, done: Callable[[Any], None]
-    ) -> None:
-        group = f"tg:{key[0]}:{key[1]}:{key[2]}:{id(payload)}"
-        with self._lock:
-            self._running[key] = (group, payload)
+    def deploy(self, slot: str, spec: TaskSpec) -> None:
+        self._send(slot, Deploy(spec))
 
-        def run() -> None:
-            try:
-                self.sc.setJobGroup(group, f"tailguard {key[0]}#{key[1]} attempt {key[2]}", True)
-                if self.local:
-                    rdd = self.sc.parallelize([payload], 1)
-                else:
-                    rdd = pinned_rdd(self.sc, [(payload, host)])
-                outcome = rdd.map(run_attempt).collect()[0]
-            except Exception as err:  # the Spark job failed or was cancelled
-                outcome = err
-            finally:
-                with self._lock:
-                    self._running.pop(key, None)
-            done(outcome)
-
-        self._pool.submit(run)
-
-    def cancel(self, key: tuple[str, int, int]) -> None:
-        with self._lock:
-            running = self._running.get(key)
-        if running is None:
-            return
-        group, spec = running
-        self.sc.cancelJobGroup(group)
-        if isinstance(spec, TaskSpec):
-            try:
-                request_cancel(spec)
-            except OSError as err:
-                # Spark's own (slower) kill of the Python worker still ends the attempt.
-                log.warning("cannot write the cancel marker of %s: %s", key, err)
+    def cancel(self, slot: str, key: AttemptKey) -> None:
+        self._send(slot, Cancel(key))
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            runners = list(self._runners.values())
+        for runner in runners:
+            if runner.conn is not None and not runner.ended:
+                try:
+                    with runner.send_lock:
+                        send(runner.conn, Shutdown("the job ended"))
+                except (OSError, ValueError):
+                    pass
+        deadline = time.monotonic() + self._grace_s + 2.0
+        for runner in runners:
+            # Runners that never connected wait for a core: their Spark jobs are cancelled.
+            if not runner.connected and not runner.ended:
+                self.sc.cancelJobGroup(runner.group)
+        for runner in runners:
+            if not runner.job_done.wait(max(0.0, deadline - time.monotonic())):
+                self.sc.cancelJobGroup(runner.group)
+        if self._listener is not None:
+            self._listener.close()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0][:500]
+

@@ -1,183 +1,295 @@
-"""Every command is checked against the job's current state before it changes anything.
+"""Commands, dispatched through a table from command type to handler.
 
-A rejected command is answered with `CommandRejected` and a reason a person can act on; the job
-goes on.
+Each handler is a guard (is the command valid against the job as it is now? If not, the reason a
+person can act on) and an apply (the change, with the events it emits), written against two
+narrow views of the driver: `JobView` to read, `JobActions` to act. A rejected command is answered
+with `CommandRejected` and the job goes on.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
+from tailguard.agent.driver.slots import ExecutionVertexId, SlotPool, SpeculativeRequest
+from tailguard.agent.driver.state import ExecutionState
 from tailguard.model import records as r
 from tailguard.model.records import SPLITS_INPUT
 
-if TYPE_CHECKING:
-    from tailguard.agent.driver.driver import JobRunner
+
+class JobView(Protocol):
+    """What a guard may read."""
+
+    @property
+    def state(self) -> ExecutionState: ...
+
+    @property
+    def pool(self) -> SlotPool: ...
+
+    @property
+    def split_counts(self) -> Mapping[str, int]: ...
+
+    @property
+    def max_concurrent(self) -> int: ...
+
+    @property
+    def max_blocked_fraction(self) -> float: ...
 
 
-class CommandValidator:
-    def __init__(self, runner: JobRunner) -> None:
-        self.runner = runner
+class JobActions(JobView, Protocol):
+    """What an apply may do (the driver implements it; each action emits its own events)."""
 
-    def reject_reason(self, command: r.Command) -> str | None:
-        check = getattr(self, f"_check_{type(command).__name__}", None)
-        if check is None:
-            return f"unknown command type {type(command).__name__}"
-        reason: str | None = check(command)
-        return reason
+    def initialize_vertex(
+        self,
+        name: str,
+        parallelism: int,
+        inputs: tuple[r.SubtaskInputs, ...],
+        by: str,
+        command_id: str,
+    ) -> None: ...
 
-    # ------------------------------------------------------------------ helpers
+    def request_speculative(
+        self, task: ExecutionVertexId, command_id: str, count: int, avoid: frozenset[str]
+    ) -> None: ...
 
-    def _vertex(self, name: str) -> str | None:
-        if name not in self.runner.state.vertices:
-            return f"unknown vertex {name!r}"
+    def block_host(self, host: str, until_ts: int, cause: str, command_id: str) -> None: ...
+
+    def unblock_host(self, host: str, command_id: str | None) -> None: ...
+
+    def restart_task(self, task: ExecutionVertexId, not_before_ts: int) -> None: ...
+
+    def fail_job(self, reason: str) -> None: ...
+
+
+C = TypeVar("C", bound=r.Command)
+
+
+@dataclass(frozen=True)
+class Handler(Generic[C]):
+    guard: Callable[[C, JobView], str | None]
+    # `fallback`: the agent decided this itself (for `decided_by`).
+    apply: Callable[[C, JobActions, bool], None]
+
+
+# --------------------------------------------------------------------------- shared checks
+
+
+def _vertex_problem(view: JobView, name: str) -> str | None:
+    if name not in view.state.vertices:
+        return f"unknown vertex {name!r}"
+    return None
+
+
+def _subtask_problem(view: JobView, vertex: str, index: int) -> str | None:
+    problem = _vertex_problem(view, vertex)
+    if problem:
+        return problem
+    v = view.state.vertices[vertex]
+    if not v.initialized:
+        return f"vertex {vertex!r} is not initialised yet"
+    if not 0 <= index < len(v.subtasks):
+        return f"unknown subtask {vertex}#{index} (parallelism {v.parallelism})"
+    return None
+
+
+def _range_problem(view: JobView, vertex: str, rng: r.InputRange) -> str | None:
+    if rng.input == SPLITS_INPUT:
+        count = view.split_counts.get(vertex, 0)
+        if not 0 <= rng.partition_start <= rng.partition_end < count:
+            return f"split range {rng.partition_start}..{rng.partition_end} outside 0..{count - 1}"
         return None
-
-    def _subtask(self, vertex: str, index: int) -> str | None:
-        problem = self._vertex(vertex)
-        if problem:
-            return problem
-        v = self.runner.state.vertices[vertex]
-        if not v.initialized:
-            return f"vertex {vertex!r} is not initialised yet"
-        if not 0 <= index < len(v.subtasks):
-            return f"unknown subtask {vertex}#{index} (parallelism {v.parallelism})"
-        return None
-
-    # ------------------------------------------------------------------ per command
-
-    def _check_SetParallelism(self, c: r.SetParallelism) -> str | None:
-        state = self.runner.state
-        problem = self._vertex(c.vertex)
-        if problem:
-            return problem
-        vertex = state.vertices[c.vertex]
-        if vertex.initialized:
-            return (
-                f"vertex {c.vertex!r} is already initialised with parallelism {vertex.parallelism}"
-            )
-        fixed = vertex.definition.parallelism
-        if fixed is not None and c.parallelism != fixed:
-            return f"vertex {c.vertex!r} has a fixed parallelism of {fixed}"
-        # Not min-parallelism: the data may cap a vertex below it (a source with fewer splits, a
-        # producer with fewer subpartitions), and no subtask may be given an empty range.
-        high = state.max_parallelism(c.vertex)
-        if not 1 <= c.parallelism <= high:
-            return f"parallelism {c.parallelism} outside bounds [1, {high}]"
-        if sorted(s.subtask for s in c.subtask_inputs) != list(range(c.parallelism)):
-            return "subtask_inputs must name each subtask 0..parallelism-1 exactly once"
-        expected = {i.producer for i in vertex.definition.inputs}
-        if vertex.definition.source is not None:
-            expected = {SPLITS_INPUT}
-        for s in c.subtask_inputs:
-            names = [i.input for i in s.inputs]
-            if sorted(names) != sorted(expected):
-                return f"subtask {s.subtask}: inputs {sorted(names)} != {sorted(expected)}"
-            for rng in s.inputs:
-                problem = self._range_problem(c.vertex, rng)
-                if problem:
-                    return f"subtask {s.subtask}: {problem}"
-        for producer in expected - {SPLITS_INPUT}:
-            if not state.vertices[producer].initialized:
-                return f"input {producer!r} is not initialised yet"
-        return None
-
-    def _range_problem(self, vertex: str, rng: r.InputRange) -> str | None:
-        state = self.runner.state
-        if rng.input == SPLITS_INPUT:
-            count = len(self.runner.splits.get(vertex, []))
-            if not 0 <= rng.partition_start <= rng.partition_end < count:
-                return (
-                    f"split range {rng.partition_start}..{rng.partition_end} outside 0..{count - 1}"
-                )
-            return None
-        producer = state.vertices[rng.input]
-        if not producer.initialized:
-            return None  # reported once, by the caller
-        assert producer.parallelism is not None
-        if not 0 <= rng.partition_start <= rng.partition_end < producer.parallelism:
-            return (
-                f"{rng.input}: partition range {rng.partition_start}..{rng.partition_end} "
-                f"outside 0..{producer.parallelism - 1}"
-            )
-        if not 0 <= rng.subpartition_start <= rng.subpartition_end < producer.subpartitions:
-            return (
-                f"{rng.input}: subpartition range {rng.subpartition_start}.."
-                f"{rng.subpartition_end} outside 0..{producer.subpartitions - 1}"
-            )
-        return None
-
-    def _check_LaunchSpeculativeAttempts(self, c: r.LaunchSpeculativeAttempts) -> str | None:
-        problem = self._subtask(c.vertex, c.subtask)
-        if problem:
-            return problem
-        if c.count < 1:
-            return f"count must be at least 1, got {c.count}"
-        vertex = self.runner.state.vertices[c.vertex]
-        if not vertex.definition.speculation_safe:
-            return f"vertex {c.vertex!r} is declared unsafe for speculation"
-        subtask = vertex.subtasks[c.subtask]
-        if subtask.winner is not None:
-            return f"subtask {c.vertex}#{c.subtask} already finished"
-        region = self.runner.state.region_of(c.vertex, c.subtask)
-        if region is not None:
-            # Its pipelined partners read (or feed) one specific attempt, deployed with them.
-            return (
-                f"subtask {c.vertex}#{c.subtask} is in a pipelined region of {len(region)} tasks; "
-                f"speculation needs a blocking input and output"
-            )
-        live = len(subtask.live_attempts())
-        if live == 0:
-            return f"subtask {c.vertex}#{c.subtask} has no running attempt to mirror"
-        queued = sum(
-            1
-            for req in self.runner.pool.pending()
-            if isinstance(req.key, tuple)
-            and req.key[0] == "speculative"
-            and (c.vertex, c.subtask) in req.tasks
+    producer = view.state.vertices[rng.input]
+    if not producer.initialized:
+        return None  # reported once, by the caller
+    assert producer.parallelism is not None
+    if not 0 <= rng.partition_start <= rng.partition_end < producer.parallelism:
+        return (
+            f"{rng.input}: partition range {rng.partition_start}..{rng.partition_end} "
+            f"outside 0..{producer.parallelism - 1}"
         )
-        limit = self.runner.max_concurrent
-        if live + queued + c.count > limit:
-            return (
-                f"{live} running + {queued} queued + {c.count} requested attempts exceed "
-                f"max-concurrent-executions {limit}"
-            )
-        return None
+    if not 0 <= rng.subpartition_start <= rng.subpartition_end < producer.subpartitions:
+        return (
+            f"{rng.input}: subpartition range {rng.subpartition_start}.."
+            f"{rng.subpartition_end} outside 0..{producer.subpartitions - 1}"
+        )
+    return None
 
-    def _check_BlockNodes(self, c: r.BlockNodes) -> str | None:
-        pool = self.runner.pool
-        if not c.hosts:
-            return "no hosts to block"
-        unknown = [h for h in c.hosts if h not in pool.hosts]
-        if unknown:
-            return f"unknown host(s) {unknown}"
-        if c.until_ts <= c.ts:
-            return f"until_ts {c.until_ts} is not after the command's ts {c.ts}"
-        fraction = self.runner.settings.number("blocklist.max-blocked-fraction")
-        after = set(pool.blocked()) | set(c.hosts)
-        limit = math.floor(fraction * len(pool.hosts))
-        if len(after) > limit:
-            return (
-                f"blocking {sorted(after)} would block {len(after)} of {len(pool.hosts)} hosts, "
-                f"over blocklist.max-blocked-fraction {fraction}"
-            )
-        return None
 
-    def _check_UnblockNodes(self, c: r.UnblockNodes) -> str | None:
-        unknown = [h for h in c.hosts if h not in self.runner.pool.hosts]
-        if unknown:
-            return f"unknown host(s) {unknown}"
-        return None
+def blocked_fraction_problem(
+    blocked: set[str], adding: set[str], hosts: int, fraction: float
+) -> str | None:
+    """Never block so many hosts that the job cannot proceed (`blocklist.max-blocked-fraction`)."""
+    after = blocked | adding
+    limit = math.floor(fraction * hosts)
+    if len(after) > limit:
+        return (
+            f"blocking {sorted(after)} would block {len(after)} of {hosts} hosts, "
+            f"over blocklist.max-blocked-fraction {fraction}"
+        )
+    return None
 
-    def _check_RestartTasks(self, c: r.RestartTasks) -> str | None:
-        if not c.tasks:
-            return "no tasks to restart"
-        for task in c.tasks:
-            problem = self._subtask(task.vertex, task.subtask)
+
+# --------------------------------------------------------------------------- SetParallelism
+
+
+def _guard_set_parallelism(c: r.SetParallelism, view: JobView) -> str | None:
+    state = view.state
+    problem = _vertex_problem(view, c.vertex)
+    if problem:
+        return problem
+    vertex = state.vertices[c.vertex]
+    if vertex.initialized:
+        return f"vertex {c.vertex!r} is already initialised with parallelism {vertex.parallelism}"
+    fixed = vertex.definition.parallelism
+    if fixed is not None and c.parallelism != fixed:
+        return f"vertex {c.vertex!r} has a fixed parallelism of {fixed}"
+    # Not min-parallelism: the data may cap a vertex below it (a source with fewer splits, a
+    # producer with fewer subpartitions), and no subtask may be given an empty range.
+    high = state.max_parallelism(c.vertex)
+    if not 1 <= c.parallelism <= high:
+        return f"parallelism {c.parallelism} outside bounds [1, {high}]"
+    if sorted(s.subtask for s in c.subtask_inputs) != list(range(c.parallelism)):
+        return "subtask_inputs must name each subtask 0..parallelism-1 exactly once"
+    expected = {i.producer for i in vertex.definition.inputs}
+    if vertex.definition.source is not None:
+        expected = {SPLITS_INPUT}
+    for producer in expected - {SPLITS_INPUT}:
+        if not state.vertices[producer].initialized:
+            return f"input {producer!r} is not initialised yet"
+    for s in c.subtask_inputs:
+        names = [i.input for i in s.inputs]
+        if sorted(names) != sorted(expected):
+            return f"subtask {s.subtask}: inputs {sorted(names)} != {sorted(expected)}"
+        for rng in s.inputs:
+            problem = _range_problem(view, c.vertex, rng)
             if problem:
-                return problem
-        return None
+                return f"subtask {s.subtask}: {problem}"
+    return None
 
-    def _check_FailJob(self, c: r.FailJob) -> str | None:
-        return None
+
+def _apply_set_parallelism(c: r.SetParallelism, job: JobActions, fallback: bool) -> None:
+    by = "agent-fallback" if fallback else "decider"
+    job.initialize_vertex(c.vertex, c.parallelism, c.subtask_inputs, by, c.id)
+
+
+# --------------------------------------------------------------------------- speculation
+
+
+def _guard_speculate(c: r.LaunchSpeculativeAttempts, view: JobView) -> str | None:
+    problem = _subtask_problem(view, c.vertex, c.subtask)
+    if problem:
+        return problem
+    if c.count < 1:
+        return f"count must be at least 1, got {c.count}"
+    vertex = view.state.vertices[c.vertex]
+    if not vertex.definition.speculation_safe:
+        return f"vertex {c.vertex!r} is declared unsafe for speculation"
+    subtask = vertex.subtasks[c.subtask]
+    if subtask.winner is not None:
+        return f"subtask {c.vertex}#{c.subtask} already finished"
+    region = view.state.region_of(c.vertex, c.subtask)
+    if region is not None:
+        # Its pipelined partners read (or feed) one specific attempt, deployed with them.
+        return (
+            f"subtask {c.vertex}#{c.subtask} is in a pipelined region of {len(region)} tasks; "
+            f"speculation needs a blocking input and output"
+        )
+    live = len(subtask.live_attempts())
+    if live == 0:
+        return f"subtask {c.vertex}#{c.subtask} has no running attempt to mirror"
+    task = ExecutionVertexId(c.vertex, c.subtask)
+    queued = sum(
+        1
+        for req in view.pool.pending()
+        if isinstance(req.key, SpeculativeRequest) and req.key.task == task
+    )
+    limit = view.max_concurrent
+    if live + queued + c.count > limit:
+        return (
+            f"{live} running + {queued} queued + {c.count} requested attempts exceed "
+            f"max-concurrent-executions {limit}"
+        )
+    return None
+
+
+def _apply_speculate(c: r.LaunchSpeculativeAttempts, job: JobActions, fallback: bool) -> None:
+    subtask = job.state.vertices[c.vertex].subtasks[c.subtask]
+    avoid = frozenset(c.avoid_hosts) | {a.host for a in subtask.live_attempts()}
+    job.request_speculative(ExecutionVertexId(c.vertex, c.subtask), c.id, c.count, avoid)
+
+
+# --------------------------------------------------------------------------- blocking
+
+
+def _guard_block(c: r.BlockNodes, view: JobView) -> str | None:
+    pool = view.pool
+    if not c.hosts:
+        return "no hosts to block"
+    unknown = [h for h in c.hosts if h not in pool.hosts]
+    if unknown:
+        return f"unknown host(s) {unknown}"
+    if c.until_ts <= c.ts:
+        return f"until_ts {c.until_ts} is not after the command's ts {c.ts}"
+    return blocked_fraction_problem(
+        set(pool.blocked()), set(c.hosts), len(pool.hosts), view.max_blocked_fraction
+    )
+
+
+def _apply_block(c: r.BlockNodes, job: JobActions, fallback: bool) -> None:
+    for host in c.hosts:
+        job.block_host(host, c.until_ts, c.cause, c.id)
+
+
+def _guard_unblock(c: r.UnblockNodes, view: JobView) -> str | None:
+    unknown = [h for h in c.hosts if h not in view.pool.hosts]
+    if unknown:
+        return f"unknown host(s) {unknown}"
+    return None
+
+
+def _apply_unblock(c: r.UnblockNodes, job: JobActions, fallback: bool) -> None:
+    for host in c.hosts:
+        if host in job.pool.blocked():
+            job.unblock_host(host, c.id)
+
+
+# --------------------------------------------------------------------------- failover
+
+
+def _guard_restart(c: r.RestartTasks, view: JobView) -> str | None:
+    if not c.tasks:
+        return "no tasks to restart"
+    for task in c.tasks:
+        problem = _subtask_problem(view, task.vertex, task.subtask)
+        if problem:
+            return problem
+    return None
+
+
+def _apply_restart(c: r.RestartTasks, job: JobActions, fallback: bool) -> None:
+    for task in c.tasks:
+        job.restart_task(ExecutionVertexId(task.vertex, task.subtask), c.not_before_ts)
+
+
+def _guard_fail(c: r.FailJob, view: JobView) -> str | None:
+    return None
+
+
+def _apply_fail(c: r.FailJob, job: JobActions, fallback: bool) -> None:
+    job.fail_job(c.reason)
+
+
+HANDLERS: Mapping[type[r.Command], Handler[Any]] = {
+    r.SetParallelism: Handler(_guard_set_parallelism, _apply_set_parallelism),
+    r.LaunchSpeculativeAttempts: Handler(_guard_speculate, _apply_speculate),
+    r.BlockNodes: Handler(_guard_block, _apply_block),
+    r.UnblockNodes: Handler(_guard_unblock, _apply_unblock),
+    r.RestartTasks: Handler(_guard_restart, _apply_restart),
+    r.FailJob: Handler(_guard_fail, _apply_fail),
+}
+
+
+def handler_for(command: r.Command) -> Handler[Any] | None:
+    return HANDLERS.get(type(command))

@@ -1,9 +1,9 @@
-"""The agent's driver loop: turns the job graph into attempts, facts into events, and commands
-into changes.
+"""The agent's driver loop: turns the chained job graph into attempts deployed to slot runners,
+facts into events, and commands into changes.
 
-One thread owns all state. Spark job threads, the command consumer and the tick timer only post
-messages to its inbox, so every decision the agent takes happens in one order, which is the order
-of the events it publishes.
+One thread owns all state. Runner connections, Spark's runner jobs and the command consumer only
+post typed messages to its inbox, so every decision the agent takes happens in one order, which
+is the order of the events it publishes.
 """
 
 from __future__ import annotations
@@ -12,14 +12,31 @@ import logging
 import queue
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tailguard.agent.driver import plans
-from tailguard.agent.driver.commands import CommandValidator
+from tailguard.agent.driver.commands import handler_for
+from tailguard.agent.driver.fallbacks import LocalFallbacks
+from tailguard.agent.driver.ports import (
+    CommandReceived,
+    FromRunner,
+    InboxMessage,
+    Publisher,
+    RunnerConnected,
+    RunnerLost,
+    Runtime,
+)
 from tailguard.agent.driver.result import AttemptSummary, RunResult
-from tailguard.agent.driver.slots import SlotPool, SlotRequest
+from tailguard.agent.driver.slots import (
+    ExecutionVertexId,
+    RegionRequest,
+    Slot,
+    SlotPool,
+    SlotRequest,
+    SpeculativeRequest,
+)
 from tailguard.agent.driver.state import (
     Attempt,
     AttemptStatus,
@@ -28,11 +45,11 @@ from tailguard.agent.driver.state import (
     slot_requests,
 )
 from tailguard.agent.executor.attempt import AttemptOutcome
+from tailguard.agent.executor.protocol import AttemptEnded, AttemptProgressed, AttemptStarted
 from tailguard.agent.executor.sources import Split, discover_splits
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
-from tailguard.decider.policy import ParallelismDecider
-from tailguard.failover.policy import FailoverStrategy
+from tailguard.agent.graph.chaining import ChainedJob, chain
 from tailguard.model import records as r
 from tailguard.model.config import SERVICES_KEY, Settings
 from tailguard.model.ids import event_id
@@ -44,63 +61,29 @@ def new_job_id(job: Job) -> str:
     return f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
-class Runtime:
-    """Where attempts run (the Spark runtime implements this)."""
-
-    def executors(self) -> dict[str, int]:  # host -> slots
-        raise NotImplementedError
-
-    def submit(
-        self, key: tuple[str, int, int], host: str, payload: Any, done: Callable[[Any], None]
-    ) -> None:
-        raise NotImplementedError
-
-    def cancel(self, key: tuple[str, int, int]) -> None:
-        raise NotImplementedError
-
-
-class Publisher:
-    """Where facts go (Kafka and the archive, or the archive alone)."""
-
-    def publish(self, record: r.Record) -> None:
-        raise NotImplementedError
-
-    def received(self, record: r.Record) -> None:
-        """A finding or command from the services (archived on arrival)."""
-        raise NotImplementedError
-
-    def local(self, record: r.Record) -> None:
-        """A decision the agent made itself as a fallback."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-
-@dataclass
-class _Pending:
-    """A decision the agent computed locally, applied if no service sends it in time."""
-
-    command: r.Command
-    deadline: int
-    what: str
-
-
 @dataclass
 class RunOptions:
     services: bool = True
     storage: Storage | None = None
     progress: bool = True
-    # Test hooks that inject real failures: {(vertex, subtask, attempt): message}
+    # Test hooks that inject real failures: {(chain, subtask, attempt): message}
     fail_attempts: dict[tuple[str, int, int], str] = field(default_factory=dict)
     # Called with each event after publishing (tests, the demo's live view).
     on_event: Callable[[r.Event], None] | None = None
-    # Called once after JobSubmitted is published, with the runner (tests use it to act mid-job).
-    on_start: Callable[[JobRunner], None] | None = None
+    # Called once after JobSubmitted is published, with the driver (tests use it to act mid-job).
+    on_start: Callable[[JobDriver], None] | None = None
     executor_wait_s: float = 60.0
 
 
-class JobRunner:
+@dataclass
+class _Dispatch:
+    """Driver-side timings of one attempt, for the dispatch overhead."""
+
+    sent: float
+    running: float | None = None
+
+
+class JobDriver:
     def __init__(
         self,
         job: Job,
@@ -109,8 +92,10 @@ class JobRunner:
         settings: Settings,
         options: RunOptions,
         job_id: str | None = None,
+        inbox: queue.Queue[InboxMessage] | None = None,
     ) -> None:
         self.job = job
+        self.graph: ChainedJob = chain(job)
         self.runtime = runtime
         self.publisher = publisher
         self.settings = settings
@@ -118,18 +103,15 @@ class JobRunner:
         self.job_id = job_id or new_job_id(job)
         assert options.storage is not None, "RunOptions.storage is required"
         self.storage = options.storage
-        self.state = ExecutionState(
-            job,
+        self._state = ExecutionState(
+            self.graph,
             settings.integer("execution.batch.adaptive.auto-parallelism.max-parallelism"),
         )
-        self.pool = SlotPool()
-        self.inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._pool = SlotPool()
+        self.inbox: queue.Queue[InboxMessage] = inbox if inbox is not None else queue.Queue()
         self.sequence = 0
         self.splits: dict[str, list[Split]] = {}
-        self.decider = ParallelismDecider(settings)
-        self.failover = FailoverStrategy(settings)
-        self.validator = CommandValidator(self)
-        self.pending: dict[str, _Pending] = {}
+        self.fallbacks = LocalFallbacks(settings, options.services)
         self.applied: set[str] = set()
         self.fallback_notes: list[str] = []
         self.rejected: list[tuple[str, str, str]] = []
@@ -141,12 +123,44 @@ class JobRunner:
         self.finished_ms = 0
         self.events_published = 0
         self.check_interval = settings.duration_ms("slow-task-detector.check-interval")
-        self.decider_timeout = settings.duration_ms("decider.timeout")
-        self.failover_timeout = settings.duration_ms("failover.timeout")
-        self.max_concurrent = settings.integer(
+        self._max_concurrent = settings.integer(
             "execution.batch.speculative.max-concurrent-executions"
         )
+        self._max_blocked_fraction = settings.number("blocklist.max-blocked-fraction")
+        self._attempt_on_slot: dict[str, Attempt] = {}
+        self._dispatch: dict[tuple[str, int, int], _Dispatch] = {}
+        self.dispatch_ms: list[float] = []
+        self.deploy_to_running_ms: list[float] = []
+        self.runners_lost = 0
         self._progress: Any = None
+        self._handlers: Mapping[type, Callable[[Any], None]] = {
+            RunnerConnected: self._on_runner_connected,
+            RunnerLost: self._on_runner_lost,
+            FromRunner: self._on_runner_report,
+            CommandReceived: self._on_command,
+        }
+
+    # ================================================================ the views commands use
+
+    @property
+    def state(self) -> ExecutionState:
+        return self._state
+
+    @property
+    def pool(self) -> SlotPool:
+        return self._pool
+
+    @property
+    def split_counts(self) -> Mapping[str, int]:
+        return {name: len(splits) for name, splits in self.splits.items()}
+
+    @property
+    def max_concurrent(self) -> int:
+        return self._max_concurrent
+
+    @property
+    def max_blocked_fraction(self) -> float:
+        return self._max_blocked_fraction
 
     # ================================================================ events
 
@@ -161,7 +175,7 @@ class JobRunner:
         self.publisher.publish(event)
         self.events_published += 1
         # The local cores see exactly what the services see.
-        self._local_decisions(event)
+        self.fallbacks.observe(event)
         if self.options.on_event is not None:
             self.options.on_event(event)
         return event
@@ -177,17 +191,9 @@ class JobRunner:
             **fields,
         )
 
-    def _local_decisions(self, event: r.Event) -> None:
-        for core, timeout, what in (
-            (self.decider, self.decider_timeout, "parallelism"),
-            (self.failover, self.failover_timeout, "failover"),
-        ):
-            for out in core.handle(event):
-                assert isinstance(out, r.Command)
-                if out.id in self.applied:
-                    continue
-                deadline = event.ts + (timeout if self.options.services else 0)
-                self.pending[out.id] = _Pending(out, deadline, what)
+    def post(self, message: InboxMessage) -> None:
+        """Thread-safe entry for other threads (runner connections, the command consumer)."""
+        self.inbox.put(message)
 
     # ================================================================ lifecycle
 
@@ -196,9 +202,11 @@ class JobRunner:
         try:
             self._start()
             self._loop()
-        except BaseException as err:  # the job must end with a JobFinished, whatever happened
-            if self.status is None:
-                self._end(r.JobStatus.FAILED, f"agent error: {err!r}")
+        except Exception as err:  # the job ends with a JobFinished and a result, whatever happened
+            log.exception("agent error in job %s", self.job_id)
+            self._end(r.JobStatus.FAILED, f"agent error: {err!r}")
+        except BaseException:  # Ctrl-C or interpreter exit: record the end, then let it go
+            self._end(r.JobStatus.CANCELED, "interrupted")
             raise
         finally:
             self._close()
@@ -206,14 +214,14 @@ class JobRunner:
 
     def _start(self) -> None:
         split_bytes: dict[str, tuple[int, ...]] = {}
-        for name, vertex in self.job.vertices.items():
+        for name, vertex in self.graph.vertices.items():
             if vertex.source is not None:
                 self.splits[name] = discover_splits(vertex.source)
                 split_bytes[name] = tuple(s.bytes for s in self.splits[name])
-        for vertex in self.job.vertices.values():
+        for vertex in self.graph.vertices.values():
             if vertex.sink is not None:
                 plans.prepare_sink(vertex.sink)
-        spec = self.job.spec(split_bytes)
+        spec = self.graph.spec(split_bytes)
         # Whether the services run is part of the record: a replay must know which decisions
         # were made live and which only by the local fallbacks.
         config = {
@@ -221,49 +229,33 @@ class JobRunner:
             SERVICES_KEY: "on" if self.options.services else "off",
         }
         self.emit(r.JobSubmitted, name=self.job.name, graph=spec, config=config)
-        self._await_executors()
-        self._refresh_nodes()
+        self.runtime.start(self.job_id, self.post)
+        self._await_first_runner()
         if self.options.on_start is not None:
             self.options.on_start(self)
         self._initialize_static()
 
-    def _await_executors(self) -> None:
+    def _await_first_runner(self) -> None:
         deadline = time.monotonic() + self.options.executor_wait_s
-        while not self.runtime.executors():
-            if time.monotonic() > deadline:
+        while not self._pool.hosts:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise RuntimeError(
-                    f"no Spark executor registered within {self.options.executor_wait_s:.0f} s"
+                    f"no slot runner connected within {self.options.executor_wait_s:.0f} s "
+                    f"({self.runners_lost} runner(s) ended before connecting; see the log)"
                 )
-            time.sleep(0.2)  # polling Spark's status tracker: it has no registration callback
-
-    def _refresh_nodes(self) -> None:
-        current = self.runtime.executors()
-        for host, slots in sorted(current.items()):
-            if self.pool.add_host(host, slots):
-                self.emit(r.NodeAdded, host=host, slots=slots)
-        for host in sorted(set(self.pool.hosts) - set(current)):
-            self.pool.remove_host(host)
-            self.emit(r.NodeRemoved, host=host, reason="executor lost")
-            for attempt in self.state.live_attempts():
-                if attempt.host == host:
-                    self._attempt_ended(
-                        attempt,
-                        AttemptOutcome(
-                            ok=False,
-                            host=host,
-                            started_at_ms=attempt.deployed_at,
-                            finished_at_ms=self.now(),
-                            error=r.ErrorKind.NODE_LOST,
-                            message=f"executor on {host} lost",
-                        ),
-                    )
+            try:
+                message = self.inbox.get(timeout=left)
+            except queue.Empty:
+                continue
+            self._dispatch_message(message)
 
     def _loop(self) -> None:
         next_tick = self.now() + self.check_interval
         while self.status is None:
             self._apply_due_fallbacks()
             self._schedule()
-            if self.state.all_done():
+            if self._state.all_done():
                 self._succeed()
                 break
             now = self.now()
@@ -271,41 +263,91 @@ class JobRunner:
                 self._tick()
                 next_tick = now + self.check_interval
                 continue
+            wake = next_tick
+            deadline = self.fallbacks.next_deadline()
+            if deadline is not None:
+                wake = min(wake, max(deadline, now))
             try:
-                kind, payload = self.inbox.get(timeout=max(0.0, (next_tick - now) / 1000.0))
+                message = self.inbox.get(timeout=max(0.0, (wake - now) / 1000.0))
             except queue.Empty:
                 continue
-            self._dispatch(kind, payload)
+            self._dispatch_message(message)
             # Drain what else arrived without waiting, before scheduling again.
             while self.status is None:
                 try:
-                    kind, payload = self.inbox.get_nowait()
+                    message = self.inbox.get_nowait()
                 except queue.Empty:
                     break
-                self._dispatch(kind, payload)
+                self._dispatch_message(message)
 
-    def _dispatch(self, kind: str, payload: Any) -> None:
-        if kind == "outcome":
-            key, outcome = payload
-            attempt = self._attempt(key)
-            if attempt is not None:
-                self._attempt_ended(attempt, outcome)
-        elif kind == "command":
-            self._on_command(payload)
+    def _dispatch_message(self, message: InboxMessage) -> None:
+        self._handlers[type(message)](message)
 
     def _tick(self) -> None:
         self.emit(r.Tick)
-        self._refresh_nodes()
+        self.runtime.ensure_runners()
         now = self.now()
-        for host in self.pool.expired_blocks(now):
-            self.pool.unblock(host)
-            self.blocks.append((host, self.block_started.pop(host, now), now))
-            self.emit(r.NodeUnblocked, host=host)
+        for host in self._pool.expired_blocks(now):
+            self.unblock_host(host, None)
         self._update_progress()
 
-    def post(self, kind: str, payload: Any) -> None:
-        """Thread-safe entry for other threads (Spark callbacks, command consumer)."""
-        self.inbox.put((kind, payload))
+    # ================================================================ runners
+
+    def _on_runner_connected(self, message: RunnerConnected) -> None:
+        if self._pool.add_slot(message.host, message.slot):
+            self.emit(r.NodeAdded, host=message.host, slots=message.host_slots)
+
+    def _on_runner_lost(self, message: RunnerLost) -> None:
+        self.runners_lost += 1
+        attempt = self._attempt_on_slot.pop(message.slot, None)
+        host, host_gone = self._pool.remove_slot(message.slot)
+        if attempt is not None:
+            attempt.slot = None
+            self._attempt_ended(
+                attempt,
+                AttemptOutcome(
+                    ok=False,
+                    host=attempt.host,
+                    started_at_ms=attempt.deployed_at,
+                    finished_at_ms=self.now(),
+                    error=r.ErrorKind.NODE_LOST,
+                    message=f"slot runner {message.slot} lost: {message.reason}",
+                ),
+            )
+        if host is not None and host_gone:
+            self.emit(r.NodeRemoved, host=host, reason=message.reason)
+        if host is not None and self.status is None:
+            # A runner that ended with its executor still there (a cancelled attempt that
+            # ignored the flag, a crashed worker process) is replaced at once.
+            self.runtime.ensure_runners()
+
+    def _on_runner_report(self, message: FromRunner) -> None:
+        report = message.message
+        attempt = self._attempt_on_slot.get(message.slot)
+        if attempt is None or attempt.key != report.key:
+            return  # about an attempt this slot no longer holds (it was lost and replaced)
+        timing = self._dispatch.get((attempt.vertex, attempt.subtask, attempt.number))
+        if isinstance(report, AttemptStarted):
+            if timing is not None and timing.running is None:
+                timing.running = message.received
+                self.deploy_to_running_ms.append((message.received - timing.sent) * 1000.0)
+        elif isinstance(report, AttemptProgressed):
+            if attempt.live:
+                self._attempt_event(
+                    r.AttemptProgress,
+                    attempt,
+                    records_read=report.records_read,
+                    bytes_read=report.bytes_read,
+                    bytes_total=report.bytes_total,
+                )
+        elif isinstance(report, AttemptEnded):
+            if timing is not None:
+                round_trip = (message.received - timing.sent) * 1000.0
+                self.dispatch_ms.append(max(0.0, round_trip - report.run_ms))
+            del self._attempt_on_slot[message.slot]
+            self._pool.release(message.slot)
+            attempt.slot = None
+            self._attempt_ended(attempt, report.outcome)
 
     # ================================================================ initialisation
 
@@ -315,11 +357,11 @@ class JobRunner:
         progress = True
         while progress:
             progress = False
-            for name in self.state.vertices:
-                vertex = self.state.vertices[name]
+            for name in self._state.vertices:
+                vertex = self._state.vertices[name]
                 if vertex.initialized or vertex.definition.parallelism is None:
                     continue
-                inputs = plans.static_subtask_inputs(self.state, name, self.splits.get(name))
+                inputs = plans.static_subtask_inputs(self._state, name, self.splits.get(name))
                 if inputs is None:
                     continue
                 self._initialize(name, vertex.definition.parallelism, inputs, "fixed", None)
@@ -333,7 +375,7 @@ class JobRunner:
         by: str,
         command_id: str | None,
     ) -> None:
-        self.state.initialize(name, parallelism, inputs, by)
+        self._state.initialize(name, parallelism, inputs, by)
         self.emit(
             r.VertexInitialized,
             vertex=name,
@@ -347,81 +389,71 @@ class JobRunner:
     # ================================================================ scheduling
 
     def _schedule(self) -> None:
-        now = self.now()
-        queued = {req.key for req in self.pool.pending()}
-        for request in slot_requests(self.state, queued):
-            if len(request.tasks) > 1 and not self.pool.could_ever_place(request):
+        queued = self._pool.queued_keys()
+        for request in slot_requests(self._state, queued):
+            if len(request.tasks) > 1 and not self._pool.could_ever_place(request):
                 # FLIP-119 needs the largest region to fit; it waits in case executors join.
                 log.warning(
                     "pipelined region %s needs %d slots, the cluster has %d: it waits for more",
                     request.key,
                     len(request.tasks),
-                    self.pool.total_slots(),
+                    self._pool.total_slots(),
                 )
-            self.pool.request(request)
-        for request, placed in self.pool.assign(now):
-            kind = request.key[0] if isinstance(request.key, tuple) else "task"
-            if kind == "region":
+            self._pool.request(request)
+        for request, placed in self._pool.assign(self.now()):
+            if isinstance(request.key, RegionRequest):
                 self._deploy_region(request, placed)
                 continue
-            for task, host in placed.items():
-                vertex_name, index = task  # type: ignore[misc]
-                subtask = self.state.subtask(vertex_name, index)
-                if (
-                    subtask is None
-                    or (kind == "task" and not subtask.wanted)
-                    or (subtask.winner is not None and kind != "task")
-                ):
-                    self.pool.release(host)
-                    continue
-                speculative = kind == "speculative"
-                command_id = request.key[1] if speculative else None  # type: ignore[index]
-                if not speculative:
-                    subtask.wanted = False
-                self._deploy(subtask, host, speculative, command_id)
+            task, slot = next(iter(placed.items()))
+            subtask = self._state.subtask(*task)
+            if subtask is None or not self._still_wanted(request, subtask):
+                # The job changed while the request waited (a restart, a winner, an input
+                # being re-produced): give the slot back; a fresh request follows when due.
+                self._pool.release(slot.slot_id)
+                continue
+            if isinstance(request.key, SpeculativeRequest):
+                self._deploy(subtask, slot, True, request.key.command_id)
+            else:
+                subtask.wanted = False
+                self._deploy(subtask, slot, False, None)
 
-    def _deploy_region(self, request: SlotRequest, placed: dict[object, str]) -> None:
+    def _still_wanted(self, request: SlotRequest, subtask: Subtask) -> bool:
+        if isinstance(request.key, SpeculativeRequest):
+            return (
+                subtask.winner is None
+                and bool(subtask.live_attempts())
+                and self._state.inputs_available(subtask)
+            )
+        return self._state.deployable(subtask)
+
+    def _deploy_region(self, request: SlotRequest, placed: dict[ExecutionVertexId, Slot]) -> None:
         """Deploy a pipelined region's bulk at once, producers first (the request lists them in
         topological order), each consumer naming the producer attempts deployed with it."""
         tasks = tuple(request.tasks)
-        region = self.state.region_of(*tasks[0])  # type: ignore[misc]
-        if region is None or self.state.bulk_ready(region) != tasks:
+        region = self._state.region_of(*tasks[0])
+        if region is None or self._state.bulk_ready(region) != tasks:
             # The region changed while queued (a restart, a finished task): ask again.
-            for host in placed.values():
-                self.pool.release(host)
+            for slot in placed.values():
+                self._pool.release(slot.slot_id)
             return
-        together: dict[tuple[str, int], int] = {}
-        for subtask in self.state.subtasks_of(tasks):  # type: ignore[arg-type]
+        together: dict[ExecutionVertexId, int] = {}
+        for subtask in self._state.subtasks_of(tasks):
             subtask.wanted = False
-            together[(subtask.vertex, subtask.index)] = self._deploy(
-                subtask, placed[(subtask.vertex, subtask.index)], False, None, together
-            )
+            task = ExecutionVertexId(subtask.vertex, subtask.index)
+            together[task] = self._deploy(subtask, placed[task], False, None, together)
 
     def _deploy(
         self,
         subtask: Subtask,
-        host: str,
+        slot: Slot,
         speculative: bool,
         command_id: str | None,
-        together: dict[tuple[str, int], int] | None = None,
+        together: dict[ExecutionVertexId, int] | None = None,
     ) -> int:
-        """Deploy a new attempt of `subtask` on `host`; returns its number."""
+        """Deploy a new attempt of `subtask` to `slot`; returns its number."""
         number = subtask.next_number()
-        attempt = Attempt(
-            vertex=subtask.vertex,
-            subtask=subtask.index,
-            number=number,
-            host=host,
-            speculative=speculative,
-            command_id=command_id,
-            deployed_at=self.now(),
-        )
-        subtask.attempts.append(attempt)
-        self._attempt_event(
-            r.AttemptDeploying, attempt, speculative=speculative, command_id=command_id
-        )
         spec = plans.task_spec(
-            self.state,
+            self._state,
             self.job_id,
             self.storage,
             subtask,
@@ -430,35 +462,32 @@ class JobRunner:
             self.options.fail_attempts.get((subtask.vertex, subtask.index, number)),
             together,
         )
-        key = attempt.key
-        self.runtime.submit(
-            key, host, spec, lambda outcome, key=key: self.post("outcome", (key, outcome))
+        attempt = Attempt(
+            vertex=subtask.vertex,
+            subtask=subtask.index,
+            number=number,
+            host=slot.host,
+            speculative=speculative,
+            command_id=command_id,
+            deployed_at=self.now(),
+            slot=slot.slot_id,
         )
+        subtask.attempts.append(attempt)
+        self._attempt_event(
+            r.AttemptDeploying, attempt, speculative=speculative, command_id=command_id
+        )
+        self._attempt_on_slot[slot.slot_id] = attempt
+        self._dispatch[(attempt.vertex, attempt.subtask, number)] = _Dispatch(time.perf_counter())
+        self.runtime.deploy(slot.slot_id, spec)
         return number
-
-    def _attempt(self, key: tuple[str, int, int]) -> Attempt | None:
-        subtask = self.state.subtask(key[0], key[1])
-        if subtask is None or key[2] >= len(subtask.attempts):
-            return None
-        return subtask.attempts[key[2]]
 
     # ================================================================ outcomes
 
-    def _attempt_ended(self, attempt: Attempt, outcome: Any) -> None:
+    def _attempt_ended(self, attempt: Attempt, outcome: AttemptOutcome) -> None:
         if attempt.status is not AttemptStatus.DEPLOYING:
             return
-        self.pool.release(attempt.host)
-        subtask = self.state.subtask(attempt.vertex, attempt.subtask)
+        subtask = self._state.subtask(attempt.vertex, attempt.subtask)
         assert subtask is not None
-        if not isinstance(outcome, AttemptOutcome):
-            outcome = AttemptOutcome(
-                ok=False,
-                host=attempt.host,
-                started_at_ms=attempt.deployed_at,
-                finished_at_ms=self.now(),
-                error=r.ErrorKind.INFRA,
-                message=f"Spark job failed: {str(outcome)[:1500]}",
-            )
         attempt.outcome = outcome
         attempt.finished_at = self.now()
         if attempt.cancel_reason is not None:
@@ -472,11 +501,7 @@ class JobRunner:
             attempt.status = AttemptStatus.CANCELED
             attempt.cancel_reason = r.CancelReason.LOST_RACE.value
             self._discard_output(attempt)
-            self._attempt_event(
-                r.AttemptCanceled,
-                attempt,
-                reason=r.CancelReason.LOST_RACE,
-            )
+            self._attempt_event(r.AttemptCanceled, attempt, reason=r.CancelReason.LOST_RACE)
         else:
             attempt.status = AttemptStatus.FAILED
             self._attempt_event(
@@ -494,14 +519,16 @@ class JobRunner:
         subtask.winner = attempt
         subtask.available = True
         subtask.wanted = False
-        vertex = self.state.vertices[subtask.vertex]
+        vertex = self._state.vertices[subtask.vertex]
         if vertex.definition.sink is not None:
             try:
+                assert outcome.staged is not None, "a sink attempt reports what it staged"
                 plans.commit(self.storage, vertex.definition.sink, outcome.staged)
             except OSError as err:
                 # The staged file is gone or changed: this attempt did not produce the output.
                 subtask.winner = None
                 subtask.available = False
+                subtask.wanted = True
                 attempt.status = AttemptStatus.FAILED
                 self._attempt_event(
                     r.AttemptFailed,
@@ -522,119 +549,131 @@ class JobRunner:
         )
         for other in subtask.live_attempts():
             self._cancel(other, r.CancelReason.LOST_RACE)
-        self.pool.cancel_task((subtask.vertex, subtask.index), "speculative")
+        self._pool.cancel_speculative(ExecutionVertexId(subtask.vertex, subtask.index))
 
     def _cancel(self, attempt: Attempt, reason: r.CancelReason) -> None:
         if not attempt.live:
             return
         attempt.cancel_reason = reason.value
-        self.runtime.cancel(attempt.key)
-        self._attempt_event(
-            r.AttemptCanceled,
-            attempt,
-            reason=reason,
-        )
+        if attempt.slot is not None:
+            self.runtime.cancel(attempt.slot, attempt.key)
+        self._attempt_event(r.AttemptCanceled, attempt, reason=reason)
 
     def _discard_output(self, attempt: Attempt) -> None:
-        vertex = self.state.vertices[attempt.vertex]
+        vertex = self._state.vertices[attempt.vertex]
         plans.discard(self.storage, self.job_id, vertex.definition, attempt)
 
     def _mark_unavailable(self, partition: r.PartitionRef) -> None:
-        producer = self.state.subtask(partition.vertex, partition.subtask)
+        producer = self._state.subtask(partition.vertex, partition.subtask)
         winner = producer.winner if producer is not None else None
         if producer is not None and winner is not None and winner.number == partition.attempt:
             producer.available = False
 
     # ================================================================ commands
 
-    def _on_command(self, command: r.Command) -> None:
+    def _on_command(self, message: CommandReceived) -> None:
+        command = message.command
         if command.job_id != self.job_id:
             return
         if command.id in self.applied:
             return  # each id at most once: a restarted service re-emits the same ids
         self.applied.add(command.id)
-        self.pending.pop(command.id, None)
+        self.fallbacks.settle(command.id)
         self._apply(command, fallback=False)
 
     def _apply(self, command: r.Command, fallback: bool) -> None:
         kind = type(command).__name__
-        reason = self.validator.reject_reason(command)
-        if reason is not None:
-            self.rejected.append((command.id, kind, reason))
-            self.emit(r.CommandRejected, command_id=command.id, command_type=kind, reason=reason)
+        handler = handler_for(command)
+        try:
+            reason = (
+                f"unknown command type {kind}" if handler is None else handler.guard(command, self)
+            )
+        except Exception as err:  # a guard that trips over the command rejects it
+            log.exception("checking %s %s", kind, command.id)
+            reason = f"invalid command: {err!r}"
+        if reason is not None or handler is None:
+            self._reject(command, reason or "no handler")
             return
         # Confirm before the effects, so the archive reads cause -> effect.
         self.emit(r.CommandApplied, command_id=command.id, command_type=kind)
-        if isinstance(command, r.SetParallelism):
-            by = "agent-fallback" if fallback else "decider"
-            self._initialize(
-                command.vertex, command.parallelism, command.subtask_inputs, by, command.id
-            )
-        elif isinstance(command, r.LaunchSpeculativeAttempts):
-            subtask = self.state.subtask(command.vertex, command.subtask)
-            assert subtask is not None
-            avoid = frozenset(command.avoid_hosts) | {a.host for a in subtask.live_attempts()}
-            for n in range(command.count):
-                self.pool.request(
-                    SlotRequest(
-                        key=("speculative", command.id, n),
-                        tasks=[(command.vertex, command.subtask)],
-                        avoid={(command.vertex, command.subtask): avoid},
-                    )
-                )
-        elif isinstance(command, r.BlockNodes):
-            for host in command.hosts:
-                self.block_started.setdefault(host, self.now())
-                self.pool.block(host, command.until_ts)
-                self.emit(
-                    r.NodeBlocked,
-                    host=host,
-                    until_ts=command.until_ts,
-                    cause=command.cause,
-                    command_id=command.id,
-                )
-        elif isinstance(command, r.UnblockNodes):
-            for host in command.hosts:
-                if host in self.pool.blocked():
-                    self.pool.unblock(host)
-                    self.blocks.append((host, self.block_started.pop(host, self.now()), self.now()))
-                    self.emit(r.NodeUnblocked, host=host, command_id=command.id)
-        elif isinstance(command, r.RestartTasks):
-            for task in command.tasks:
-                subtask = self.state.subtask(task.vertex, task.subtask)
-                assert subtask is not None
-                for attempt in subtask.live_attempts():
-                    self._cancel(attempt, r.CancelReason.RESTART)
-                if subtask.winner is not None:
-                    subtask.winner = None
-                    subtask.available = False
-                    subtask.committed = False
-                subtask.wanted = True
-                subtask.not_before = command.not_before_ts
-        elif isinstance(command, r.FailJob):
-            self._end(r.JobStatus.FAILED, command.reason)
+        try:
+            handler.apply(command, self, fallback)
+        except Exception as err:
+            # The guard let through a command the state could not take: say so and go on.
+            log.exception("applying %s %s", kind, command.id)
+            self._reject(command, f"failed while applying: {err!r}")
+
+    def _reject(self, command: r.Command, reason: str) -> None:
+        kind = type(command).__name__
+        self.rejected.append((command.id, kind, reason))
+        self.emit(r.CommandRejected, command_id=command.id, command_type=kind, reason=reason)
 
     def _apply_due_fallbacks(self) -> None:
-        if not self.pending:
-            return
-        now = self.now()
-        for cid in [c for c, p in self.pending.items() if p.deadline <= now]:
-            pending = self.pending.pop(cid)
-            if cid in self.applied:
+        for due in self.fallbacks.due(self.now()):
+            if due.command.id in self.applied:
                 continue
-            self.applied.add(cid)
-            why = "no service answered in time" if self.options.services else "services off"
-            kind = type(pending.command).__name__
-            note = f"{pending.what}: {why}, applied local {kind} {cid}"
-            self.fallback_notes.append(note)
-            log.info(note)
-            self.publisher.local(pending.command)
-            self._apply(pending.command, fallback=True)
+            self.applied.add(due.command.id)
+            self.fallback_notes.append(due.note)
+            log.info(due.note)
+            self.publisher.local(due.command)
+            self._apply(due.command, fallback=True)
+
+    # ---------------------------------------------------------------- JobActions
+
+    def initialize_vertex(
+        self,
+        name: str,
+        parallelism: int,
+        inputs: tuple[r.SubtaskInputs, ...],
+        by: str,
+        command_id: str,
+    ) -> None:
+        self._initialize(name, parallelism, inputs, by, command_id)
+
+    def request_speculative(
+        self, task: ExecutionVertexId, command_id: str, count: int, avoid: frozenset[str]
+    ) -> None:
+        for n in range(count):
+            self._pool.request(
+                SlotRequest(
+                    key=SpeculativeRequest(task, command_id, n),
+                    tasks=[task],
+                    avoid={task: avoid},
+                )
+            )
+
+    def block_host(self, host: str, until_ts: int, cause: str, command_id: str) -> None:
+        self.block_started.setdefault(host, self.now())
+        self._pool.block(host, until_ts)
+        self.emit(r.NodeBlocked, host=host, until_ts=until_ts, cause=cause, command_id=command_id)
+
+    def unblock_host(self, host: str, command_id: str | None) -> None:
+        now = self.now()
+        self._pool.unblock(host)
+        self.blocks.append((host, self.block_started.pop(host, now), now))
+        self.emit(r.NodeUnblocked, host=host, command_id=command_id)
+
+    def restart_task(self, task: ExecutionVertexId, not_before_ts: int) -> None:
+        subtask = self._state.subtask(*task)
+        assert subtask is not None, f"restart of unknown task {task}"
+        for attempt in subtask.live_attempts():
+            self._cancel(attempt, r.CancelReason.RESTART)
+        if subtask.winner is not None:
+            subtask.winner = None
+            subtask.available = False
+            subtask.committed = False
+        subtask.wanted = True
+        subtask.not_before = not_before_ts
+        # Queued requests were made against the old state: drop them, fresh ones follow.
+        self._pool.cancel_speculative(task)
+
+    def fail_job(self, reason: str) -> None:
+        self._end(r.JobStatus.FAILED, reason)
 
     # ================================================================ the end
 
     def _succeed(self) -> None:
-        for vertex in self.state.vertices.values():
+        for vertex in self._state.vertices.values():
             if vertex.definition.sink is not None:
                 plans.finalize_sink(self.storage, vertex.definition.sink)
         self._end(r.JobStatus.SUCCEEDED, "")
@@ -642,20 +681,25 @@ class JobRunner:
     def _end(self, status: r.JobStatus, message: str) -> None:
         if self.status is not None:
             return
-        for attempt in self.state.live_attempts():
-            self._cancel(attempt, r.CancelReason.JOB_CANCELED)
-        for vertex in self.state.vertices.values():
-            if vertex.definition.sink is not None:
-                continue
-            for subtask in vertex.subtasks:
-                if subtask.winner is not None and subtask.available:
-                    subtask.available = False
-                    self.emit(
-                        r.PartitionReleased,
-                        partition=r.PartitionRef(vertex.name, subtask.index, subtask.winner.number),
-                    )
-        plans.release_job(self.storage, self.job_id)
-        for host in self.pool.blocked():
+        try:
+            for attempt in self._state.live_attempts():
+                self._cancel(attempt, r.CancelReason.JOB_CANCELED)
+            for vertex in self._state.vertices.values():
+                if vertex.definition.sink is not None:
+                    continue
+                for subtask in vertex.subtasks:
+                    if subtask.winner is not None and subtask.available:
+                        subtask.available = False
+                        self.emit(
+                            r.PartitionReleased,
+                            partition=r.PartitionRef(
+                                vertex.name, subtask.index, subtask.winner.number
+                            ),
+                        )
+            plans.release_job(self.storage, self.job_id)
+        except Exception:  # the job's end must be recorded even if the cleanup fails
+            log.exception("cleaning up job %s", self.job_id)
+        for host in self._pool.blocked():
             self.blocks.append((host, self.block_started.pop(host, self.now()), self.now()))
         self.status = status
         # The job's own end: closing the publisher afterwards (draining late decisions into
@@ -667,19 +711,22 @@ class JobRunner:
     def _close(self) -> None:
         if self._progress is not None:
             self._progress.close()
-        self.publisher.close()
+        try:
+            self.runtime.close()
+        finally:
+            self.publisher.close()
 
     def _update_progress(self) -> None:
         if not self.options.progress:
             return
-        done, known = self.state.counts()
+        done, known = self._state.counts()
         if self._progress is None:
             from tqdm import tqdm
 
             self._progress = tqdm(total=known, desc=self.job.name, unit="task", leave=False)
         self._progress.total = known
         self._progress.n = done
-        live = self.state.live_attempts()
+        live = self._state.live_attempts()
         self._progress.set_postfix(
             running=len(live), speculative=sum(1 for a in live if a.speculative), refresh=False
         )
@@ -687,7 +734,7 @@ class JobRunner:
 
     def _result(self) -> RunResult:
         summaries = []
-        for vertex in self.state.vertices.values():
+        for vertex in self._state.vertices.values():
             for subtask in vertex.subtasks:
                 for a in subtask.attempts:
                     end = a.finished_at or self.now()
@@ -718,11 +765,11 @@ class JobRunner:
             attempts=tuple(summaries),
             parallelism={
                 v.name: (v.parallelism or 0, v.decided_by or "-")
-                for v in self.state.vertices.values()
+                for v in self._state.vertices.values()
             },
             outputs={
                 v.name: v.definition.sink.path
-                for v in self.state.vertices.values()
+                for v in self._state.vertices.values()
                 if v.definition.sink is not None
             },
             archive=getattr(self.publisher, "archive_path", None),
@@ -731,4 +778,8 @@ class JobRunner:
             commands_rejected=tuple(self.rejected),
             fallbacks=tuple(self.fallback_notes),
             events_published=self.events_published,
+            chains={name: c.operators for name, c in self.graph.vertices.items()},
+            dispatch_ms=tuple(self.dispatch_ms),
+            deploy_to_running_ms=tuple(self.deploy_to_running_ms),
+            runners_lost=self.runners_lost,
         )

@@ -6,13 +6,15 @@ tested without a cluster.
 
 from __future__ import annotations
 
+from tailguard.agent.driver.slots import ExecutionVertexId
 from tailguard.agent.driver.state import Attempt, ExecutionState, Subtask
 from tailguard.agent.executor import partitions
 from tailguard.agent.executor import sinks as sink_commit
 from tailguard.agent.executor.attempt import InputPlan, OutputPlan, TaskSpec
+from tailguard.agent.executor.sinks import SinkDef, StagedOutput
 from tailguard.agent.executor.sources import Split
 from tailguard.agent.executor.storage import Storage
-from tailguard.agent.graph.api import SinkDef, VertexDef
+from tailguard.agent.graph.chaining import ChainDef
 from tailguard.decider.policy import static_subtask_inputs as _static_inputs
 from tailguard.model.records import SPLITS_INPUT, PartitionRef, SubtaskInputs
 
@@ -52,7 +54,7 @@ def task_spec(
     attempt: int,
     splits: list[Split],
     fail_with: str | None,
-    together: dict[tuple[str, int], int] | None = None,
+    together: dict[ExecutionVertexId, int] | None = None,
 ) -> TaskSpec:
     """`together` maps the tasks already deployed in the same bulk (a pipelined region) to
     their attempt numbers: an input from one of them reads that attempt, once it completes,
@@ -74,12 +76,17 @@ def task_spec(
         checksums: dict[tuple[int, int], str] = {}
         pipelined = False
         for p in range(rng.partition_start, rng.partition_end + 1):
-            if (i.producer, p) in together:
-                attempts[p] = together[(i.producer, p)]
+            if ExecutionVertexId(i.producer, p) in together:
+                attempts[p] = together[ExecutionVertexId(i.producer, p)]
                 pipelined = True
                 continue
             winner = producer.subtasks[p].winner
-            assert winner is not None and winner.outcome is not None
+            if winner is None or winner.outcome is None or not producer.subtasks[p].available:
+                # The scheduler deploys only tasks whose inputs are available; reaching this
+                # is a driver bug, which fails the job cleanly rather than the attempt.
+                raise RuntimeError(
+                    f"{subtask.vertex}#{subtask.index}: input {i.producer}#{p} is not available"
+                )
             attempts[p] = winner.number
             for sp in range(rng.subpartition_start, rng.subpartition_end + 1):
                 checksums[(p, sp)] = winner.outcome.checksums[sp]
@@ -94,18 +101,42 @@ def task_spec(
         vertex=definition.name,
         subtask=subtask.index,
         attempt=attempt,
-        fn=definition.fn,
-        style=definition.style,
+        steps=definition.steps,
         source=definition.source,
         splits=chosen_splits,
         inputs=tuple(inputs),
         output=output,
         sink=definition.sink,
+        input_bytes=_input_bytes(state, subtask, chosen_splits, together),
         fail_with=fail_with,
     )
 
 
-def commit(storage: Storage, sink: SinkDef, staged: object) -> None:
+def _input_bytes(
+    state: ExecutionState,
+    subtask: Subtask,
+    splits: tuple[Split, ...],
+    together: dict[ExecutionVertexId, int],
+) -> int | None:
+    """The bytes the attempt is assigned, from the producers' reported subpartition sizes (for
+    progress); None when a producer deployed with it has not reported yet."""
+    total = sum(s.bytes for s in splits)
+    for rng in subtask.inputs:
+        if rng.input == SPLITS_INPUT:
+            continue
+        producer = state.vertices[rng.input]
+        for p in range(rng.partition_start, rng.partition_end + 1):
+            if ExecutionVertexId(rng.input, p) in together:
+                return None
+            winner = producer.subtasks[p].winner
+            if winner is None or winner.outcome is None:
+                return None
+            sizes = winner.outcome.bytes_per_subpartition
+            total += sum(sizes[rng.subpartition_start : rng.subpartition_end + 1])
+    return total
+
+
+def commit(storage: Storage, sink: SinkDef, staged: StagedOutput) -> None:
     sink_commit.commit_sink_output(storage, staged, sink.path)
 
 
@@ -117,7 +148,7 @@ def finalize_sink(storage: Storage, sink: SinkDef) -> None:
     sink_commit.finalize_sink(sink.path)
 
 
-def discard(storage: Storage, job_id: str, definition: VertexDef, attempt: Attempt) -> None:
+def discard(storage: Storage, job_id: str, definition: ChainDef, attempt: Attempt) -> None:
     """Remove what a losing or cancelled attempt wrote (it may still be writing: best effort;
     the job's release at the end sweeps the rest)."""
     outcome = attempt.outcome

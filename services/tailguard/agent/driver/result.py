@@ -35,6 +35,14 @@ class RunResult:
     commands_rejected: tuple[tuple[str, str, str], ...] = ()  # (id, type, reason)
     fallbacks: tuple[str, ...] = ()
     events_published: int = 0
+    # chain -> the user's operators it ran, head first
+    chains: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Per attempt, driver-measured: deploy sent -> outcome back, minus the runner's own run time
+    # (the dispatch overhead), and deploy sent -> the runner's "started".
+    dispatch_ms: tuple[float, ...] = ()
+    deploy_to_running_ms: tuple[float, ...] = ()
+    # Slot runners that ended during the job (executor lost, worker killed, cancel timeout).
+    runners_lost: int = 0
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -72,6 +80,11 @@ class RunResult:
         ]
         for vertex, (p, by) in self.parallelism.items():
             lines.append(f"  {vertex}: parallelism {p} decided by {by}")
+        if self.dispatch_ms:
+            ordered = sorted(self.dispatch_ms)
+            p50 = ordered[len(ordered) // 2]
+            p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+            lines.append(f"dispatch overhead: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
         if self.blocked:
             for host, start, until in self.blocked:
                 lines.append(f"blocked {host} for {(until - start) / 1000:.1f} s")

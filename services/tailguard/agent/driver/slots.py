@@ -1,56 +1,125 @@
-"""The slot pool and placement: one slot per executor core, blocked hosts skipped.
+"""The slot pool and placement: one slot per connected slot runner, blocked hosts skipped.
 
-Requests are served oldest first (FLIP-119's FIFO assignment); a request for a pipelined region
-is a bulk that is served only when every one of its tasks can get a slot at once, so regions
-never hold part of the cluster while waiting for the rest (no allocation deadlock).
+A slot is a runner (Flink's TaskExecutor slot): it appears when its runner connects and goes
+when the runner's connection or Spark task ends. Requests are served oldest first (FLIP-119's
+FIFO assignment); a request for a pipelined region is a bulk that is served only when every one
+of its tasks can get a slot at once, so regions never hold part of the cluster while waiting for
+the rest (no allocation deadlock).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class ExecutionVertexId(NamedTuple):
+    """One subtask of one chain (Flink's ExecutionVertexID)."""
+
+    vertex: str
+    subtask: int
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """A subtask that needs its (next) attempt."""
+
+    task: ExecutionVertexId
+
+
+@dataclass(frozen=True)
+class SpeculativeRequest:
+    """One of the copies a `LaunchSpeculativeAttempts` command asked for."""
+
+    task: ExecutionVertexId
+    command_id: str
+    copy: int
+
+
+@dataclass(frozen=True)
+class RegionRequest:
+    """A pipelined region's bulk, named by its first task."""
+
+    head: ExecutionVertexId
+
+
+RequestKey = TaskRequest | SpeculativeRequest | RegionRequest
+
+
+class Slot(NamedTuple):
+    host: str
+    slot_id: str
 
 
 @dataclass
 class Host:
     name: str
-    slots: int
-    used: int = 0
+    # Slot ids in the order their runners connected (placement takes the first free one).
+    slots: list[str] = field(default_factory=list)
+    busy: set[str] = field(default_factory=set)
     blocked_until: int | None = None
 
     @property
+    def capacity(self) -> int:
+        return len(self.slots)
+
+    @property
     def free(self) -> int:
-        return max(0, self.slots - self.used)
+        return len(self.slots) - len(self.busy)
 
 
 @dataclass
 class SlotRequest:
     """A bulk of tasks that must start together; `avoid` lists hosts each must not use."""
 
-    key: object
-    tasks: list[object]
-    avoid: dict[object, frozenset[str]] = field(default_factory=dict)
+    key: RequestKey
+    tasks: list[ExecutionVertexId]
+    avoid: dict[ExecutionVertexId, frozenset[str]] = field(default_factory=dict)
     not_before: int = 0
 
 
 class SlotPool:
     def __init__(self) -> None:
         self.hosts: dict[str, Host] = {}
+        self._host_of: dict[str, str] = {}
         self._queue: list[SlotRequest] = []
 
     # ------------------------------------------------------------- cluster changes
 
-    def add_host(self, name: str, slots: int) -> bool:
-        """True if the host is new."""
-        host = self.hosts.get(name)
-        if host is None:
-            self.hosts[name] = Host(name, slots)
-            return True
-        host.slots = slots
-        return False
+    def add_slot(self, host: str, slot_id: str) -> bool:
+        """A runner connected; True if its host is new to the pool."""
+        entry = self.hosts.get(host)
+        new = entry is None
+        if entry is None:
+            entry = self.hosts[host] = Host(host)
+        if slot_id not in entry.slots:
+            entry.slots.append(slot_id)
+            self._host_of[slot_id] = host
+        return new
 
-    def remove_host(self, name: str) -> None:
-        self.hosts.pop(name, None)
+    def add_host(self, host: str, slots: int) -> bool:
+        """`slots` anonymous slots on `host` (tests and simulations without runners)."""
+        new = host not in self.hosts
+        for k in range(slots):
+            self.add_slot(host, f"{host}/{k}")
+        return new
+
+    def remove_slot(self, slot_id: str) -> tuple[str | None, bool]:
+        """A runner went away: (its host, whether the host has no slot left and is gone)."""
+        host = self._host_of.pop(slot_id, None)
+        if host is None:
+            return None, False
+        entry = self.hosts[host]
+        entry.slots.remove(slot_id)
+        entry.busy.discard(slot_id)
+        if entry.slots:
+            return host, False
+        del self.hosts[host]
+        return host, True
+
+    def host_of(self, slot_id: str) -> str | None:
+        return self._host_of.get(slot_id)
 
     def block(self, name: str, until: int) -> None:
         if name in self.hosts:
@@ -71,33 +140,39 @@ class SlotPool:
         return sorted(h.name for h in self.hosts.values() if h.blocked_until is not None)
 
     def total_slots(self) -> int:
-        return sum(h.slots for h in self.hosts.values())
+        return sum(h.capacity for h in self.hosts.values())
 
     # ------------------------------------------------------------- requests
 
     def request(self, request: SlotRequest) -> None:
         self._queue.append(request)
 
-    def cancel(self, key: object) -> None:
+    def cancel(self, key: RequestKey) -> None:
         self._queue = [r for r in self._queue if r.key != key]
 
-    def cancel_task(self, task: object, kind: str) -> None:
-        """Drop queued requests of `kind` (the first element of their key) for `task`."""
+    def cancel_speculative(self, task: ExecutionVertexId) -> None:
+        """Drop the queued speculative copies of `task` (it has a winner)."""
         self._queue = [
             r
             for r in self._queue
-            if not (isinstance(r.key, tuple) and r.key[0] == kind and task in r.tasks)
+            if not (isinstance(r.key, SpeculativeRequest) and r.key.task == task)
         ]
 
     def pending(self) -> list[SlotRequest]:
         return list(self._queue)
 
-    def release(self, host: str) -> None:
-        if host in self.hosts:
-            self.hosts[host].used = max(0, self.hosts[host].used - 1)
+    def queued_keys(self) -> set[RequestKey]:
+        return {r.key for r in self._queue}
 
-    def _place(self, request: SlotRequest, usage: dict[str, int]) -> dict[object, str] | None:
-        placed: dict[object, str] = {}
+    def release(self, slot_id: str) -> None:
+        host = self._host_of.get(slot_id)
+        if host is not None:
+            self.hosts[host].busy.discard(slot_id)
+
+    def _place(
+        self, request: SlotRequest, usage: dict[str, int]
+    ) -> dict[ExecutionVertexId, str] | None:
+        placed: dict[ExecutionVertexId, str] = {}
         for task in request.tasks:
             avoid = request.avoid.get(task, frozenset())
             candidates = [
@@ -105,45 +180,55 @@ class SlotPool:
                 for h in self.hosts.values()
                 if h.blocked_until is None
                 and h.name not in avoid
-                and h.slots - usage.get(h.name, h.used) > 0
+                and h.capacity - usage.get(h.name, len(h.busy)) > 0
             ]
             if not candidates:
                 return None
             # Most free slots first spreads the load; the name makes the choice deterministic.
-            best = min(candidates, key=lambda h: (-(h.slots - usage.get(h.name, h.used)), h.name))
-            usage[best.name] = usage.get(best.name, best.used) + 1
+            best = min(
+                candidates,
+                key=lambda h: (-(h.capacity - usage.get(h.name, len(h.busy))), h.name),
+            )
+            usage[best.name] = usage.get(best.name, len(best.busy)) + 1
             placed[task] = best.name
         return placed
 
-    def assign(self, now: int) -> list[tuple[SlotRequest, dict[object, str]]]:
-        """Serve the queue oldest first; returns the requests that got all their slots."""
-        served: list[tuple[SlotRequest, dict[object, str]]] = []
+    def _take(self, host: str) -> str:
+        entry = self.hosts[host]
+        slot_id = next(s for s in entry.slots if s not in entry.busy)
+        entry.busy.add(slot_id)
+        return slot_id
+
+    def assign(self, now: int) -> list[tuple[SlotRequest, dict[ExecutionVertexId, Slot]]]:
+        """Serve the queue oldest first; returns the requests that got all their slots, each
+        slot taken (give it back with `release` if the request turns out stale)."""
+        served: list[tuple[SlotRequest, dict[ExecutionVertexId, Slot]]] = []
         remaining: list[SlotRequest] = []
         for request in self._queue:
             if request.not_before > now:
                 remaining.append(request)
                 continue
-            usage: dict[str, int] = {}
-            placed = self._place(request, usage)
+            placed = self._place(request, {})
             if placed is None:
                 remaining.append(request)
                 continue
-            for host in placed.values():
-                self.hosts[host].used += 1
-            served.append((request, placed))
+            served.append(
+                (request, {task: Slot(host, self._take(host)) for task, host in placed.items()})
+            )
         self._queue = remaining
         return served
 
     def could_ever_place(self, request: SlotRequest) -> bool:
         """Whether the request fits the cluster when idle and unblocked (else it never will)."""
-        saved = {h.name: (h.used, h.blocked_until) for h in self.hosts.values()}
+        usage = {name: 0 for name in self.hosts}
+        saved = {h.name: h.blocked_until for h in self.hosts.values()}
         try:
             for h in self.hosts.values():
-                h.used, h.blocked_until = 0, None
-            return self._place(request, {}) is not None
+                h.blocked_until = None
+            return self._place(request, usage) is not None
         finally:
-            for name, (used, until) in saved.items():
-                self.hosts[name].used, self.hosts[name].blocked_until = used, until
+            for name, until in saved.items():
+                self.hosts[name].blocked_until = until
 
     def hosts_named(self, names: Iterable[str]) -> list[str]:
         return [n for n in names if n in self.hosts]

@@ -8,21 +8,27 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
-from tailguard.agent.driver.slots import SlotRequest
-from tailguard.agent.graph.api import Job, VertexDef, pipelined_groups
+from tailguard.agent.driver.slots import (
+    ExecutionVertexId,
+    RegionRequest,
+    RequestKey,
+    SlotRequest,
+    TaskRequest,
+)
+from tailguard.agent.executor.attempt import AttemptKey, AttemptOutcome
+from tailguard.agent.graph.api import pipelined_groups
+from tailguard.agent.graph.chaining import ChainDef, ChainedJob
 from tailguard.model.records import (
     SPLITS_INPUT,
     Distribution,
     InputRange,
     SubtaskInputs,
-    VertexKind,
 )
 from tailguard.model.topology import ExecutionTopology, JobGraph
 
-# An execution vertex: (vertex name, subtask index).
-Task = tuple[str, int]
+# An execution vertex: (chain name, subtask index).
+Task = ExecutionVertexId
 
 
 class AttemptStatus(enum.Enum):
@@ -41,15 +47,17 @@ class Attempt:
     speculative: bool
     command_id: str | None
     deployed_at: int
+    # The runner it was deployed to.
+    slot: str | None = None
     status: AttemptStatus = AttemptStatus.DEPLOYING
     finished_at: int | None = None
-    outcome: Any = None  # task.AttemptOutcome once it ended
+    outcome: AttemptOutcome | None = None
     # Set when the agent asked Spark to cancel it, so its late outcome is discarded.
     cancel_reason: str | None = None
 
     @property
-    def key(self) -> tuple[str, int, int]:
-        return (self.vertex, self.subtask, self.number)
+    def key(self) -> AttemptKey:
+        return AttemptKey(self.vertex, self.subtask, self.number)
 
     @property
     def live(self) -> bool:
@@ -79,7 +87,7 @@ class Subtask:
 
 @dataclass
 class Vertex:
-    definition: VertexDef
+    definition: ChainDef
     parallelism: int | None = None
     decided_by: str | None = None
     subtasks: list[Subtask] = field(default_factory=list)
@@ -101,7 +109,7 @@ class Vertex:
 class ExecutionState:
     """Vertices in topological order, initialised lazily (FLIP-187's dynamic graph)."""
 
-    def __init__(self, job: Job, default_max_parallelism: int) -> None:
+    def __init__(self, job: ChainedJob, default_max_parallelism: int) -> None:
         self.job = job
         self.default_max_parallelism = default_max_parallelism
         self.vertices: dict[str, Vertex] = {name: Vertex(v) for name, v in job.vertices.items()}
@@ -165,13 +173,13 @@ class ExecutionState:
             inputs[name] = tuple(SubtaskInputs(s.index, s.inputs) for s in vertex.subtasks)
         for region in ExecutionTopology(self._graph, parallelisms, inputs).regions():
             if len(region.tasks) > 1:
-                tasks = tuple((t.vertex, t.subtask) for t in region.tasks)
+                tasks = tuple(ExecutionVertexId(t.vertex, t.subtask) for t in region.tasks)
                 for task in tasks:
                     self.regions[task] = tasks
 
     def region_of(self, vertex: str, index: int) -> tuple[Task, ...] | None:
         """The tasks of the multi-task pipelined region holding the subtask, or None."""
-        return self.regions.get((vertex, index))
+        return self.regions.get(ExecutionVertexId(vertex, index))
 
     def subtask(self, vertex: str, index: int) -> Subtask | None:
         v = self.vertices.get(vertex)
@@ -195,6 +203,17 @@ class ExecutionState:
                     return False
         return True
 
+    def deployable(self, subtask: Subtask) -> bool:
+        """A task alone in its region can get a new attempt now: it is wanted, nothing of it
+        runs, and every partition it reads is available (a consumer whose input is being
+        re-produced waits for it)."""
+        return (
+            subtask.wanted
+            and subtask.winner is None
+            and not subtask.live_attempts()
+            and self.inputs_available(subtask)
+        )
+
     def bulk_ready(self, region: tuple[Task, ...]) -> tuple[Task, ...] | None:
         """The tasks of `region` to deploy together now, or None.
 
@@ -206,7 +225,7 @@ class ExecutionState:
         subtasks = self.subtasks_of(region)
         if any(s.live_attempts() for s in subtasks):
             return None
-        wanted = tuple((s.vertex, s.index) for s in subtasks if s.wanted)
+        wanted = tuple(ExecutionVertexId(s.vertex, s.index) for s in subtasks if s.wanted)
         if not wanted:
             return None
         together = frozenset(wanted)
@@ -223,7 +242,7 @@ class ExecutionState:
         for vertex in self.vertices.values():
             if not vertex.finished():
                 return False
-            if vertex.definition.kind is VertexKind.SINK and not all(
+            if vertex.definition.sink is not None and not all(
                 s.committed for s in vertex.subtasks
             ):
                 return False
@@ -239,7 +258,7 @@ class ExecutionState:
         return done, known
 
 
-def slot_requests(state: ExecutionState, queued: set[object]) -> list[SlotRequest]:
+def slot_requests(state: ExecutionState, queued: set[RequestKey]) -> list[SlotRequest]:
     """The slot requests to add to the pool: one per schedulable task alone in its region, one
     bulk per schedulable multi-task region (FLIP-119), none for what `queued` already holds
     (keys of pending requests)."""
@@ -247,21 +266,13 @@ def slot_requests(state: ExecutionState, queued: set[object]) -> list[SlotReques
     seen: set[Task] = set()
     for vertex in state.vertices.values():
         for subtask in vertex.subtasks:
-            region = state.region_of(vertex.name, subtask.index)
+            task = ExecutionVertexId(vertex.name, subtask.index)
+            region = state.region_of(*task)
             if region is None:
-                key: tuple[object, ...] = ("task", vertex.name, subtask.index)
-                if (
-                    subtask.wanted
-                    and not subtask.live_attempts()
-                    and key not in queued
-                    and state.inputs_available(subtask)
-                ):
+                key: RequestKey = TaskRequest(task)
+                if key not in queued and state.deployable(subtask):
                     requests.append(
-                        SlotRequest(
-                            key=key,
-                            tasks=[(vertex.name, subtask.index)],
-                            not_before=subtask.not_before,
-                        )
+                        SlotRequest(key=key, tasks=[task], not_before=subtask.not_before)
                     )
                 continue
             if region[0] in seen:
@@ -283,6 +294,6 @@ def slot_requests(state: ExecutionState, queued: set[object]) -> list[SlotReques
     return requests
 
 
-def region_key(region: tuple[Task, ...]) -> tuple[object, ...]:
+def region_key(region: tuple[Task, ...]) -> RegionRequest:
     """The pool key of a region's bulk request (named by its first task)."""
-    return ("region", *region[0])
+    return RegionRequest(region[0])

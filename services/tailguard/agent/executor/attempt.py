@@ -1,17 +1,20 @@
-"""What one attempt does inside a Spark task (a Python worker on the chosen host).
+"""What one attempt of a chain does inside its slot runner.
 
-The driver pickles a `TaskSpec`; the task reads its inputs (splits, or subpartition ranges of the
-winning producer attempts, checksum-verified), runs the user's function, and writes its output
-(result partition files, or a staged sink file). It never raises: every failure comes back as an
-`AttemptOutcome` with an error kind, because an exception crossing Spark's boundary arrives in
-the driver as an opaque string.
+The driver sends a `TaskSpec`; the attempt reads its inputs (source splits, or subpartition
+ranges of the winning producer attempts, checksum-verified), runs the chain's operators one after
+the other in this process with no result partition between them, and writes its output (result
+partition files, or a staged sink file). It never raises: every failure comes back as an
+`AttemptOutcome` with an error kind, which the driver turns into events.
+
+Cancellation is cooperative: the attempt checks its `AttemptControl` after every split or
+partition file it reads, between the chain's operators and before writing, and a user operator
+can wait or loop through `control.wait` / `control.check_cancelled`.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -19,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tailguard.agent.executor.control import AttemptCancelled, AttemptControl, bind, unbind
 from tailguard.agent.executor.exchange import hash_partition, round_robin_partition
 from tailguard.agent.executor.partitions import (
     PartitionCorrupt,
@@ -27,10 +31,23 @@ from tailguard.agent.executor.partitions import (
     read_subpartitions,
     write_partition,
 )
-from tailguard.agent.executor.sinks import SinkDef
-from tailguard.agent.executor.sources import SourceDef, Split, read_splits
+from tailguard.agent.executor.sinks import SinkDef, StagedOutput, stage_sink_output
+from tailguard.agent.executor.sources import SourceDef, Split, read_split
+from tailguard.agent.executor.steps import OperatorStep
 from tailguard.agent.executor.storage import Storage
 from tailguard.model.records import Distribution, ErrorKind, InputRange, PartitionRef
+
+
+@dataclass(frozen=True)
+class AttemptKey:
+    """One attempt of one subtask of one chain (Flink's ExecutionAttemptID)."""
+
+    vertex: str
+    subtask: int
+    attempt: int
+
+    def __str__(self) -> str:
+        return f"{self.vertex}#{self.subtask} attempt {self.attempt}"
 
 
 @dataclass(frozen=True)
@@ -70,15 +87,21 @@ class TaskSpec:
     vertex: str
     subtask: int
     attempt: int
-    fn: Any = None  # the user function, or None for sources and sinks
-    style: str = "arrow"
+    # The chain's operators with a function, head first (none for a source or sink alone).
+    steps: tuple[OperatorStep, ...] = ()
     source: SourceDef | None = None
     splits: tuple[Split, ...] = ()
     inputs: tuple[InputPlan, ...] = ()
     output: OutputPlan | None = None
     sink: SinkDef | None = None
-    # Test hooks that exercise failure paths for real: fail this attempt with a USER error.
+    # The bytes assigned to the attempt, for progress (None while a pipelined input's is unknown).
+    input_bytes: int | None = None
+    # Test hook that exercises failure paths for real: fail this attempt with a USER error.
     fail_with: str | None = None
+
+    @property
+    def key(self) -> AttemptKey:
+        return AttemptKey(self.vertex, self.subtask, self.attempt)
 
 
 @dataclass
@@ -91,10 +114,12 @@ class AttemptOutcome:
     records: int = 0
     bytes_per_subpartition: tuple[int, ...] = ()
     checksums: tuple[str, ...] = ()
-    staged: Any = None  # sink: what commit needs
+    staged: StagedOutput | None = None  # sink: what commit needs
     error: ErrorKind | None = None
     message: str = ""
     missing_partition: PartitionRef | None = None
+    # Ended because it was cancelled (the driver has already recorded why).
+    cancelled: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -123,45 +148,49 @@ def _to_arrow(value: Any) -> pa.Table:
     )
 
 
-def _call_user(spec: TaskSpec, tables: list[pa.Table]) -> pa.Table:
-    if spec.style == "pandas":
+def _call(step: OperatorStep, tables: list[pa.Table]) -> pa.Table:
+    if step.style == "pandas":
         args: list[Any] = [t.to_pandas() for t in tables]
     else:
         args = list(tables)
-    return _to_arrow(spec.fn(*args))
+    return _to_arrow(step.fn(*args))
 
 
-def _awaited_checksums(spec: TaskSpec, plan: InputPlan) -> dict[tuple[int, int], str]:
+def _awaited_checksums(
+    spec: TaskSpec, plan: InputPlan, control: AttemptControl
+) -> dict[tuple[int, int], str]:
     """The plan's checksums completed from the markers of producers deployed with this attempt
     (waiting for each to finish writing)."""
     rng = plan.range
     checksums = dict(plan.checksums)
+
+    def abandon() -> str | None:
+        # A producer that fails or is cancelled restarts the region, which cancels this attempt.
+        return "this attempt was cancelled" if control.cancelled else None
+
     for p in range(rng.partition_start, rng.partition_end + 1):
         if (p, rng.subpartition_start) in checksums:
             continue
         producer = PartitionRef(rng.input, p, plan.attempts[p])
-
-        def abandon(producer: PartitionRef = producer) -> str | None:
-            if spec.storage.exists(cancel_marker(spec)):
-                return "this attempt was cancelled"
-            producer_cancel = _cancel_path(
-                spec.storage, spec.job_id, producer.vertex, producer.subtask, producer.attempt
-            )
-            if spec.storage.exists(producer_cancel):
-                return "the producer attempt was cancelled"
-            return None
-
         written = await_partition(spec.storage, spec.job_id, producer, PIPELINED_WAIT_S, abandon)
         for sp in range(rng.subpartition_start, rng.subpartition_end + 1):
             checksums[(p, sp)] = written.checksums[sp]
     return checksums
 
 
-def _read_inputs(spec: TaskSpec) -> tuple[list[pa.Table], int]:
+def _on_read(control: AttemptControl) -> Any:
+    def on_file(rows: int, nbytes: int) -> None:
+        control.read(rows, nbytes)
+        control.check()
+
+    return on_file
+
+
+def _read_inputs(spec: TaskSpec, control: AttemptControl) -> tuple[list[pa.Table], int]:
     tables: list[pa.Table] = []
     total_bytes = 0
     for plan in spec.inputs:
-        checksums = _awaited_checksums(spec, plan) if plan.pipelined else plan.checksums
+        checksums = _awaited_checksums(spec, plan, control) if plan.pipelined else plan.checksums
         table, read_bytes = read_subpartitions(
             spec.storage,
             spec.job_id,
@@ -170,10 +199,39 @@ def _read_inputs(spec: TaskSpec) -> tuple[list[pa.Table], int]:
             (plan.range.partition_start, plan.range.partition_end),
             (plan.range.subpartition_start, plan.range.subpartition_end),
             checksums,
+            on_file=_on_read(control),
         )
         tables.append(table)
         total_bytes += read_bytes
     return tables, total_bytes
+
+
+def _read_source(spec: TaskSpec, control: AttemptControl) -> tuple[list[pa.Table], int]:
+    assert spec.source is not None
+    tables: list[pa.Table] = []
+    for split in spec.splits:
+        table = read_split(spec.source, split)
+        tables.append(table)
+        control.read(table.num_rows, split.bytes)
+        control.check()
+    if not tables:
+        return [pa.table({})], 0
+    merged = pa.concat_tables(tables, promote_options="default")
+    return [merged], sum(s.bytes for s in spec.splits)
+
+
+def _run_chain(spec: TaskSpec, inputs: list[pa.Table], control: AttemptControl) -> pa.Table:
+    """The chain's operators one after the other: the head gets every input (a join gets one
+    table per input), each next operator the previous one's result."""
+    if not spec.steps:
+        if len(inputs) != 1:
+            raise ValueError(f"{spec.vertex}: {len(inputs)} inputs but no operator to combine them")
+        return inputs[0]
+    tables = inputs
+    for step in spec.steps:
+        control.check()
+        tables = [_call(step, tables)]
+    return tables[0]
 
 
 def _split_output(table: pa.Table, output: OutputPlan, subtask: int) -> list[pa.Table]:
@@ -184,21 +242,22 @@ def _split_output(table: pa.Table, output: OutputPlan, subtask: int) -> list[pa.
     return round_robin_partition(table, output.subpartitions, offset=subtask)
 
 
-def execute(spec: TaskSpec) -> AttemptOutcome:
+def execute(spec: TaskSpec, control: AttemptControl | None = None) -> AttemptOutcome:
+    """Run one attempt to its end; `control` is how the runner cancels it."""
+    control = control or AttemptControl(spec.input_bytes)
+    token = bind(control)
     started = _now_ms()
     host = task_host()
     try:
         if spec.fail_with:
             raise RuntimeError(spec.fail_with)
         if spec.source is not None:
-            table = read_splits(spec.source, list(spec.splits))
-            input_bytes = sum(s.bytes for s in spec.splits)
+            inputs, input_bytes = _read_source(spec, control)
         else:
-            inputs, input_bytes = _read_inputs(spec)
-            table = inputs[0] if spec.sink is not None else _call_user(spec, inputs)
+            inputs, input_bytes = _read_inputs(spec, control)
+        table = _run_chain(spec, inputs, control)
+        control.check()
         if spec.sink is not None:
-            from tailguard.agent.executor.sinks import stage_sink_output
-
             staged = stage_sink_output(
                 spec.storage, spec.job_id, spec.vertex, spec.subtask, spec.attempt, table
             )
@@ -213,7 +272,7 @@ def execute(spec: TaskSpec) -> AttemptOutcome:
                 checksums=(staged.checksum,),
                 staged=staged,
             )
-        assert spec.output is not None, "a non-sink vertex needs an output plan"
+        assert spec.output is not None, "a chain without a sink needs an output plan"
         written = write_partition(
             spec.storage,
             spec.job_id,
@@ -230,17 +289,26 @@ def execute(spec: TaskSpec) -> AttemptOutcome:
             bytes_per_subpartition=written.bytes_per_subpartition,
             checksums=written.checksums,
         )
+    except AttemptCancelled as err:
+        outcome = _failed(host, started, ErrorKind.INFRA, str(err), None)
+        outcome.cancelled = True
+        return outcome
     except PartitionMissing as err:
-        return _failed(spec, host, started, ErrorKind.PARTITION_MISSING, str(err), err.partition)
+        if control.cancelled:  # a pipelined wait given up because of the cancellation
+            outcome = _failed(host, started, ErrorKind.INFRA, str(err), None)
+            outcome.cancelled = True
+            return outcome
+        return _failed(host, started, ErrorKind.PARTITION_MISSING, str(err), err.partition)
     except PartitionCorrupt as err:
-        return _failed(spec, host, started, ErrorKind.PARTITION_CORRUPT, str(err), err.partition)
+        return _failed(host, started, ErrorKind.PARTITION_CORRUPT, str(err), err.partition)
     except Exception as err:  # user code: any error is the user's
         detail = "".join(traceback.format_exception_only(type(err), err)).strip()
-        return _failed(spec, host, started, ErrorKind.USER, detail, None)
+        return _failed(host, started, ErrorKind.USER, detail, None)
+    finally:
+        unbind(token)
 
 
 def _failed(
-    spec: TaskSpec,
     host: str,
     started: int,
     kind: ErrorKind,
@@ -256,76 +324,3 @@ def _failed(
         message=message[:2000],
         missing_partition=partition,
     )
-
-
-# ---------------------------------------------------------------------- cancellation
-# Spark's cancellation ends the attempt's job on the driver at once, but the Python worker
-# running the task is killed only by Spark's monitor thread, which polls every 2 s and then waits
-# `spark.python.task.killTimeout` (2 s): measured 3.5 s, with the host's core busy all along. So
-# the agent also drops a marker file on the job's storage (which every executor reaches) and the
-# attempt ends its own worker when it sees it.
-CANCEL_DIR = "cancel"
-CANCEL_POLL_S = 0.05
-CANCELED_EXIT_CODE = 75
-
-
-def cancel_marker(spec: TaskSpec) -> str:
-    return _cancel_path(spec.storage, spec.job_id, spec.vertex, spec.subtask, spec.attempt)
-
-
-def _cancel_path(storage: Storage, job_id: str, vertex: str, subtask: int, attempt: int) -> str:
-    return storage.path(job_id, CANCEL_DIR, vertex, subtask, attempt)
-
-
-def request_cancel(spec: TaskSpec) -> None:
-    """Tell the running attempt `spec` to stop (driver side; idempotent)."""
-    spec.storage.write_atomic(cancel_marker(spec), b"")
-
-
-class _CancelWatch:
-    """Exits this Python worker when the attempt's cancel marker appears.
-
-    Only used inside a Spark task (`run_attempt`): the worker process belongs to the attempt.
-    The lock makes `stop` and the exit exclusive, so a reused worker never dies for an attempt
-    that has already returned.
-    """
-
-    def __init__(self, spec: TaskSpec) -> None:
-        self._storage = spec.storage
-        self._marker = cancel_marker(spec)
-        self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="tg-cancel-watch", daemon=True)
-
-    def __enter__(self) -> _CancelWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._stopped.set()
-
-    def _watch(self) -> None:
-        while not self._stopped.wait(CANCEL_POLL_S):
-            try:
-                cancelled = self._storage.exists(self._marker)
-            except OSError:
-                continue  # storage hiccup: Spark's own kill still applies
-            if cancelled:
-                with self._lock:
-                    if not self._stopped.is_set():
-                        os._exit(CANCELED_EXIT_CODE)
-
-
-def run_attempt(spec: TaskSpec) -> AttemptOutcome:
-    """`execute` inside a Spark task, stoppable through `request_cancel`."""
-    with _CancelWatch(spec):
-        return execute(spec)
-
-
-def run_pickled(payload: bytes) -> bytes:
-    """Entry point used by the Spark runtime: pickled TaskSpec in, pickled outcome out."""
-    from pyspark import cloudpickle
-
-    spec: TaskSpec = cloudpickle.loads(payload)
-    return cloudpickle.dumps(execute(spec))

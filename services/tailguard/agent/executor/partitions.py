@@ -227,11 +227,13 @@ def read_subpartitions(
     partition_range: tuple[int, int],
     subpartition_range: tuple[int, int],
     checksums: dict[tuple[int, int], str],
+    on_file: Callable[[int, int], None] | None = None,
 ) -> tuple[pa.Table, int]:
     """Read subpartitions `subpartition_range` of producer subtasks `partition_range` (both
     inclusive) from their winning `attempts`, verifying every file against `checksums`
     (keyed by (producer subtask, subpartition)). Returns the rows in (subtask, subpartition)
-    order, so a re-run reads the same table, and the number of bytes read."""
+    order, so a re-run reads the same table, and the number of bytes read. `on_file` is called
+    with (rows, bytes) after each file."""
     first_p, last_p = partition_range
     first_sp, last_sp = subpartition_range
     if first_p > last_p or first_sp > last_sp:
@@ -243,8 +245,12 @@ def read_subpartitions(
         for sp in range(first_sp, last_sp + 1):
             path = subpartition_path(storage, job_id, ref, sp)
             data = _read_file(storage, path, ref, checksums[(producer_subtask, sp)])
-            tables.append(_decode(data, path, ref))
+            table = _decode(data, path, ref)
+            tables.append(table)
             read_bytes += data.size
+            if on_file is not None:
+                # Per file: progress reporting and the cooperative cancellation check.
+                on_file(table.num_rows, data.size)
     # Producers may disagree trivially (a column all-null in one file is typed `null` there).
     return pa.concat_tables(tables, promote_options="default"), read_bytes
 

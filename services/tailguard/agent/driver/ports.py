@@ -1,0 +1,91 @@
+"""What the driver needs from the outside world, and the messages it receives from it.
+
+The driver owns all job state on one thread. Everything else (runner connections, Spark's
+runner jobs, the command consumer) talks to it only by posting one of these typed messages to
+its inbox, so every decision happens in one order: the order of the events it publishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from tailguard.agent.executor.attempt import AttemptKey, TaskSpec
+from tailguard.agent.executor.protocol import AttemptEnded, AttemptProgressed, AttemptStarted
+from tailguard.model import records as r
+
+# --------------------------------------------------------------------------- inbox messages
+
+
+@dataclass(frozen=True)
+class RunnerConnected:
+    """A slot runner proved the job secret and is ready for attempts."""
+
+    slot: str
+    host: str
+    # The executor cores Spark reports on the host (what NodeAdded announces).
+    host_slots: int
+
+
+@dataclass(frozen=True)
+class RunnerLost:
+    """A runner's connection closed or its Spark task ended (whichever came first)."""
+
+    slot: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FromRunner:
+    """A runner's report about the attempt it runs."""
+
+    slot: str
+    message: AttemptStarted | AttemptProgressed | AttemptEnded
+    # When the driver received it (time.perf_counter), for the dispatch overhead.
+    received: float
+
+
+@dataclass(frozen=True)
+class CommandReceived:
+    command: r.Command
+
+
+InboxMessage = RunnerConnected | RunnerLost | FromRunner | CommandReceived
+Post = Callable[[InboxMessage], None]
+
+
+# --------------------------------------------------------------------------- ports
+
+
+class Runtime(Protocol):
+    """Where attempts run: slot runners on the cluster's executors (Spark implements it)."""
+
+    def start(self, job_id: str, post: Post) -> None:
+        """Start runners on the executors there are now; report through `post`."""
+
+    def ensure_runners(self) -> None:
+        """Start runners for executor cores without one (executors Spark added or gave back)."""
+
+    def deploy(self, slot: str, spec: TaskSpec) -> None:
+        """Send an attempt to a connected runner (a failure to send arrives as RunnerLost)."""
+
+    def cancel(self, slot: str, key: AttemptKey) -> None:
+        """Ask the runner to stop the attempt (cooperative; it reports AttemptEnded)."""
+
+    def close(self) -> None:
+        """Stop every runner and release what the runtime holds."""
+
+
+class Publisher(Protocol):
+    """Where facts go (Kafka and the archive, or the archive alone)."""
+
+    def publish(self, record: r.Record) -> None: ...
+
+    def received(self, record: r.Record) -> None:
+        """A finding or command from the services (archived on arrival)."""
+
+    def local(self, record: r.Record) -> None:
+        """A decision the agent made itself as a fallback."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,100 @@
+"""The messages between the driver and its slot runners, and how they travel.
+
+Each runner holds one `multiprocessing.connection` to a listener in the driver. Both ends prove
+they know the job's secret (the listener's HMAC challenge, answered and then issued back by the
+client) before a single payload is read, so nothing unauthenticated is ever unpickled. Payloads
+are cloudpickled because a chain's operators are often lambdas or functions of `__main__`.
+
+Why this transport: it is in the standard library, it authenticates both ends, and a connected
+runner turns an attempt around in ~0.3 ms p50 on the local cluster, against 169 ms for a Spark
+job per attempt (design §1). It does not encrypt: on an untrusted network run Spark's own
+encryption for the task payloads and keep driver-executor traffic on a private network.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from tailguard.agent.executor.attempt import AttemptKey, AttemptOutcome, TaskSpec
+
+# --------------------------------------------------------------------------- runner -> driver
+
+
+@dataclass(frozen=True)
+class RunnerHello:
+    """The first message of a runner, once authenticated."""
+
+    runner_id: str
+    host: str  # where the runner was placed (the pinned host)
+    actual_host: str  # what the runner's process sees as its host
+    pid: int
+    version: str
+
+
+@dataclass(frozen=True)
+class AttemptStarted:
+    key: AttemptKey
+
+
+@dataclass(frozen=True)
+class AttemptProgressed:
+    key: AttemptKey
+    records_read: int
+    bytes_read: int
+    bytes_total: int | None
+
+
+@dataclass(frozen=True)
+class AttemptEnded:
+    key: AttemptKey
+    outcome: AttemptOutcome
+    # From the Deploy's arrival to the outcome's sending, on the runner's clock: the driver
+    # subtracts it from its round trip to get the dispatch overhead.
+    run_ms: float
+
+
+RunnerMessage = RunnerHello | AttemptStarted | AttemptProgressed | AttemptEnded
+
+# --------------------------------------------------------------------------- driver -> runner
+
+
+@dataclass(frozen=True)
+class Deploy:
+    spec: TaskSpec
+
+
+@dataclass(frozen=True)
+class Cancel:
+    key: AttemptKey
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    reason: str = ""
+
+
+DriverMessage = Deploy | Cancel | Shutdown
+
+
+def no_delay(conn: Connection) -> None:
+    """Turn off Nagle's algorithm on the connection's socket. Messages are small and often come
+    in pairs (progress, then the outcome): with Nagle on, the second waits for the peer's
+    delayed ACK, which measured a flat 40 ms per attempt on Linux."""
+    with socket.socket(fileno=socket.dup(conn.fileno())) as sock:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def send(conn: Connection, message: RunnerMessage | DriverMessage) -> None:
+    from pyspark import cloudpickle
+
+    conn.send_bytes(cloudpickle.dumps(message))
+
+
+def receive(conn: Connection) -> Any:
+    """The next message; raises EOFError or OSError when the other end is gone."""
+    return pickle.loads(conn.recv_bytes())

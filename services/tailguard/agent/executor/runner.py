@@ -1,0 +1,222 @@
+"""The slot runner: one long-lived Spark task per executor core (Flink's TaskExecutor slot).
+
+It connects back to the driver, says hello, and then runs the attempts the driver deploys to it,
+one at a time, each in a thread of its own so the runner keeps listening: a `Cancel` sets the
+attempt's flag, and progress goes back at least every progress interval. The outcome goes back
+over the same connection. The runner ends when the driver says `Shutdown` or goes away.
+
+An attempt that ignores its cancellation for longer than the grace period takes its worker
+process with it (`os._exit`): Spark then sees the task fail, the driver sees the connection
+close, and it starts a replacement runner on the same executor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection
+from typing import Any
+
+from tailguard.agent.executor.attempt import AttemptKey, TaskSpec, execute, task_host
+from tailguard.agent.executor.control import AttemptControl
+from tailguard.agent.executor.protocol import (
+    AttemptEnded,
+    AttemptProgressed,
+    AttemptStarted,
+    Cancel,
+    Deploy,
+    RunnerHello,
+    RunnerMessage,
+    Shutdown,
+    no_delay,
+    receive,
+    send,
+)
+
+log = logging.getLogger("tailguard.runner")
+
+# Exit status of a worker process ended because its attempt ignored a cancellation.
+CANCEL_EXIT_CODE = 75
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """What a runner needs to find and prove itself to its driver (shipped in the Spark task;
+    never logged or published: `secret` is the job's runner key)."""
+
+    address: tuple[str, int]
+    secret: bytes
+    runner_id: str
+    host: str
+    version: str
+    progress_interval_s: float = 1.0
+    cancel_grace_s: float = 5.0
+
+    def __repr__(self) -> str:  # keep the secret out of any traceback or log line
+        return f"RunnerConfig(runner_id={self.runner_id!r}, host={self.host!r})"
+
+
+class _Running:
+    """The attempt this runner is executing."""
+
+    def __init__(self, spec: TaskSpec) -> None:
+        self.spec = spec
+        self.control = AttemptControl(spec.input_bytes)
+        self.received = time.perf_counter()
+        self.cancel_deadline: float | None = None
+        self.last_report: tuple[int, int] = (-1, -1)
+        self.thread: threading.Thread | None = None
+
+
+class SlotRunner:
+    def __init__(self, config: RunnerConfig, conn: Connection) -> None:
+        self.config = config
+        self.conn = conn
+        self._send_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._running: _Running | None = None
+
+    def _send(self, message: RunnerMessage) -> None:
+        with self._send_lock:
+            send(self.conn, message)
+
+    # ------------------------------------------------------------------ the loop
+
+    def serve(self) -> str:
+        """Run until told to stop; returns why it stopped."""
+        self._send(
+            RunnerHello(
+                runner_id=self.config.runner_id,
+                host=self.config.host,
+                actual_host=task_host(),
+                pid=os.getpid(),
+                version=self.config.version,
+            )
+        )
+        interval = max(0.01, self.config.progress_interval_s)
+        while True:
+            self._watch_running()
+            try:
+                if not self.conn.poll(self._poll_timeout(interval)):
+                    continue
+                message = receive(self.conn)
+            except (EOFError, OSError):
+                self._abandon()
+                return "the driver closed the connection"
+            if isinstance(message, Deploy):
+                self._deploy(message.spec)
+            elif isinstance(message, Cancel):
+                self._cancel(message.key)
+            elif isinstance(message, Shutdown):
+                self._abandon()
+                return f"shut down by the driver{': ' + message.reason if message.reason else ''}"
+
+    def _poll_timeout(self, interval: float) -> float:
+        with self._state_lock:
+            running = self._running
+        if running is None:
+            return interval
+        if running.cancel_deadline is not None:
+            return max(0.0, min(interval, running.cancel_deadline - time.perf_counter()))
+        return interval
+
+    def _watch_running(self) -> None:
+        """Progress of the running attempt, and the end of a cancellation's grace period."""
+        with self._state_lock:
+            running = self._running
+        if running is None:
+            return
+        if running.cancel_deadline is not None and time.perf_counter() >= running.cancel_deadline:
+            # The attempt ignored its cancellation: end the worker process; the driver starts a
+            # replacement runner once Spark reports this task gone.
+            log.warning("%s ignored its cancellation: ending this worker", running.spec.key)
+            os._exit(CANCEL_EXIT_CODE)
+        control = running.control
+        report = (control.records_read, control.bytes_read)
+        if report != running.last_report and running.cancel_deadline is None:
+            running.last_report = report
+            self._send(
+                AttemptProgressed(running.spec.key, report[0], report[1], control.bytes_total)
+            )
+
+    # ------------------------------------------------------------------ attempts
+
+    def _deploy(self, spec: TaskSpec) -> None:
+        with self._state_lock:
+            busy = self._running
+            if busy is None:
+                running = _Running(spec)
+                self._running = running
+        if busy is not None:
+            # The driver never does this; answer it rather than run two attempts in one slot.
+            from tailguard.agent.executor.attempt import AttemptOutcome
+            from tailguard.model.records import ErrorKind
+
+            now = int(time.time() * 1000)
+            self._send(
+                AttemptEnded(
+                    spec.key,
+                    AttemptOutcome(
+                        ok=False,
+                        host=task_host(),
+                        started_at_ms=now,
+                        finished_at_ms=now,
+                        error=ErrorKind.INFRA,
+                        message=f"runner {self.config.runner_id} is busy with {busy.spec.key}",
+                    ),
+                    0.0,
+                )
+            )
+            return
+        running.thread = threading.Thread(
+            target=self._execute, args=(running,), name=f"tg-attempt-{spec.key}", daemon=True
+        )
+        running.thread.start()
+
+    def _execute(self, running: _Running) -> None:
+        self._send(AttemptStarted(running.spec.key))
+        outcome = execute(running.spec, running.control)
+        with self._state_lock:
+            self._running = None
+        run_ms = (time.perf_counter() - running.received) * 1000.0
+        # If the driver is gone the loop notices and ends.
+        with contextlib.suppress(OSError, ValueError):
+            self._send(AttemptEnded(running.spec.key, outcome, run_ms))
+
+    def _cancel(self, key: AttemptKey) -> None:
+        with self._state_lock:
+            running = self._running
+            if running is None or running.spec.key != key:
+                return  # already ended: its outcome is on its way
+            running.control.cancel()
+            if running.cancel_deadline is None:
+                running.cancel_deadline = time.perf_counter() + self.config.cancel_grace_s
+
+    def _abandon(self) -> None:
+        with self._state_lock:
+            running = self._running
+        if running is not None:
+            running.control.cancel()
+            if running.thread is not None:
+                running.thread.join(self.config.cancel_grace_s)
+
+
+def serve(config: RunnerConfig) -> str:
+    """Connect to the driver and serve until stopped (the body of a runner's Spark task)."""
+    conn = Client(config.address, authkey=config.secret)
+    no_delay(conn)
+    try:
+        return SlotRunner(config, conn).serve()
+    finally:
+        conn.close()
+
+
+def run_partition(items: Iterator[Any]) -> Iterator[str]:
+    """`mapPartitions` entry: each element is a `RunnerConfig`; yields why the runner ended."""
+    for config in items:
+        yield serve(config)
