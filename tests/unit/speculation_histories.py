@@ -20,6 +20,7 @@ from tailguard.model.records import (
     AttemptDeploying,
     AttemptFailed,
     AttemptFinished,
+    AttemptProgress,
     BlockNodes,
     CancelReason,
     Distribution,
@@ -138,6 +139,27 @@ class JobEvents:
             checksums=(),
         )
 
+    def progress(
+        self,
+        vertex: str,
+        subtask: int,
+        ts: int,
+        bytes_read: int,
+        bytes_total: int | None = None,
+        host: str = "h0",
+        attempt: int = 0,
+    ) -> AttemptProgress:
+        return AttemptProgress(
+            **self._ids(ts),  # type: ignore[arg-type]
+            vertex=vertex,
+            subtask=subtask,
+            attempt=attempt,
+            host=host,
+            records_read=bytes_read // 100,
+            bytes_read=bytes_read,
+            bytes_total=bytes_total,
+        )
+
     def failed(
         self, vertex: str, subtask: int, ts: int, host: str = "h0", attempt: int = 0
     ) -> AttemptFailed:
@@ -252,6 +274,9 @@ def simulate(params: SimulationParams, settings: Settings | None = None) -> Simu
     now = 0
     applied: set[str] = set()
     launches: list[tuple[int, LaunchSpeculativeAttempts]] = []
+    # (vertex, subtask, attempt) -> deploying ts, for progress reports.
+    started: dict[tuple[str, int, int], int] = {}
+    reports_progress = settings.flag("slow-task-detector.progress-rate.enabled")
 
     def emit(event: Event) -> None:
         run.events.append(event)
@@ -275,6 +300,7 @@ def simulate(params: SimulationParams, settings: Settings | None = None) -> Simu
         next_attempt[task] = attempt + 1
         duration = int(assigned[task] / 1_000_000 * 1000 * speed[host]) + rng.randint(0, 300)
         live.setdefault(task, {})[attempt] = (host, now + duration, speculative)
+        started[(task[0], task[1], attempt)] = now
         busy[host] += 1
         run.max_live_per_subtask = max(run.max_live_per_subtask, len(live[task]))
         emit(ev.deploying(task[0], task[1], now, host, attempt, speculative))
@@ -350,6 +376,15 @@ def simulate(params: SimulationParams, settings: Settings | None = None) -> Simu
         while pending and free_hosts():
             task = pending.pop(0)
             deploy(task, rng.choice(free_hosts()), False)
+        if reports_progress:
+            # Each live attempt reports how far it has read (linear progress), as the slot
+            # runners do every check interval.
+            for task in sorted(live):
+                for attempt, (host, end, _spec) in sorted(live[task].items()):
+                    start = started[(task[0], task[1], attempt)]
+                    total = assigned[task]
+                    read = total * (now - start) // max(1, end - start)
+                    emit(ev.progress(task[0], task[1], now, min(read, total), total, host, attempt))
         emit(ev.tick(now))
         if sink_ready and len(done) == params.sources + params.consumers:
             break

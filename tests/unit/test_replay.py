@@ -20,14 +20,14 @@ from tailguard.replay.engine import Recorded, replay
 SETTINGS = Settings(SIMULATION_CONFIG)
 
 
-def recorded_log() -> list[Recorded]:
+def recorded_log(settings: Settings = SETTINGS) -> list[Recorded]:
     """A job's log as the agent archives it: events, then the findings and commands in the
     order they were emitted (the simulator applies them like the agent)."""
-    run = simulate(SimulationParams(seed=3), SETTINGS)
+    run = simulate(SimulationParams(seed=3), settings)
     assert run.findings and run.commands, "the scenario must produce decisions"
     # The simulator drives the detector, speculator and blocklist; the decider and failover
     # services read the same events live.
-    decider, failover = ParallelismDecider(SETTINGS), FailoverStrategy(SETTINGS)
+    decider, failover = ParallelismDecider(settings), FailoverStrategy(settings)
     others = [out for e in run.events for core in (decider, failover) for out in core.handle(e)]
     return (
         [Recorded(r.EVENTS_TOPIC, e) for e in run.events]
@@ -44,6 +44,31 @@ def test_recorded_decisions_are_reproduced() -> None:
     assert by_name["detector"].reproduced > 0
     assert by_name["speculator"].reproduced > 0
     assert by_name["detector"].line().startswith("detector: ")
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        # The progress-rate rule on top of Flink's, with AttemptProgress events in the log.
+        {"slow-task-detector.progress-rate.enabled": "true"},
+        # FLIP-168's every-slow-attempt blocklist.
+        {"blocklist.min-slow-attempts": "1", "blocklist.evidence-window": "0 ms"},
+        # The decider's other algorithm and options.
+        {
+            "decider.algorithm": "optimal",
+            "execution.batch.adaptive.auto-parallelism.normalize-to-power-of-two": "true",
+            "execution.batch.adaptive.auto-parallelism.max-broadcast-ratio": "0.5",
+        },
+    ],
+)
+def test_every_rule_and_option_is_reproduced(rules: dict[str, str]) -> None:
+    settings = SETTINGS.merged(rules)
+    log = recorded_log(settings)
+    report = replay(log, settings)
+    assert report.differences == 0, [s.line() for s in report.services]
+    by_name = {s.service: s for s in report.services}
+    assert by_name["detector"].reproduced > 0
+    assert by_name["decider"].reproduced > 0
 
 
 def test_duplicates_from_a_restarted_service_are_not_differences() -> None:

@@ -30,6 +30,14 @@ from typing import ClassVar
 
 from tailguard.detector.policy.inputs import ProducerOutputs, assigned_bytes, split_prefix_sums
 from tailguard.detector.policy.median import BaselineElement
+from tailguard.detector.policy.progress import (
+    Progress,
+    ProgressRule,
+    RunningMedian,
+    is_slow,
+    reference_per_byte,
+    time_left_ms,
+)
 from tailguard.model.config import ConfigError, Settings
 from tailguard.model.ids import derived_id
 from tailguard.model.records import (
@@ -37,6 +45,7 @@ from tailguard.model.records import (
     AttemptDeploying,
     AttemptFailed,
     AttemptFinished,
+    AttemptProgress,
     InputRange,
     JobFinished,
     JobSubmitted,
@@ -70,10 +79,12 @@ class _Rule:
     ratio: float
     multiplier: float
     lower_bound_ms: int
+    progress: ProgressRule
 
     @classmethod
     def from_settings(cls, settings: Settings) -> _Rule:
         return cls(
+            progress=ProgressRule.from_settings(settings),
             ratio=settings.number("slow-task-detector.execution-time.baseline-ratio"),
             multiplier=settings.number("slow-task-detector.execution-time.baseline-multiplier"),
             lower_bound_ms=settings.duration_ms(
@@ -88,6 +99,8 @@ class _LiveAttempt:
     host: str
     speculative: bool
     deploying_ts: int
+    # The last AttemptProgress, for the progress-rate rule.
+    progress: Progress | None = None
 
 
 class _VertexState:
@@ -95,6 +108,7 @@ class _VertexState:
         "assigned",
         "done",
         "finished",
+        "finished_per_byte",
         "inputs",
         "k",
         "latest_attempt",
@@ -128,6 +142,8 @@ class _VertexState:
         self.done: set[int] = set()
         # Known assigned input bytes per subtask (inputs never change once initialised).
         self.assigned: dict[int, int] = {}
+        # Every finished attempt's time per byte, for the progress-rate rule's reference.
+        self.finished_per_byte = RunningMedian()
         self.k = 0
         self.plain: BaselineElement | None = None
         self.per_byte: BaselineElement | None = None
@@ -186,6 +202,14 @@ class SlowTaskDetector:
             return []
         if isinstance(record, Tick):
             return self._check(record, job)
+        if isinstance(record, AttemptProgress):
+            vertex = self._subtask_vertex(job, record.vertex, record.subtask)
+            live = (
+                None if vertex is None else vertex.live.get(record.subtask, {}).get(record.attempt)
+            )
+            if live is not None:
+                live.progress = Progress(record.ts, record.bytes_read, record.bytes_total)
+            return []
         if isinstance(record, AttemptDeploying | AttemptFinished | AttemptFailed | AttemptCanceled):
             vertex = self._subtask_vertex(job, record.vertex, record.subtask)
             if vertex is None:
@@ -284,6 +308,8 @@ class SlowTaskDetector:
             if size is not None:
                 key = time_per_byte(execution_ms, size)
                 vertex.per_byte.add(key, event.subtask, (execution_ms, size))
+                if size > 0:
+                    vertex.finished_per_byte.add(execution_ms / size)
         if not (won and live.speculative):
             return []
         self._speculative_wins += 1
@@ -336,27 +362,37 @@ class SlowTaskDetector:
         self, tick: Tick, job: _JobState, name: str, vertex: _VertexState
     ) -> SlowTasksDetected | None:
         n = vertex.parallelism
-        if n is None or not self._ratio_reached(vertex, n, job.rule.ratio):
+        if n is None:
             return None
-        baseline = self._baseline(vertex, job.rule.multiplier)
-        if baseline is None:
+        rule = job.rule
+        flink = None
+        if self._ratio_reached(vertex, n, rule.ratio):
+            flink = self._baseline(vertex, rule.multiplier)
+        tau = None
+        if rule.progress.enabled:
+            tau = self._progress_reference(vertex, rule.progress)
+        if flink is None and tau is None:
             return None
-        baseline_ms, baseline_per_byte = baseline
+        candidates: dict[int, None] = {}
+        if flink is not None:
+            candidates.update(dict.fromkeys(self._old_enough(tick.ts, rule.lower_bound_ms, vertex)))
+        if tau is not None:
+            candidates.update(dict.fromkeys(self._reporting(tick.ts, vertex, rule.progress)))
         slow: list[SlowSubtask] = []
-        for subtask in self._old_enough(tick.ts, job.rule.lower_bound_ms, vertex):
+        for subtask in candidates:
             attempts = vertex.live[subtask]
-            entries = self._judge(
-                tick.ts, job, vertex, subtask, attempts, baseline_ms, baseline_per_byte
-            )
+            entries = self._judge(tick.ts, job, vertex, subtask, attempts, flink, tau)
             if entries is not None:
                 slow.append(SlowSubtask(subtask, entries, vertex.latest_attempt[subtask]))
         if not slow and not vertex.reported_slow:
             return None
         vertex.reported_slow = bool(slow)
         slow.sort(key=lambda s: s.subtask)
+        # Flink's baseline once R has finished; before that, the progress rule's reference.
+        baseline_ms, per_byte = flink if flink is not None else (0, tau)
         ns_per_byte = None
-        if baseline_per_byte is not None and math.isfinite(baseline_per_byte):
-            ns_per_byte = baseline_per_byte * _NS_PER_MS
+        if per_byte is not None and math.isfinite(per_byte):
+            ns_per_byte = per_byte * _NS_PER_MS
         return SlowTasksDetected(
             job_id=tick.job_id,
             ts=tick.ts,
@@ -369,6 +405,31 @@ class SlowTaskDetector:
             slow=tuple(slow),
             hosts=job.host_list(),
         )
+
+    def _progress_reference(self, vertex: _VertexState, rule: ProgressRule) -> float | None:
+        """τ of the progress-rate rule (`progress.reference_per_byte`)."""
+        running: list[float] = []
+        for (subtask, _), live in vertex.live_by_age.items():
+            p = live.progress
+            if p is None or p.bytes_read <= 0 or subtask in vertex.done:
+                continue
+            elapsed = p.ts - live.deploying_ts
+            if elapsed >= rule.min_elapsed_ms:
+                running.append(elapsed / p.bytes_read)
+        self._attempts_examined += len(vertex.live_by_age)
+        return reference_per_byte(running, vertex.finished_per_byte)
+
+    @staticmethod
+    def _reporting(now: int, vertex: _VertexState, rule: ProgressRule) -> list[int]:
+        """Unfinished subtasks with a live attempt that has reported progress and has run for
+        the progress rule's minimum."""
+        subtasks: dict[int, None] = {}
+        for (subtask, _), live in vertex.live_by_age.items():
+            if now - live.deploying_ts < rule.min_elapsed_ms:
+                break  # deploying order: the rest are younger
+            if live.progress is not None and subtask not in vertex.done:
+                subtasks[subtask] = None
+        return list(subtasks)
 
     @staticmethod
     def _ratio_reached(vertex: _VertexState, n: int, ratio: float) -> bool:
@@ -417,26 +478,36 @@ class SlowTaskDetector:
         vertex: _VertexState,
         subtask: int,
         attempts: dict[int, _LiveAttempt],
-        baseline_ms: int,
-        baseline_per_byte: float | None,
+        flink: tuple[int, float | None] | None,
+        tau: float | None,
     ) -> tuple[SlowAttempt, ...] | None:
-        """All live attempts of `subtask` if at least one of them is slow, else None."""
+        """All live attempts of `subtask` if at least one of them is slow by a rule in force,
+        else None."""
         lower_bound = job.rule.lower_bound_ms
+        progress_rule = job.rule.progress
         size = self._assigned(job, vertex, subtask)
         entries: list[SlowAttempt] = []
         any_slow = False
         for live in attempts.values():
             execution_ms = now - live.deploying_ts
-            if execution_ms < lower_bound:
-                is_slow = False
-            elif size is not None and baseline_per_byte is not None:
-                is_slow = time_per_byte(execution_ms, size) >= baseline_per_byte
-            else:
-                # Unknown sizes, or a 0 baseline (ratio 0): plain times, as Flink compares them.
-                is_slow = execution_ms >= baseline_ms
-            any_slow = any_slow or is_slow
+            slow = False
+            if flink is not None and execution_ms >= lower_bound:
+                baseline_ms, baseline_per_byte = flink
+                if size is not None and baseline_per_byte is not None:
+                    slow = time_per_byte(execution_ms, size) >= baseline_per_byte
+                else:
+                    # Unknown sizes, or a 0 baseline (ratio 0): plain times, as Flink does.
+                    slow = execution_ms >= baseline_ms
+            if not slow and tau is not None and live.progress is not None:
+                total = live.progress.bytes_total
+                if total is None:
+                    total = size
+                if total and execution_ms >= progress_rule.min_elapsed_ms:
+                    left = time_left_ms(now, live.deploying_ts, live.progress, total)
+                    slow = is_slow(left, total, tau, progress_rule)
+            any_slow = any_slow or slow
             entries.append(
-                SlowAttempt(live.attempt, live.host, execution_ms, size, live.speculative, is_slow)
+                SlowAttempt(live.attempt, live.host, execution_ms, size, live.speculative, slow)
             )
         if not any_slow:
             return None
