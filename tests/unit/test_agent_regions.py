@@ -4,16 +4,16 @@ speculation guard and the consumer's plan (FLIP-119)."""
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from types import SimpleNamespace
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
 from tailguard.agent.driver import plans
-from tailguard.agent.driver.commands import CommandValidator
-from tailguard.agent.driver.slots import SlotPool
+from tailguard.agent.driver.commands import HANDLERS
+from tailguard.agent.driver.slots import ExecutionVertexId, RegionRequest, SlotPool
 from tailguard.agent.driver.state import Attempt, ExecutionState, region_key, slot_requests
 from tailguard.agent.executor.attempt import (
     AttemptOutcome,
@@ -21,21 +21,24 @@ from tailguard.agent.executor.attempt import (
     OutputPlan,
     TaskSpec,
     execute,
-    request_cancel,
 )
+from tailguard.agent.executor.control import AttemptControl
 from tailguard.agent.executor.partitions import read_subpartitions, write_partition
 from tailguard.agent.executor.sources import Split
+from tailguard.agent.executor.steps import OperatorStep
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job, JobDefinitionError, pipelined_groups
+from tailguard.agent.graph.chaining import chain
 from tailguard.model import records as r
 
 
-def ident(t):
+def ident(t: Any) -> Any:
     return t
 
 
 def pipelined_job(source_p: int = 2, map_p: int = 2, all_to_all: bool = False) -> Job:
-    """src -pipelined-> mid -blocking partition_by-> agg -> sink."""
+    """src -pipelined-> mid -blocking partition_by-> agg -> sink (agg and sink chain as
+    "agg→sink"; a pipelined edge is never chained)."""
     job = Job("pipe")
     src = job.read_parquet("in", name="src", parallelism=source_p)
     edge = src.rebalance() if all_to_all else src
@@ -48,8 +51,12 @@ def pipelined_job(source_p: int = 2, map_p: int = 2, all_to_all: bool = False) -
 SPLITS = [Split(f"in/{k}", None, 100) for k in range(4)]
 
 
+def execution_state(job: Job) -> ExecutionState:
+    return ExecutionState(chain(job), 8)
+
+
 def initialise(state: ExecutionState) -> None:
-    """Initialise every vertex as the runner does for fixed parallelisms."""
+    """Initialise every vertex as the driver does for fixed parallelisms."""
     for name in state.vertices:
         splits = SPLITS if name == "src" else None
         inputs = plans.static_subtask_inputs(state, name, splits)
@@ -107,7 +114,7 @@ def test_pipelined_groups_are_the_connected_vertices() -> None:
 
 
 def test_forward_pipelined_edge_pairs_subtasks_once_both_are_initialised() -> None:
-    state = ExecutionState(pipelined_job(), 8)
+    state = execution_state(pipelined_job())
     state.initialize("src", 2, plans.static_subtask_inputs(state, "src", SPLITS) or (), "fixed")
     assert state.regions == {}  # mid is not initialised yet: no region known
     initialise_rest = plans.static_subtask_inputs(state, "mid", None)
@@ -119,16 +126,17 @@ def test_forward_pipelined_edge_pairs_subtasks_once_both_are_initialised() -> No
 
 
 def test_all_to_all_pipelined_edge_makes_one_region_and_blocking_vertices_stay_alone() -> None:
-    state = ExecutionState(pipelined_job(all_to_all=True), 8)
+    state = execution_state(pipelined_job(all_to_all=True))
     initialise(state)
     region = state.region_of("mid", 0)
     assert region is not None and set(region) == {("src", 0), ("src", 1), ("mid", 0), ("mid", 1)}
     assert region[:2] == (("src", 0), ("src", 1))  # producers first
-    assert state.region_of("agg", 0) is None and state.region_of("sink", 0) is None
+    assert list(state.vertices) == ["src", "mid", "agg→sink"]
+    assert state.region_of("agg→sink", 0) is None  # behind a blocking edge: alone
 
 
 def test_pointwise_ranges_connect_a_consumer_to_its_producers() -> None:
-    state = ExecutionState(pipelined_job(source_p=4, map_p=2), 8)
+    state = execution_state(pipelined_job(source_p=4, map_p=2))
     initialise(state)
     assert state.region_of("mid", 0) == (("src", 0), ("src", 1), ("mid", 0))
     assert state.region_of("mid", 1) == (("src", 2), ("src", 3), ("mid", 1))
@@ -138,23 +146,26 @@ def test_pointwise_ranges_connect_a_consumer_to_its_producers() -> None:
 
 
 def test_a_region_is_requested_as_one_bulk_and_single_tasks_as_before() -> None:
-    state = ExecutionState(pipelined_job(), 8)
+    state = execution_state(pipelined_job())
     initialise(state)
     requests = slot_requests(state, set())
     assert [(q.key, q.tasks) for q in requests] == [
-        (("region", "src", 0), [("src", 0), ("mid", 0)]),
-        (("region", "src", 1), [("src", 1), ("mid", 1)]),
+        (RegionRequest(ExecutionVertexId("src", 0)), [("src", 0), ("mid", 0)]),
+        (RegionRequest(ExecutionVertexId("src", 1)), [("src", 1), ("mid", 1)]),
     ]
+    assert all(isinstance(t, ExecutionVertexId) for q in requests for t in q.tasks)
     # Already queued: not again.
     assert slot_requests(state, {q.key for q in requests}) == []
 
 
 def test_a_region_waits_for_its_blocking_inputs_and_running_tasks() -> None:
     job = pipelined_job()
-    # agg -pipelined-> sink as a second region behind the blocking partition_by.
+    # agg -pipelined-> sink as a second region behind the blocking partition_by (a pipelined
+    # edge is not chained: agg and sink stay two vertices).
     job.vertices["sink"].inputs[0].exchange = r.Exchange.PIPELINED
-    state = ExecutionState(job, 8)
+    state = execution_state(job)
     initialise(state)
+    assert list(state.vertices) == ["src", "mid", "agg", "sink"]
     assert state.region_of("agg", 0) == (("agg", 0), ("sink", 0))
     keys = [q.key for q in slot_requests(state, set())]
     assert region_key((("agg", 0), ("sink", 0))) not in keys
@@ -170,7 +181,7 @@ def test_a_region_waits_for_its_blocking_inputs_and_running_tasks() -> None:
 
 
 def test_a_task_redone_alone_reads_its_finished_partner() -> None:
-    state = ExecutionState(pipelined_job(), 8)
+    state = execution_state(pipelined_job())
     initialise(state)
     finish(state, "src", 0)
     mid = state.subtask("mid", 0)
@@ -180,28 +191,39 @@ def test_a_task_redone_alone_reads_its_finished_partner() -> None:
 
 
 def test_bulk_waits_for_enough_free_slots_oldest_first() -> None:
-    state = ExecutionState(pipelined_job(), 8)
+    state = execution_state(pipelined_job())
     initialise(state)
     pool = SlotPool()
     pool.add_host("h", 3)
     for request in slot_requests(state, set()):
         pool.request(request)
     served = pool.assign(0)
-    assert [q.key for q, _ in served] == [("region", "src", 0)]  # 2 of 3 slots; 1 left
-    pool.release("h")
-    assert [q.key for q, _ in pool.assign(0)] == [("region", "src", 1)]
+    # 2 of 3 slots; 1 left, which region 1 must not take half of.
+    assert [q.key for q, _ in served] == [RegionRequest(ExecutionVertexId("src", 0))]
+    assert [q.key for q in pool.pending()] == [RegionRequest(ExecutionVertexId("src", 1))]
+    (_, placed) = served[0]
+    assert len({slot.slot_id for slot in placed.values()}) == 2
+    pool.release(placed[ExecutionVertexId("src", 0)].slot_id)
+    assert [q.key for q, _ in pool.assign(0)] == [RegionRequest(ExecutionVertexId("src", 1))]
 
 
 # ---------------------------------------------------------------------- plans and commands
 
 
 def test_consumer_plan_names_the_producer_attempt_deployed_with_it(tmp_path) -> None:
-    state = ExecutionState(pipelined_job(), 8)
+    state = execution_state(pipelined_job())
     initialise(state)
     mid = state.subtask("mid", 0)
     assert mid is not None
     spec = plans.task_spec(
-        state, "job", Storage(str(tmp_path)), mid, 0, [], None, together={("src", 0): 3}
+        state,
+        "job",
+        Storage(str(tmp_path)),
+        mid,
+        0,
+        [],
+        None,
+        together={ExecutionVertexId("src", 0): 3},
     )
     (plan,) = spec.inputs
     assert plan.pipelined and plan.attempts == {0: 3} and plan.checksums == {}
@@ -212,23 +234,26 @@ def test_consumer_plan_names_the_producer_attempt_deployed_with_it(tmp_path) -> 
 
 
 def test_speculation_in_a_multi_task_region_is_rejected() -> None:
-    state = ExecutionState(pipelined_job(), 8)
+    state = execution_state(pipelined_job())
     initialise(state)
-    for vertex in ("src", "mid", "agg"):
+    for vertex in ("src", "mid", "agg→sink"):
         subtask = state.subtask(vertex, 0)
         assert subtask is not None
         subtask.attempts.append(Attempt(vertex, 0, 0, "h", False, None, 0))
-    runner = SimpleNamespace(state=state, pool=SlotPool(), max_concurrent=4)
-    validator = CommandValidator(runner)  # type: ignore[arg-type]
+    view = SimpleNamespace(
+        state=state, pool=SlotPool(), max_concurrent=4, split_counts={}, max_blocked_fraction=0.5
+    )
+    guard = HANDLERS[r.LaunchSpeculativeAttempts].guard
 
     def launch(vertex: str) -> r.LaunchSpeculativeAttempts:
         return r.LaunchSpeculativeAttempts(
             job_id="j", ts=1, id=f"c-{vertex}", vertex=vertex, subtask=0, count=1, avoid_hosts=()
         )
 
-    reason = validator.reject_reason(launch("mid"))
-    assert reason is not None and "pipelined region of 2 tasks" in reason
-    assert validator.reject_reason(launch("agg")) is None
+    for vertex in ("src", "mid"):
+        reason = guard(launch(vertex), view)
+        assert reason is not None and "pipelined region of 2 tasks" in reason
+    assert guard(launch("agg→sink"), view) is None
 
 
 # ---------------------------------------------------------------------- the consumer's read
@@ -242,7 +267,7 @@ def consumer_spec(storage: Storage) -> TaskSpec:
         vertex="mid",
         subtask=0,
         attempt=0,
-        fn=lambda t: t.append_column("y", pc.multiply(t["x"], 2)),
+        steps=(OperatorStep("mid", lambda t: t.append_column("y", pc.multiply(t["x"], 2))),),
         inputs=(plan,),
         output=OutputPlan(r.Distribution.FORWARD, (), 1),
     )
@@ -267,10 +292,32 @@ def test_pipelined_consumer_waits_for_the_producer_then_verifies_its_checksums(t
     assert got.column("y").to_pylist() == [2, 4, 6]
 
 
-def test_pipelined_consumer_stops_waiting_when_its_producer_is_cancelled(tmp_path) -> None:
+def test_pipelined_consumer_stops_waiting_when_it_is_cancelled(tmp_path) -> None:
+    """A producer that fails restarts its region, which cancels the consumer waiting for it:
+    the wait ends with a cancelled outcome, not a missing partition to recover."""
     storage = Storage(str(tmp_path))
     spec = consumer_spec(storage)
-    request_cancel(replace(spec, vertex="src", attempt=4))
-    outcome = execute(spec)
+    control = AttemptControl()
+    outcomes: list[AttemptOutcome] = []
+    consumer = threading.Thread(target=lambda: outcomes.append(execute(spec, control)))
+    consumer.start()
+    consumer.join(0.2)
+    assert consumer.is_alive()  # waiting for src#0 attempt 4
+    control.cancel()
+    consumer.join(10)
+    (outcome,) = outcomes
+    assert not outcome.ok and outcome.cancelled
+    assert outcome.missing_partition is None  # nothing for the failover to act on
+    # The cancelled consumer wrote nothing.
+    assert not storage.exists(storage.path("job", "partitions", "mid"))
+
+
+def test_pipelined_consumer_of_a_producer_that_never_writes_times_out_as_missing(
+    tmp_path, monkeypatch
+) -> None:
+    from tailguard.agent.executor import attempt as attempt_module
+
+    monkeypatch.setattr(attempt_module, "PIPELINED_WAIT_S", 0.0)
+    outcome = execute(consumer_spec(Storage(str(tmp_path))))
     assert not outcome.ok and outcome.error is r.ErrorKind.PARTITION_MISSING
     assert outcome.missing_partition == r.PartitionRef("src", 0, 4)
