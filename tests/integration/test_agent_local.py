@@ -60,6 +60,11 @@ def settings_for(tmp: Path, **extra: str) -> Settings:
     )
 
 
+# The sales example runs as two chains.
+HEAD = "sales→score→partial"
+TAIL = "final→sink"
+
+
 def run(job: Any, spark: Any, settings: Settings, options: RunOptions | None = None) -> Any:
     from tailguard.agent.entry import run as run_job
 
@@ -78,18 +83,32 @@ def test_sales_job_matches_pandas_and_replays(spark: Any, tmp_path: Path) -> Non
     data = sales_by_region.generate(tmp_path / "sales", files=4, rows_per_file=3_000)
     out = tmp_path / "out"
     settings = settings_for(tmp_path)
-    result = run(sales_by_region.make_job(data, out), spark, settings)
+    written: set[str] = set()
+
+    def partitions_so_far(event: r.Event) -> None:
+        # Each time the head chain finishes a subtask, which vertices have result partitions.
+        if isinstance(event, r.AttemptFinished) and event.vertex == HEAD:
+            root = tmp_path / "work" / "storage" / event.job_id / "partitions"
+            written.update(p.name for p in root.iterdir())
+
+    options = RunOptions(on_event=partitions_so_far)
+    result = run(sales_by_region.make_job(data, out), spark, settings, options)
 
     assert result.ok, result.summary()
+    # The chain ran as one attempt per subtask, with no partition between its operators.
+    assert result.chains == {HEAD: ("sales", "score", "partial"), TAIL: ("final", "sink")}
+    assert {a.vertex for a in result.attempts} == {HEAD, TAIL}
+    assert len([a for a in result.attempts if a.vertex == HEAD]) == result.parallelism[HEAD][0]
+    assert written == {HEAD}, written
     expected = sales_by_region.reference(data)
     actual = sales_by_region.read_output(out)
     assert actual[expected.columns.tolist()].equals(expected)
     assert (out / "_SUCCESS").exists()
-    assert len(list(out.glob("part-*.parquet"))) == result.parallelism["sink"][0]
+    assert len(list(out.glob("part-*.parquet"))) == result.parallelism[TAIL][0]
     # Every adaptive vertex was decided by the local fallback (services off).
     assert {by for _, by in result.parallelism.values()} == {"agent-fallback"}
     # 4 files x 2 row groups = 8 splits of ~25 KiB: the decider packs them into fewer subtasks.
-    assert 1 <= result.parallelism["sales"][0] <= 8
+    assert 1 <= result.parallelism[HEAD][0] <= 8
 
     report = replay(read_archive(Path(result.archive), settings), settings)
     lines = {s.service: s for s in report.services}
@@ -117,12 +136,12 @@ def test_join_with_broadcast_and_fixed_parallelism(spark: Any, tmp_path: Path) -
 def test_failed_attempt_is_restarted_and_output_stays_exact(spark: Any, tmp_path: Path) -> None:
     data = sales_by_region.generate(tmp_path / "sales", files=3, rows_per_file=2_000)
     out = tmp_path / "out"
-    options = RunOptions(fail_attempts={("partial", 0, 0): "injected failure"})
+    options = RunOptions(fail_attempts={(HEAD, 0, 0): "injected failure"})
     result = run(sales_by_region.make_job(data, out), spark, settings_for(tmp_path), options)
 
     assert result.ok, result.summary()
     failed = [a for a in result.attempts if a.status == "FAILED"]
-    assert [(a.vertex, a.subtask, a.attempt) for a in failed] == [("partial", 0, 0)]
+    assert [(a.vertex, a.subtask, a.attempt) for a in failed] == [(HEAD, 0, 0)]
     assert "injected failure" in (failed[0].error or "")
     assert result.restarts >= 1
     assert any("failover" in note for note in result.fallbacks)
@@ -134,7 +153,7 @@ def test_failed_attempt_is_restarted_and_output_stays_exact(spark: Any, tmp_path
 def test_restart_limit_fails_the_job(spark: Any, tmp_path: Path) -> None:
     data = sales_by_region.generate(tmp_path / "sales", files=2, rows_per_file=1_000)
     settings = settings_for(tmp_path, **{"restart-strategy.fixed-delay.attempts": "1"})
-    failing = {("score", 0, n): "always fails" for n in range(5)}
+    failing = {(HEAD, 0, n): "always fails" for n in range(5)}
     result = run(
         sales_by_region.make_job(data, tmp_path / "out"),
         spark,
@@ -210,13 +229,14 @@ def test_pipelined_source_and_map_are_deployed_together(spark: Any, tmp_path: Pa
     expected = sales_by_region.reference(data)
     actual = sales_by_region.read_output(out)
     assert actual[expected.columns.tolist()].equals(expected)
-    assert deploy_order(events)[:2] == [("sales", 0, 0), ("score", 0, 0)]
-    assert deployed_together(events, ("sales", 0, 0), ("score", 0, 0))
+    # The pipelined edge breaks the chain: sales | score→partial.
+    assert deploy_order(events)[:2] == [("sales", 0, 0), ("score→partial", 0, 0)]
+    assert deployed_together(events, ("sales", 0, 0), ("score→partial", 0, 0))
 
 
 def test_regions_wait_for_enough_free_slots_without_deadlock(spark: Any, tmp_path: Path) -> None:
-    # Two regions {score#k, partial#k} of 2 tasks on 2 slots, behind two blocking source tasks:
-    # a region is placed only when both slots are free, one region at a time.
+    # Two regions {sales→score#k, partial#k} of 2 tasks on 2 slots: a region is placed only
+    # when both slots are free, one region at a time.
     data = sales_by_region.generate(tmp_path / "sales", files=2, rows_per_file=3_000)
     out = tmp_path / "out"
     events: list[r.Event] = []
@@ -228,7 +248,7 @@ def test_regions_wait_for_enough_free_slots_without_deadlock(spark: Any, tmp_pat
     actual = sales_by_region.read_output(out)
     assert actual[expected.columns.tolist()].equals(expected)
     for k in range(2):
-        assert deployed_together(events, ("score", k, 0), ("partial", k, 0))
+        assert deployed_together(events, ("sales→score", k, 0), ("partial", k, 0))
     assert most_live(events) <= 2
 
 
@@ -247,4 +267,4 @@ def test_a_failure_in_a_region_restarts_the_region_as_a_bulk(spark: Any, tmp_pat
     actual = sales_by_region.read_output(out)
     assert actual[expected.columns.tolist()].equals(expected)
     # The producer of the failed consumer is redone with it, in one bulk.
-    assert deployed_together(events, ("score", 0, 1), ("partial", 0, 1))
+    assert deployed_together(events, ("sales→score", 0, 1), ("partial", 0, 1))

@@ -143,8 +143,6 @@ def test_a_consumer_waits_while_its_input_is_re_produced_and_the_job_finishes(
     final#0 while other final subtasks are queued for slots. No final subtask may be deployed
     until partial#0 is produced again, and the job ends with the exact output."""
     runtime = FakeRuntime.hosts(h1=1, h2=1, h3=1)
-    # Ticks keep the driver scheduling even while stale requests hold its only free slot (see
-    # the xfail test below).
     settings = {**SMALL, "slow-task-detector.check-interval": "20 ms"}
     h = Harness(
         sales_job(tmp_path),
@@ -192,12 +190,6 @@ def test_a_consumer_waits_while_its_input_is_re_produced_and_the_job_finishes(
     assert result.commands_rejected == ()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="driver bug: a queued request whose task is no longer deployable takes a free slot "
-    "in SlotPool.assign before _schedule gives it back, so the restarted producer queued "
-    "behind it waits for the next Tick (one stale request dropped per free slot per round)",
-)
 def test_a_restarted_producer_is_deployed_at_once_behind_stale_consumer_requests(
     tmp_path: Path,
 ) -> None:

@@ -372,13 +372,6 @@ def test_spark_runtime_connects_runners_and_relays_their_reports(spark_runtime, 
     assert reports[-1].message.outcome.ok
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-@pytest.mark.xfail(
-    strict=True,
-    reason="adapters/spark.py bug: SparkRuntime._accept catches only OSError, but a refused "
-    "handshake raises multiprocessing.AuthenticationError (and a peer that hangs up raises "
-    "EOFError), neither an OSError: the accept thread dies and no runner can connect again",
-)
 def test_spark_runtime_keeps_accepting_runners_after_refusing_a_peer(spark_runtime) -> None:
     from tailguard.agent.driver.ports import RunnerConnected
 

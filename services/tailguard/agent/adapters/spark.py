@@ -22,6 +22,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 
 from pyspark import SparkContext
@@ -38,6 +39,7 @@ from tailguard.agent.executor.protocol import (
     DriverMessage,
     RunnerHello,
     Shutdown,
+    authenticate_peer,
     no_delay,
     receive,
     send,
@@ -156,7 +158,9 @@ class SparkRuntime:
         conf = self.sc.getConf()
         advertised = "127.0.0.1" if self.local else conf.get("spark.driver.host") or "127.0.0.1"
         bind = "127.0.0.1" if self.local else conf.get("spark.driver.bindAddress") or advertised
-        self._listener = Listener((bind, 0), family="AF_INET", authkey=self._secret)
+        # No authkey here: each connection is authenticated in its own thread (see
+        # `_serve_connection`), so a peer that stalls the handshake blocks no one else.
+        self._listener = Listener((bind, 0), family="AF_INET")
         port = self._listener.address[1]
         self._address = (advertised, port)
         threading.Thread(target=self._accept, name="tg-runner-accept", daemon=True).start()
@@ -242,7 +246,7 @@ class SparkRuntime:
         while not self._closed:
             try:
                 conn = self._listener.accept()
-            except OSError as err:  # includes AuthenticationError: no secret, no slot
+            except (OSError, EOFError, AuthenticationError) as err:  # no secret, no slot
                 if self._closed:
                     return
                 log.warning("refused a runner connection: %s", _first_line(err))
@@ -252,6 +256,13 @@ class SparkRuntime:
             ).start()
 
     def _serve_connection(self, conn: Connection) -> None:
+        try:
+            # Both ends prove the secret before anything is unpickled.
+            authenticate_peer(conn, self._secret, HELLO_TIMEOUT_S)
+        except (OSError, EOFError, AuthenticationError) as err:
+            log.warning("refused a runner connection: %s", _first_line(err))
+            conn.close()
+            return
         try:
             no_delay(conn)
             if not conn.poll(HELLO_TIMEOUT_S):

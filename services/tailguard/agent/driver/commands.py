@@ -8,13 +8,13 @@ with `CommandRejected` and the job goes on.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from tailguard.agent.driver.slots import ExecutionVertexId, SlotPool, SpeculativeRequest
 from tailguard.agent.driver.state import ExecutionState
+from tailguard.blocklist.policy import blocked_fraction_problem
 from tailguard.model import records as r
 from tailguard.model.records import SPLITS_INPUT
 
@@ -113,20 +113,6 @@ def _range_problem(view: JobView, vertex: str, rng: r.InputRange) -> str | None:
         return (
             f"{rng.input}: subpartition range {rng.subpartition_start}.."
             f"{rng.subpartition_end} outside 0..{producer.subpartitions - 1}"
-        )
-    return None
-
-
-def blocked_fraction_problem(
-    blocked: set[str], adding: set[str], hosts: int, fraction: float
-) -> str | None:
-    """Never block so many hosts that the job cannot proceed (`blocklist.max-blocked-fraction`)."""
-    after = blocked | adding
-    limit = math.floor(fraction * hosts)
-    if len(after) > limit:
-        return (
-            f"blocking {sorted(after)} would block {len(after)} of {hosts} hosts, "
-            f"over blocklist.max-blocked-fraction {fraction}"
         )
     return None
 
@@ -232,8 +218,9 @@ def _guard_block(c: r.BlockNodes, view: JobView) -> str | None:
         return f"unknown host(s) {unknown}"
     if c.until_ts <= c.ts:
         return f"until_ts {c.until_ts} is not after the command's ts {c.ts}"
+    # The same rule, written once, that the blocklist service applies before it blocks.
     return blocked_fraction_problem(
-        set(pool.blocked()), set(c.hosts), len(pool.hosts), view.max_blocked_fraction
+        pool.blocked(), c.hosts, pool.hosts.keys(), view.max_blocked_fraction
     )
 
 

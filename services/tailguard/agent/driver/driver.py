@@ -400,24 +400,28 @@ class JobDriver:
                     self._pool.total_slots(),
                 )
             self._pool.request(request)
-        for request, placed in self._pool.assign(self.now()):
+        # A request made stale while it waited (a restart, a winner, an input being
+        # re-produced) is dropped without a slot; a fresh request follows when it is due.
+        for request, placed in self._pool.assign(self.now(), self._still_wanted):
             if isinstance(request.key, RegionRequest):
                 self._deploy_region(request, placed)
                 continue
             task, slot = next(iter(placed.items()))
             subtask = self._state.subtask(*task)
-            if subtask is None or not self._still_wanted(request, subtask):
-                # The job changed while the request waited (a restart, a winner, an input
-                # being re-produced): give the slot back; a fresh request follows when due.
-                self._pool.release(slot.slot_id)
-                continue
+            assert subtask is not None, f"a request for unknown task {task}"
             if isinstance(request.key, SpeculativeRequest):
                 self._deploy(subtask, slot, True, request.key.command_id)
             else:
                 subtask.wanted = False
                 self._deploy(subtask, slot, False, None)
 
-    def _still_wanted(self, request: SlotRequest, subtask: Subtask) -> bool:
+    def _still_wanted(self, request: SlotRequest) -> bool:
+        if isinstance(request.key, RegionRequest):
+            region = self._state.region_of(*request.tasks[0])
+            return region is not None and self._state.bulk_ready(region) == tuple(request.tasks)
+        subtask = self._state.subtask(*request.tasks[0])
+        if subtask is None:
+            return False
         if isinstance(request.key, SpeculativeRequest):
             return (
                 subtask.winner is None

@@ -9,7 +9,7 @@ the rest (no allocation deadlock).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -199,14 +199,19 @@ class SlotPool:
         entry.busy.add(slot_id)
         return slot_id
 
-    def assign(self, now: int) -> list[tuple[SlotRequest, dict[ExecutionVertexId, Slot]]]:
+    def assign(
+        self, now: int, still_wanted: Callable[[SlotRequest], bool] | None = None
+    ) -> list[tuple[SlotRequest, dict[ExecutionVertexId, Slot]]]:
         """Serve the queue oldest first; returns the requests that got all their slots, each
-        slot taken (give it back with `release` if the request turns out stale)."""
+        slot taken. A request `still_wanted` says is stale (the job changed while it waited) is
+        dropped before it can take a slot from the requests behind it."""
         served: list[tuple[SlotRequest, dict[ExecutionVertexId, Slot]]] = []
         remaining: list[SlotRequest] = []
         for request in self._queue:
             if request.not_before > now:
                 remaining.append(request)
+                continue
+            if still_wanted is not None and not still_wanted(request):
                 continue
             placed = self._place(request, {})
             if placed is None:

@@ -13,10 +13,13 @@ encryption for the task payloads and keep driver-executor traffic on a private n
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import socket
+import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any
 
 from tailguard.agent.executor.attempt import AttemptKey, AttemptOutcome, TaskSpec
@@ -87,6 +90,29 @@ def no_delay(conn: Connection) -> None:
     with socket.socket(fileno=socket.dup(conn.fileno())) as sock:
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+@contextlib.contextmanager
+def receive_timeout(conn: Connection, seconds: float) -> Iterator[None]:
+    """Reads on `conn` fail (OSError) after `seconds` of silence, inside the block: a peer that
+    connects and says nothing cannot hold a thread forever."""
+    whole = int(seconds)
+    timeval = struct.pack("ll", whole, int((seconds - whole) * 1_000_000))
+    with socket.socket(fileno=socket.dup(conn.fileno())) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        try:
+            yield
+        finally:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
+
+
+def authenticate_peer(conn: Connection, secret: bytes, timeout_s: float) -> None:
+    """The listener's side of the mutual handshake (what `Listener(authkey=...)` does inside
+    `accept`, moved to the connection's own thread so a silent peer blocks nobody else).
+    Raises `multiprocessing.AuthenticationError`, EOFError or OSError on failure."""
+    with receive_timeout(conn, timeout_s):
+        deliver_challenge(conn, secret)
+        answer_challenge(conn, secret)
 
 
 def send(conn: Connection, message: RunnerMessage | DriverMessage) -> None:
