@@ -5,8 +5,11 @@ barriers, running in waves on a cluster with a few slow hosts and a few skewed t
 the distributions printed at the top of the output. The same scenario runs under four policies:
 
 - none: no speculation;
-- tailguard: the real detector, speculator and blocklist cores, fed the agent's events at
-  simulated time, their commands applied as the agent would (`sim/tailguard_driver.py`);
+- tailguard's real detector, speculator and blocklist cores, fed the agent's events at
+  simulated time, their commands applied as the agent would (`sim/tailguard_driver.py`), in
+  three contenders: tailguard-flip168 (Flink's rule, FLIP-168's every-slow-attempt blocklist),
+  tailguard (Flink's rule, the evidence-based blocklist: the defaults) and tailguard-progress
+  (the progress-rate rule, the evidence-based blocklist);
 - spark: Spark's speculation rule (quantile 0.75, multiplier 1.5, minTaskRuntime, interval);
 - LATE: Zaharia et al., OSDI 2008 (SlowTaskThreshold, SlowNodeThreshold, SpeculativeCap).
 
@@ -30,16 +33,16 @@ from sim.baselines import Late, LateConfig, NoSpeculation, SparkConfig, SparkRul
 from sim.engine import Outcome, Policy, Simulation
 from sim.report import LEGEND, row, seeds_summary, speed, table
 from sim.scenario import ScenarioParams, build, describe
-from sim.tailguard_driver import SIMULATION_SETTINGS, TailguardPolicy
+from sim.tailguard_driver import SIMULATION_SETTINGS, VARIANTS, TailguardPolicy
 
-POLICY_NAMES = ("none", "tailguard", "spark", "LATE")
+POLICY_NAMES = ("none", "tailguard-flip168", "tailguard", "tailguard-progress", "spark", "LATE")
 
 
 def make_policy(name: str, tailguard_settings: dict[str, str] | None = None) -> Policy:
     if name == "none":
         return NoSpeculation()
-    if name == "tailguard":
-        return TailguardPolicy(tailguard_settings)
+    if name in VARIANTS:
+        return TailguardPolicy(tailguard_settings, variant=name)
     if name == "spark":
         return SparkRule()
     if name == "LATE":
@@ -83,7 +86,7 @@ class _ProgressPrinter:
             return
         self.last = time.perf_counter()
         print(
-            f"  … {policy:<9} simulated {now_ms / 1000:>8,.0f} s,"
+            f"  … {policy:<18} simulated {now_ms / 1000:>8,.0f} s,"
             f" {finished:>8,}/{self.tasks:,} tasks finished",
             file=sys.stderr,
             flush=True,
@@ -91,7 +94,7 @@ class _ProgressPrinter:
 
     def done(self, outcome: Outcome) -> None:
         print(
-            f"  {outcome.policy:<9} done in {outcome.wall_seconds:.1f} s wall",
+            f"  {outcome.policy:<18} done in {outcome.wall_seconds:.1f} s wall",
             file=sys.stderr,
             flush=True,
         )
@@ -151,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     print("scale simulation: speculation policies on one seeded scenario")
     for line in describe(params):
         print(f"  {line}")
-    print(f"  {TailguardPolicy(settings).describe()}")
+    for variant in VARIANTS:
+        if variant in policies:
+            print(f"  {TailguardPolicy(settings, variant=variant).describe()}")
     print(f"  {SparkConfig().describe()}")
     print(f"  {LateConfig().describe()}")
     print(
@@ -165,12 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table(results["rows"])))
     print(LEGEND)
     print()
-    print("speculative attempts of skewed tasks / of tasks first placed on a slow host:")
+    print(
+        "speculative attempts of skewed tasks (of them: first attempt on a healthy host, i.e."
+        " only skewed) / of tasks first placed on a slow host:"
+    )
     for r in results["rows"]:
-        print(f"  {r['policy']:<9} {r['speculated_skewed']:>6,} / {r['speculated_on_slow_host']:,}")
+        print(
+            f"  {r['policy']:<18} {r['speculated_skewed']:>6,} ({r['speculated_skew_only']:,})"
+            f" / {r['speculated_on_slow_host']:,}"
+        )
     print("simulator speed (simulated tasks per wall-clock second):")
     for s in results["speeds"]:
-        print(f"  {s['policy']:<9} {s['tasks_per_wall_s']:>9,} tasks/s ({s['wall_s']:.1f} s)")
+        print(f"  {s['policy']:<18} {s['tasks_per_wall_s']:>9,} tasks/s ({s['wall_s']:.1f} s)")
     if args.seeds > 1:
         runs = {params.seed: results["rows"]}
         for seed in range(params.seed + 1, params.seed + args.seeds):

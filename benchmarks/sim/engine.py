@@ -108,6 +108,9 @@ class Outcome:
     # Speculative attempts of skewed tasks / of tasks whose first attempt ran on a slow host.
     speculated_skewed: int
     speculated_on_slow: int
+    # Speculative attempts of skewed tasks whose first attempt ran on a healthy host: copies of
+    # a task that was only skewed, which cannot help.
+    speculated_skew_only: int
     hosts_blocked: tuple[int, ...]
     slow_hosts_blocked: int
     wall_seconds: float
@@ -150,6 +153,7 @@ class Simulation:
         self._speculative_work = 0
         self._speculated_skewed = 0
         self._speculated_on_slow = 0
+        self._speculated_skew_only = 0
         self._slow = scenario.slow_hosts
 
     # ------------------------------------------------------------------ run
@@ -190,6 +194,7 @@ class Simulation:
             speculative_work_ms=self._speculative_work,
             speculated_skewed=self._speculated_skewed,
             speculated_on_slow=self._speculated_on_slow,
+            speculated_skew_only=self._speculated_skew_only,
             hosts_blocked=blocked,
             slow_hosts_blocked=sum(1 for h in blocked if h in self._slow),
             wall_seconds=time.perf_counter() - started,
@@ -251,6 +256,8 @@ class Simulation:
             self._speculative += 1
             if stage.skewed[task.subtask]:
                 self._speculated_skewed += 1
+                if task.live[0].host not in self._slow:
+                    self._speculated_skew_only += 1
             if task.live[0].host in self._slow:
                 self._speculated_on_slow += 1
         self._push(attempt.end, _FINISH, attempt)

@@ -36,6 +36,8 @@ def row(outcome: Outcome, baseline_ms: int | None) -> dict[str, Any]:
         "slow_hosts_blocked": outcome.slow_hosts_blocked,
         "speculated_skewed": outcome.speculated_skewed,
         "speculated_on_slow_host": outcome.speculated_on_slow,
+        "speculated_skew_only": outcome.speculated_skew_only,
+        "healthy_hosts_blocked": len(outcome.hosts_blocked) - outcome.slow_hosts_blocked,
         "tasks": outcome.tasks,
     }
 
@@ -87,11 +89,13 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 def seeds_summary(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
     """Per policy over several seeds: completion time mean and range, change against none
-    (mean of the per-seed changes), and mean attempts, wins and extra work."""
+    (mean of the per-seed changes), mean attempts, wins and extra work, the most healthy hosts
+    blocked on any seed, and copies of tasks that were only skewed (all seeds)."""
     policies = [r["policy"] for r in next(iter(runs.values()))]
     lines = [
-        f"  {'policy':<10} {'completion s: mean':>18} {'min':>9} {'max':>9} {'vs none':>8}"
-        f" {'attempts':>9} {'wins':>6} {'extra task-s':>12}"
+        f"  {'policy':<18} {'completion s: mean':>18} {'min':>9} {'max':>9} {'vs none':>8}"
+        f" {'attempts':>9} {'wins':>6} {'extra task-s':>12} {'healthy blocked (max)':>21}"
+        f" {'skew-only copies':>16}"
     ]
     for policy in policies:
         mine = [next(r for r in rows if r["policy"] == policy) for rows in runs.values()]
@@ -100,9 +104,11 @@ def seeds_summary(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
         change = f"{sum(changes) / len(changes):+.1f}%" if changes else "—"
         n = len(mine)
         lines.append(
-            f"  {policy:<10} {sum(times) / n:>18,.1f} {min(times):>9,.1f} {max(times):>9,.1f}"
+            f"  {policy:<18} {sum(times) / n:>18,.1f} {min(times):>9,.1f} {max(times):>9,.1f}"
             f" {change:>8} {sum(r['speculative_attempts'] for r in mine) / n:>9,.0f}"
             f" {sum(r['speculative_wins'] for r in mine) / n:>6,.0f}"
             f" {sum(r['extra_work_task_s'] for r in mine) / n:>12,.0f}"
+            f" {max(r['healthy_hosts_blocked'] for r in mine):>21,}"
+            f" {sum(r['speculated_skew_only'] for r in mine):>16,}"
         )
     return lines

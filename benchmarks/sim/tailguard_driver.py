@@ -28,6 +28,7 @@ from tailguard.model.records import (
     AttemptCanceled,
     AttemptDeploying,
     AttemptFinished,
+    AttemptProgress,
     BlockNodes,
     CancelReason,
     Distribution,
@@ -78,16 +79,46 @@ class _Launch:
     placed: int = field(default=0)
 
 
+# The contenders built on tailguard's cores, by name: their settings on top of
+# SIMULATION_SETTINGS (a `--set` applies to all of them).
+VARIANTS: dict[str, dict[str, str]] = {
+    # Flink's rule with FLIP-168's blocklist: every slow attempt's host (tailguard before the
+    # evidence rule).
+    "tailguard-flip168": {
+        "blocklist.min-slow-attempts": "1",
+        "blocklist.evidence-window": "0 ms",
+    },
+    # Flink's rule with the evidence-based blocklist (the defaults).
+    "tailguard": {},
+    # The progress-rate rule on top, with the evidence-based blocklist.
+    "tailguard-progress": {"slow-task-detector.progress-rate.enabled": "true"},
+}
+
+# How often the simulated slot runners report progress. The agent reports at least every check
+# interval; the simulator reports every 5 s to stay fast (detection can only be later for it),
+# and only for attempts past the rule's minimum elapsed time (earlier reports are never read).
+PROGRESS_INTERVAL_MS = 5_000
+
+
 class TailguardPolicy(Policy):
     name = "tailguard"
 
     def __init__(
-        self, overrides: dict[str, str] | None = None, command_latency_ms: int = 100
+        self,
+        overrides: dict[str, str] | None = None,
+        command_latency_ms: int = 100,
+        variant: str = "tailguard",
     ) -> None:
-        self.config = {**SIMULATION_SETTINGS, **(overrides or {})}
+        self.name = variant
+        self.config = {**SIMULATION_SETTINGS, **VARIANTS[variant], **(overrides or {})}
         self.settings = Settings(self.config)
         self.interval_ms = self.settings.duration_ms("slow-task-detector.check-interval")
         self.command_latency_ms = command_latency_ms
+        self.reports_progress = self.settings.flag("slow-task-detector.progress-rate.enabled")
+        self.min_elapsed_ms = self.settings.duration_ms(
+            "slow-task-detector.progress-rate.min-elapsed"
+        )
+        self._next_report = 0
         self.detector = SlowTaskDetector(self.settings)
         self.speculator = SpeculationStrategy(self.settings)
         self.blocklist = BlocklistTracker(self.settings)
@@ -104,7 +135,7 @@ class TailguardPolicy(Policy):
 
     def describe(self) -> str:
         keys = ", ".join(f"{k}={v}" for k, v in self.config.items())
-        return f"tailguard {keys}; command latency {self.command_latency_ms} ms"
+        return f"{self.name} {keys}; command latency {self.command_latency_ms} ms"
 
     # ------------------------------------------------------------------ event plumbing
 
@@ -261,7 +292,34 @@ class TailguardPolicy(Policy):
             del self.blocked_until[host]
             self.sim.unpark(host)
             self._emit(NodeUnblocked(**self._ids(), host=self._names[host]))  # type: ignore[arg-type]
+        if self.reports_progress and now >= self._next_report:
+            self._next_report = now + PROGRESS_INTERVAL_MS
+            self._report_progress(now)
         self._emit(Tick(**self._ids()))  # type: ignore[arg-type]
+
+    def _report_progress(self, now: int) -> None:
+        """What the slot runners report: bytes read so far, progress linear in time."""
+        stages = self.sim.scenario.stages
+        for attempt in self.sim.running:
+            elapsed = now - attempt.start
+            if elapsed < self.min_elapsed_ms:
+                continue
+            task = attempt.task
+            stage = stages[task.stage]
+            total = stage.input_bytes[task.subtask]
+            read = min(total, total * elapsed // max(1, attempt.duration))
+            self._emit(
+                AttemptProgress(
+                    **self._ids(),  # type: ignore[arg-type]
+                    vertex=stage.name,
+                    subtask=task.subtask,
+                    attempt=attempt.number,
+                    host=self._names[attempt.host],
+                    records_read=read // 100,
+                    bytes_read=read,
+                    bytes_total=total,
+                )
+            )
 
     def job_finished(self) -> None:
         self._emit(JobFinished(**self._ids(), status=JobStatus.SUCCEEDED))  # type: ignore[arg-type]

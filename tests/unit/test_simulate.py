@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -73,7 +74,7 @@ def test_same_seed_gives_the_same_table_in_another_process(tmp_path: Path) -> No
 def test_with_slow_hosts_tailguard_and_late_finish_sooner_than_none(seed: int) -> None:
     result = rows(ScenarioParams(seed=seed, slow_fraction=0.1, skew_fraction=0.0, **SMALL))
     none = result["none"]["completion_s"]
-    for policy in ("tailguard", "LATE"):
+    for policy in ("tailguard", "tailguard-progress", "LATE"):
         assert result[policy]["completion_s"] < 0.9 * none, (policy, result)
         assert result[policy]["speculative_wins"] > 0
     # tailguard blocks the slow hosts (5 of 50 here), among others it saw slow attempts on.
@@ -103,9 +104,10 @@ def test_tailguard_does_not_mirror_tasks_slow_only_from_their_input_bytes() -> N
     result = rows(params)
     # The skewed tasks do look slow by plain runtime: Spark's rule mirrors them.
     assert result["spark"]["speculated_skewed"] >= 10
-    assert result["tailguard"]["speculated_skewed"] == 0
-    assert result["tailguard"]["speculative_attempts"] == 0
-    assert result["tailguard"]["hosts_blocked"] == 0
+    for policy in ("tailguard", "tailguard-progress"):
+        assert result[policy]["speculated_skewed"] == 0
+        assert result[policy]["speculative_attempts"] == 0
+        assert result[policy]["hosts_blocked"] == 0
 
 
 # --------------------------------------------------------------------------- engine rules
@@ -131,8 +133,17 @@ class _Audit:
         policy.deployed = audited  # type: ignore[method-assign]
 
 
-@pytest.mark.parametrize("make", [TailguardPolicy, SparkRule, Late])
-def test_every_task_finishes_once_and_every_slot_comes_back(make: type[Policy]) -> None:
+@pytest.mark.parametrize(
+    "make",
+    [
+        TailguardPolicy,
+        lambda: TailguardPolicy(variant="tailguard-progress"),
+        lambda: TailguardPolicy(variant="tailguard-flip168"),
+        SparkRule,
+        Late,
+    ],
+)
+def test_every_task_finishes_once_and_every_slot_comes_back(make: Callable[[], Policy]) -> None:
     scenario = build(ScenarioParams(seed=6, slow_fraction=0.1, **SMALL))
     audit = _Audit(make())
     sim = Simulation(scenario, audit.policy)
@@ -157,3 +168,31 @@ def test_tailguard_cores_see_the_agents_events() -> None:
     assert blocklist["hostsBlocked"] > 0
     # JobFinished cleared the job's slow vertices.
     assert speculator["numSlowExecutionVertices"] == 0
+
+
+# --------------------------------------------------------------------------- the new contenders
+
+
+def test_progress_rule_finds_stragglers_of_a_single_wave_stage() -> None:
+    """One stage of exactly one wave (as many tasks as slots), slow hosts, no skew: Flink's rule
+    waits for 75% of the stage and its 40 s lower bound; the progress rule sees the slow rate
+    after 10 s and copies at once."""
+    params = ScenarioParams(
+        seed=7, hosts=50, tasks=100, stage_shares=(1.0,), slow_fraction=0.1, skew_fraction=0.0
+    )
+    result = {
+        r["policy"]: r for r in simulate.run(params, ["tailguard", "tailguard-progress"])["rows"]
+    }
+    progress, flink = result["tailguard-progress"], result["tailguard"]
+    assert progress["speculative_wins"] > 0
+    assert progress["completion_s"] < 0.8 * flink["completion_s"], result
+
+
+def test_evidence_blocklist_blocks_fewer_healthy_hosts_than_flip168() -> None:
+    params = ScenarioParams(seed=8, slow_fraction=0.1, sigma=0.3, attempt_sigma=0.2, **SMALL)
+    result = {
+        r["policy"]: r for r in simulate.run(params, ["tailguard-flip168", "tailguard"])["rows"]
+    }
+    flip168, evidence = result["tailguard-flip168"], result["tailguard"]
+    assert flip168["healthy_hosts_blocked"] > evidence["healthy_hosts_blocked"], result
+    assert evidence["slow_hosts_blocked"] > 0

@@ -491,20 +491,23 @@ class SlowTaskDetector:
         for live in attempts.values():
             execution_ms = now - live.deploying_ts
             slow = False
-            if flink is not None and execution_ms >= lower_bound:
+            total = None
+            if tau is not None and live.progress is not None:
+                total = live.progress.bytes_total if live.progress.bytes_total is not None else size
+            if total:
+                # The attempt reports its progress and its total is known: the progress-rate
+                # rule judges it, more precisely than elapsed time can.
+                assert tau is not None and live.progress is not None
+                if execution_ms >= progress_rule.min_elapsed_ms:
+                    left = time_left_ms(now, live.deploying_ts, live.progress, total)
+                    slow = is_slow(left, total, tau, progress_rule)
+            elif flink is not None and execution_ms >= lower_bound:
                 baseline_ms, baseline_per_byte = flink
                 if size is not None and baseline_per_byte is not None:
                     slow = time_per_byte(execution_ms, size) >= baseline_per_byte
                 else:
                     # Unknown sizes, or a 0 baseline (ratio 0): plain times, as Flink does.
                     slow = execution_ms >= baseline_ms
-            if not slow and tau is not None and live.progress is not None:
-                total = live.progress.bytes_total
-                if total is None:
-                    total = size
-                if total and execution_ms >= progress_rule.min_elapsed_ms:
-                    left = time_left_ms(now, live.deploying_ts, live.progress, total)
-                    slow = is_slow(left, total, tau, progress_rule)
             any_slow = any_slow or slow
             entries.append(
                 SlowAttempt(live.attempt, live.host, execution_ms, size, live.speculative, slow)
