@@ -96,6 +96,7 @@ def main() -> int:
         dispatch: list[float] = []
         to_running: list[float] = []
         jobs_s: list[float] = []
+        attempts = 0
         for i in range(args.jobs):
             output = work / "out" / f"job-{i}"
             job = probe_job(data, output, args.attempts)
@@ -107,14 +108,15 @@ def main() -> int:
             if i == 0:
                 continue  # warm-up: the runners' Python workers start and import
             dispatch.extend(result.dispatch_ms)
+            attempts += len(result.attempts)
             to_running.extend(result.deploy_to_running_ms)
             jobs_s.append(result.duration_s)
         load = os.getloadavg()
         lines.append(report.dispatch_line(dispatch))
         lines.append(
-            f"  {len(dispatch)} attempts in {args.jobs - 1} jobs of {args.attempts} (after one "
-            f"warm-up job), {master}, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, "
-            f"{os.cpu_count()} cores"
+            f"  {len(dispatch)} samples from {attempts} attempts in {args.jobs - 1} jobs over "
+            f"{args.attempts} splits (after one warm-up job), {master}, load average "
+            f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}, {os.cpu_count()} cores"
         )
         if to_running:
             lines.append(

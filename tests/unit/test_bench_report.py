@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from tailguard.bench import report, summary
-from tailguard.bench.scenarios import IO_QUICK, SCENARIOS, select
+from tailguard.bench.scenarios import (
+    IO_QUICK,
+    QUICK_CONTENDERS,
+    SCENARIOS,
+    select,
+    select_contenders,
+)
 from tailguard.model import records as r
 
 JOB = "job-1"
@@ -329,3 +335,20 @@ def test_latency_table_and_selection() -> None:
     assert [s.name for s in select(None)] == ["io-healthy", "io-slow", "cpu-sales"]
     with pytest.raises(ValueError, match="unknown scenario"):
         select("S1")
+    assert [s.name for s in select(None, ("io-slow",))] == ["io-slow"]
+
+
+def test_contender_selection_keeps_the_standard_order() -> None:
+    names = [c.name for c in select_contenders("pyspark, tailguard+services")]
+    assert names == ["tailguard+services", "pyspark"]
+    assert [c.name for c in select_contenders(None, QUICK_CONTENDERS)] == list(QUICK_CONTENDERS)
+    assert len(select_contenders(None)) == 5
+    with pytest.raises(ValueError, match="unknown contender"):
+        select_contenders("spark")
+
+
+def test_tables_list_only_the_contenders_that_ran() -> None:
+    runs = [_run("io-slow", "tailguard+services", 15.0), _run("io-slow", "pyspark", 20.0)]
+    table = summary.figures(runs, SCENARIOS["io-slow"]).table
+    assert "| pyspark | 20.0 |" in table
+    assert "pyspark+speculation" not in table and "no services" not in table

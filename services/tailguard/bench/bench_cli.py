@@ -1,7 +1,7 @@
 """`tailguard bench` (and `make bench`): tailguard against Spark's own mechanisms, side by side.
 
-Writes `<out>/<YYYY-MM-DD>.json` (every run's raw figures) and `<out>/<YYYY-MM-DD>.md` (the
-tables), and prints the tables and the command that reproduces them.
+Writes `<out>/<YYYY-MM-DD-HHMM>.json` (every run's raw figures) and `<out>/<YYYY-MM-DD-HHMM>.md`
+(the tables), and prints the tables and the command that reproduces them.
 """
 
 from __future__ import annotations
@@ -31,9 +31,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {','.join(sc.DEFAULT_SCENARIOS)})",
     )
     parser.add_argument(
+        "--contenders",
+        default=None,
+        help="comma-separated subset of: " + ", ".join(c.name for c in sc.CONTENDERS),
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
-        help="fewer tasks and 1 run (a few minutes): for trying it out",
+        help=f"1 run, {sc.IO_QUICK.tasks} I/O tasks, scenarios {','.join(sc.QUICK_SCENARIOS)} "
+        f"and contenders {', '.join(sc.QUICK_CONTENDERS)} unless given (a few minutes)",
     )
     parser.add_argument("--out", default=str(RESULTS_DIR), help=f"default {RESULTS_DIR}")
     parser.add_argument("--work-dir", default=str(BENCH_DIR), help=f"default {BENCH_DIR}")
@@ -52,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from tailguard.bench.runner import Bench
     from tailguard.bench.runner import workers_for as runner_workers
 
-    chosen = sc.select(args.scenarios)
+    chosen = sc.select(args.scenarios, sc.QUICK_SCENARIOS if args.quick else sc.DEFAULT_SCENARIOS)
+    contenders = sc.select_contenders(args.contenders, sc.QUICK_CONTENDERS if args.quick else None)
     names = {s.name for s in chosen}
     for s in chosen:
         if s.healthy and s.healthy not in names:
@@ -67,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     command = f"tailguard bench {shlex.join(given)}"
     load_before = _load()
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    bench = Bench(Path(args.work_dir).resolve(), size, io, chosen, runs, _say)
+    bench = Bench(Path(args.work_dir).resolve(), size, io, chosen, runs, _say, contenders)
     result = bench.run()
     raw = [asdict(x) for x in result.records]
     header = {
@@ -80,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         "CPU mode": f"{runner_workers('cpu', io)} workers × 1 core, {size.splits} splits of "
         f"{size.rows_per_file // 2} rows, score work {size.work}",
         "runs": f"{runs} per contender, interleaved",
+        "contenders": ", ".join(c.name for c in contenders),
         "total wall time": f"{result.wall_s / 60:.1f} min (including cluster and session start-up)",
         "Spark speculation defaults": ", ".join(
             f"{k}={v}" for k, v in result.spark_defaults.items()
@@ -88,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     text = summary.markdown(raw, [s.name for s in chosen], header, io)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = time.strftime("%Y-%m-%d", time.gmtime()) + ("-quick" if args.quick else "")
+    # Date and time: a second run on the same day must not overwrite the first one's figures.
+    stem = time.strftime("%Y-%m-%d-%H%M", time.gmtime()) + ("-quick" if args.quick else "")
     document = {
         **header,
         "size": asdict(size),

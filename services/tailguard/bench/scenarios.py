@@ -70,6 +70,11 @@ SCENARIOS: dict[str, Scenario] = {
     )
 }
 DEFAULT_SCENARIOS = ("io-healthy", "io-slow", "cpu-sales")
+# --quick: each contender run costs ~1 min of session and executor start-up on 2 cores whatever
+# the job, so a few minutes allow only the slow-node scenario, the sales job and three
+# contenders (tailguard with services against plain PySpark with and without speculation).
+QUICK_SCENARIOS = ("io-slow", "cpu-sales")
+QUICK_CONTENDERS = ("tailguard+services", "pyspark", "pyspark+speculation")
 
 
 @dataclass(frozen=True)
@@ -170,11 +175,24 @@ def policy_for(size: DataSize, io: IoSize | None = None) -> dict[str, str]:
     }
 
 
-def select(names: str | None) -> list[Scenario]:
-    if not names:
-        return [SCENARIOS[n] for n in DEFAULT_SCENARIOS]
-    chosen = [n.strip().lower() for n in names.split(",") if n.strip()]
+def select(names: str | None, default: tuple[str, ...] = DEFAULT_SCENARIOS) -> list[Scenario]:
+    chosen = [n.strip().lower() for n in names.split(",") if n.strip()] if names else default
     unknown = [n for n in chosen if n not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenario(s) {unknown}; choose from {sorted(SCENARIOS)}")
     return [SCENARIOS[n] for n in chosen]
+
+
+def select_contenders(
+    names: str | None, default: tuple[str, ...] | None = None
+) -> tuple[Contender, ...]:
+    """Contenders by name (comma-separated), in the standard order; None: `default` or all."""
+    by_name = {c.name: c for c in CONTENDERS}
+    if names:
+        wanted = [n.strip() for n in names.split(",") if n.strip()]
+    else:
+        wanted = list(default) if default else list(by_name)
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown:
+        raise ValueError(f"unknown contender(s) {unknown}; choose from {list(by_name)}")
+    return tuple(c for c in CONTENDERS if c.name in wanted)

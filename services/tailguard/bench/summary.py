@@ -58,7 +58,8 @@ def figures(runs: Sequence[Run], scenario: Scenario, io: IoSize = IO_FULL) -> Sc
     name = scenario.name
     rows = []
     medians: dict[str, float] = {}
-    for c in CONTENDERS:
+    present = {x["contender"] for x in runs}
+    for c in (c for c in CONTENDERS if c.name in present):
         mine = [x for x in runs if x["scenario"] == name and x["contender"] == c.name]
         ok = [x for x in mine if x["ok"]]
         times = [float(x["job_s"]) for x in ok]
