@@ -184,13 +184,15 @@ class FakeRuntime:
         return FakeRuntime([(h, f"{h}/s{k}") for h, n in hosts.items() for k in range(n)])
 
     # -- the port
-    def start(self, job_id: str, post: Post) -> None:
+    def start(self, job_id: str, post: Post) -> int:
         self.job_id, self.post = job_id, post
         for host, slot in self.slots:
             post(RunnerConnected(slot, host, sum(1 for h, _ in self.slots if h == host)))
+        return len(self.slots)
 
-    def ensure_runners(self) -> None:
+    def ensure_runners(self) -> int:
         self.ensure_calls += 1
+        return 0
 
     def deploy(self, slot: str, spec: TaskSpec) -> None:
         if self.on_deploy is not None:

@@ -152,7 +152,7 @@ class SparkRuntime:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def start(self, job_id: str, post: Post) -> None:
+    def start(self, job_id: str, post: Post) -> int:
         self._job_id = job_id
         self._post = post
         conf = self.sc.getConf()
@@ -164,11 +164,12 @@ class SparkRuntime:
         port = self._listener.address[1]
         self._address = (advertised, port)
         threading.Thread(target=self._accept, name="tg-runner-accept", daemon=True).start()
-        self.ensure_runners()
+        return self.ensure_runners()
 
-    def ensure_runners(self) -> None:
+    def ensure_runners(self) -> int:
+        """Launch runners for executor cores without one; returns how many were launched."""
         if self._closed or self._post is None:
-            return
+            return 0
         executors = self.executors()
         with self._lock:
             live = Counter(r.host for r in self._runners.values() if not r.ended)
@@ -194,6 +195,7 @@ class SparkRuntime:
                 target=self._run_job, args=(runner,), name=f"tg-runner-{runner.runner_id}",
                 daemon=True,
             ).start()
+        return len(launches)
 
     def _run_job(self, runner: _Runner) -> None:
         """The runner's Spark job, from launch to its end (which is the runner's end)."""

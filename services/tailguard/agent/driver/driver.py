@@ -56,6 +56,9 @@ from tailguard.model.ids import event_id
 
 log = logging.getLogger("tailguard.agent")
 
+# How long the job's start waits for the rest of the runners once the first has connected.
+RUNNER_START_GRACE_S = 10.0
+
 
 def new_job_id(job: Job) -> str:
     return f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -132,6 +135,7 @@ class JobDriver:
         self.dispatch_ms: list[float] = []
         self.deploy_to_running_ms: list[float] = []
         self.runners_lost = 0
+        self._first_runner_at = 0.0
         self._progress: Any = None
         self._handlers: Mapping[type, Callable[[Any], None]] = {
             RunnerConnected: self._on_runner_connected,
@@ -229,17 +233,26 @@ class JobDriver:
             SERVICES_KEY: "on" if self.options.services else "off",
         }
         self.emit(r.JobSubmitted, name=self.job.name, graph=spec, config=config)
-        self.runtime.start(self.job_id, self.post)
-        self._await_first_runner()
+        launched = self.runtime.start(self.job_id, self.post)
+        self._await_runners(launched)
         if self.options.on_start is not None:
             self.options.on_start(self)
         self._initialize_static()
 
-    def _await_first_runner(self) -> None:
+    def _await_runners(self, launched: int) -> None:
+        """Wait until the runners launched at start have all reported (connected, or ended),
+        so the first placements see the whole cluster; a straggling runner (a slow or
+        throttled node) delays the start by at most `RUNNER_START_GRACE_S` after the first
+        one connected, and joins the pool when it arrives."""
         deadline = time.monotonic() + self.options.executor_wait_s
-        while not self._pool.hosts:
+        reported = 0
+        while reported < launched or not self._pool.hosts:
+            if self._pool.hosts:
+                deadline = min(deadline, self._first_runner_at + RUNNER_START_GRACE_S)
             left = deadline - time.monotonic()
             if left <= 0:
+                if self._pool.hosts:
+                    return
                 raise RuntimeError(
                     f"no slot runner connected within {self.options.executor_wait_s:.0f} s "
                     f"({self.runners_lost} runner(s) ended before connecting; see the log)"
@@ -248,6 +261,10 @@ class JobDriver:
                 message = self.inbox.get(timeout=left)
             except queue.Empty:
                 continue
+            if isinstance(message, RunnerConnected | RunnerLost):
+                reported += 1
+                if isinstance(message, RunnerConnected) and not self._pool.hosts:
+                    self._first_runner_at = time.monotonic()
             self._dispatch_message(message)
 
     def _loop(self) -> None:

@@ -61,11 +61,13 @@ Post = Callable[[InboxMessage], None]
 class Runtime(Protocol):
     """Where attempts run: slot runners on the cluster's executors (Spark implements it)."""
 
-    def start(self, job_id: str, post: Post) -> None:
-        """Start runners on the executors there are now; report through `post`."""
+    def start(self, job_id: str, post: Post) -> int:
+        """Start runners on the executors there are now; report through `post`. Returns how
+        many runners were launched (each reports RunnerConnected or RunnerLost)."""
 
-    def ensure_runners(self) -> None:
-        """Start runners for executor cores without one (executors Spark added or gave back)."""
+    def ensure_runners(self) -> int:
+        """Start runners for executor cores without one (executors Spark added or gave back);
+        returns how many were launched."""
 
     def deploy(self, slot: str, spec: TaskSpec) -> None:
         """Send an attempt to a connected runner (a failure to send arrives as RunnerLost)."""
