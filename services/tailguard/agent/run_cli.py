@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(getattr(args, "config", None))
     try:
         module = load_job_file(Path(args.job_file))
-        cloudpickle.register_pickle_by_value(module)
+        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
         params = {"work_dir": settings["tailguard.work-dir"], **parse_params(args.param)}
         job = module.main(params)
         if not isinstance(job, Job):

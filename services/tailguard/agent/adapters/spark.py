@@ -110,7 +110,7 @@ class SparkRuntime:
 
     def __init__(self, spark: SparkSession, settings: Settings | None = None) -> None:
         self.sc: SparkContext = spark.sparkContext
-        self.local = self.sc.master.startswith("local")
+        self.local = (self.sc.master or "").startswith("local")
         conf = self.sc.getConf()
         for key, value in REQUIRED_CONF.items():
             actual = conf.get(key)
@@ -218,7 +218,7 @@ class SparkRuntime:
                 rdd = self.sc.parallelize([config], 1)
             else:
                 rdd = pinned_rdd(self.sc, [(config, runner.host)])
-            ended = rdd.mapPartitions(run_partition).collect()
+            ended = rdd.mapPartitions(run_partition).collect()  # type: ignore[arg-type]
             reason = f"its Spark task finished: {ended[0] if ended else 'no answer'}"
         except Exception as err:  # the task failed: executor lost, worker process ended, ...
             reason = f"its Spark task failed: {_first_line(err)}"

@@ -118,7 +118,8 @@ def authenticate_peer(conn: Connection, secret: bytes, timeout_s: float) -> None
 def send(conn: Connection, message: RunnerMessage | DriverMessage) -> None:
     from pyspark import cloudpickle
 
-    conn.send_bytes(cloudpickle.dumps(message))
+    # cloudpickle ships no type hints
+    conn.send_bytes(cloudpickle.dumps(message))  # type: ignore[no-untyped-call]
 
 
 def receive(conn: Connection) -> Any:

@@ -42,7 +42,8 @@ class Split:
 
 def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
     try:
-        return pafs.FileSystem.from_uri(path)
+        fs, inner = pafs.FileSystem.from_uri(path)
+        return fs, str(inner)
     except (pa.ArrowInvalid, ValueError):
         return pafs.LocalFileSystem(), str(path)
 
