@@ -172,12 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         "speculative attempts of skewed tasks (of them: first attempt on a healthy host, i.e."
-        " only skewed) / of tasks first placed on a slow host:"
+        " only skewed; of those, won) / of tasks first placed on a slow host:"
     )
     for r in results["rows"]:
         print(
-            f"  {r['policy']:<18} {r['speculated_skewed']:>6,} ({r['speculated_skew_only']:,})"
-            f" / {r['speculated_on_slow_host']:,}"
+            f"  {r['policy']:<18} {r['speculated_skewed']:>6,} ({r['speculated_skew_only']:,};"
+            f" {r['skew_only_wins']:,}) / {r['speculated_on_slow_host']:,}"
         )
     print("simulator speed (simulated tasks per wall-clock second):")
     for s in results["speeds"]:

@@ -111,6 +111,8 @@ class Outcome:
     # Speculative attempts of skewed tasks whose first attempt ran on a healthy host: copies of
     # a task that was only skewed, which cannot help.
     speculated_skew_only: int
+    # Of those, the ones that finished first (a luckier attempt of a long task).
+    skew_only_wins: int
     hosts_blocked: tuple[int, ...]
     slow_hosts_blocked: int
     wall_seconds: float
@@ -154,6 +156,7 @@ class Simulation:
         self._speculated_skewed = 0
         self._speculated_on_slow = 0
         self._speculated_skew_only = 0
+        self._skew_only_wins = 0
         self._slow = scenario.slow_hosts
 
     # ------------------------------------------------------------------ run
@@ -195,6 +198,7 @@ class Simulation:
             speculated_skewed=self._speculated_skewed,
             speculated_on_slow=self._speculated_on_slow,
             speculated_skew_only=self._speculated_skew_only,
+            skew_only_wins=self._skew_only_wins,
             hosts_blocked=blocked,
             slow_hosts_blocked=sum(1 for h in blocked if h in self._slow),
             wall_seconds=time.perf_counter() - started,
@@ -300,6 +304,9 @@ class Simulation:
         task.live.remove(winner)
         if winner.speculative:
             self._wins += 1
+            stage = self.scenario.stages[task.stage]
+            if stage.skewed[task.subtask] and task.live and task.live[0].host not in self._slow:
+                self._skew_only_wins += 1
         self.policy.finished(winner)
         for other in task.live:
             self._end(other)

@@ -37,6 +37,7 @@ def row(outcome: Outcome, baseline_ms: int | None) -> dict[str, Any]:
         "speculated_skewed": outcome.speculated_skewed,
         "speculated_on_slow_host": outcome.speculated_on_slow,
         "speculated_skew_only": outcome.speculated_skew_only,
+        "skew_only_wins": outcome.skew_only_wins,
         "healthy_hosts_blocked": len(outcome.hosts_blocked) - outcome.slow_hosts_blocked,
         "tasks": outcome.tasks,
     }
