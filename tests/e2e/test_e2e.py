@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tailguard import stack
-from tailguard.agent.driver.driver import JobRunner, RunOptions
+from tailguard.agent.driver.driver import JobDriver, RunOptions
 from tailguard.agent.executor.partitions import partition_dir
 from tailguard.cluster.local import ClusterError, find_java
 from tailguard.demo import write_settings
@@ -44,6 +44,9 @@ pytestmark = [
 ]
 
 FILES, ROWS, WORK = 12, 12_000, 100_000
+# The sales example runs as two chains.
+HEAD = "sales→score→partial"
+TAIL = "final→sink"
 
 
 @dataclass
@@ -78,18 +81,23 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield Stack(work, settings, spark, cluster, slow, data)
 
 
-def run_job(system: Stack, name: str, options: RunOptions) -> tuple[Any, list[r.Record]]:
+def run_job(
+    system: Stack, name: str, options: RunOptions, final_parallelism: int | None = None
+) -> tuple[Any, list[r.Record]]:
     from tailguard.agent.entry import run
 
     out = system.work / "out" / name
     job = example.make_job(system.data, out, work=WORK, name=name)
+    if final_parallelism is not None:  # the final chain with a fixed parallelism
+        job.vertices["final"].parallelism = final_parallelism
+        job.vertices["sink"].parallelism = final_parallelism
     result = run(job, system.spark, settings=system.settings, progress=False, options=options)
     log = [item.record for item in read_archive(Path(result.archive), system.settings)]
     assert result.ok, result.summary()
     expected = example.reference(system.data)
     actual = example.read_output(out)
     assert actual[expected.columns.tolist()].equals(expected), "output differs from pandas"
-    assert len(list(out.glob("part-*.parquet"))) == result.parallelism["sink"][0]
+    assert len(list(out.glob("part-*.parquet"))) == result.parallelism[TAIL][0]
     return result, log
 
 
@@ -99,14 +107,14 @@ def of(log: list[r.Record], kind: type[r.Record]) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def first_run(system: Stack) -> tuple[Any, list[r.Record]]:
-    runner: list[JobRunner] = []
+    runner: list[JobDriver] = []
 
     def delete_partition(event: r.Event) -> None:
-        # The consumer of `partial` reads only once every partial subtask has finished, so this
-        # file is gone before anyone reads it.
+        # The consumer of the head chain reads only once every subtask of it has finished, so
+        # this file is gone before anyone reads it.
         if (
             isinstance(event, r.AttemptFinished)
-            and event.vertex == "partial"
+            and event.vertex == HEAD
             and event.subtask == 2
             and event.attempt == 0
         ):
@@ -114,7 +122,7 @@ def first_run(system: Stack) -> tuple[Any, list[r.Record]]:
             shutil.rmtree(partition_dir(runner[0].storage, runner[0].job_id, ref))
 
     options = RunOptions(
-        fail_attempts={("score", 1, 0): "injected failure"},
+        fail_attempts={(HEAD, 1, 0): "injected failure"},
         on_event=delete_partition,
         on_start=runner.append,
     )
@@ -175,13 +183,13 @@ def test_failure_and_lost_partition_recovered_by_failover_service(
 ) -> None:
     result, log = first_run
     failures = {(f.vertex, f.subtask, f.error) for f in of(log, r.AttemptFailed)}
-    assert ("score", 1, r.ErrorKind.USER) in failures
+    assert (HEAD, 1, r.ErrorKind.USER) in failures
     missing = [f for f in of(log, r.AttemptFailed) if f.error is r.ErrorKind.PARTITION_MISSING]
-    assert missing and missing[0].missing_partition == r.PartitionRef("partial", 2, 0)
+    assert missing and missing[0].missing_partition == r.PartitionRef(HEAD, 2, 0)
     restarts = of(log, r.RestartTasks)
     assert restarts and all(c.id.startswith("failover-") for c in restarts)
     restarted = {(t.vertex, t.subtask) for c in restarts for t in c.tasks}
-    assert ("score", 1) in restarted and ("partial", 2) in restarted
+    assert (HEAD, 1) in restarted and (HEAD, 2) in restarted
     # The services answered: no failover decision was the agent's own fallback.
     assert not [n for n in result.fallbacks if n.startswith("failover")]
 
@@ -212,7 +220,7 @@ def test_service_killed_mid_job_changes_nothing(system: Stack) -> None:
         restarted.set()
 
     def on_event(event: r.Event) -> None:
-        if isinstance(event, r.AttemptFinished) and event.vertex == "sales" and event.subtask == 0:
+        if isinstance(event, r.AttemptFinished) and event.vertex == HEAD and event.subtask == 0:
             threading.Thread(target=kill_and_restart, daemon=True).start()
 
     result, log = run_job(system, "e2e-kill", RunOptions(on_event=on_event))
@@ -221,3 +229,27 @@ def test_service_killed_mid_job_changes_nothing(system: Stack) -> None:
     assert applied and max(applied.values()) == 1, "a command id was applied twice"
     report = replay(read_archive(Path(result.archive), system.settings), system.settings)
     assert report.differences == 0, [s.line() for s in report.services]
+
+
+def test_lost_partition_with_many_queued_consumers_is_recovered(system: Stack) -> None:
+    """Issue 9's crash: a deleted HEAD#0 partition under a 12-subtask final chain. The failover
+    service restarts HEAD#0 and the consumers that read it while other consumers are queued
+    for slots; none of them may be deployed before HEAD#0 is produced again."""
+    driver: list[JobDriver] = []
+    deleted: list[r.PartitionRef] = []
+
+    def delete_partition(event: r.Event) -> None:
+        if isinstance(event, r.AttemptFinished) and (event.vertex, event.subtask) == (HEAD, 0):
+            ref = r.PartitionRef(event.vertex, event.subtask, event.attempt)
+            if not deleted:
+                shutil.rmtree(partition_dir(driver[0].storage, driver[0].job_id, ref))
+                deleted.append(ref)
+
+    options = RunOptions(on_event=delete_partition, on_start=driver.append)
+    result, log = run_job(system, "e2e-lost-partition", options, final_parallelism=12)
+    assert deleted
+    assert result.parallelism[TAIL] == (12, "fixed")
+    missing = [f for f in of(log, r.AttemptFailed) if f.error is r.ErrorKind.PARTITION_MISSING]
+    assert missing and all(f.missing_partition == deleted[0] for f in missing)
+    assert not result.commands_rejected, result.commands_rejected
+    assert "agent error" not in result.message
