@@ -97,7 +97,7 @@ def test_closed_loop_never_blocks_past_the_fraction(seed: int, slow: int, fracti
         assert blocked <= math.floor(float(fraction) * registered)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(finding_streams(), modes)
 def test_a_new_block_always_has_enough_fresh_evidence(
     stream: list[SlowTasksDetected], mode: dict[str, str]
