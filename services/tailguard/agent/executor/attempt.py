@@ -261,16 +261,9 @@ def execute(spec: TaskSpec, control: AttemptControl | None = None) -> AttemptOut
             staged = stage_sink_output(
                 spec.storage, spec.job_id, spec.vertex, spec.subtask, spec.attempt, table
             )
-            return AttemptOutcome(
-                ok=True,
-                host=host,
-                started_at_ms=started,
-                finished_at_ms=_now_ms(),
-                input_bytes=input_bytes,
-                records=table.num_rows,
-                bytes_per_subpartition=(staged.bytes,),
-                checksums=(staged.checksum,),
-                staged=staged,
+            return _succeeded(
+                host, started, input_bytes, table.num_rows, (staged.bytes,), (staged.checksum,),
+                staged,
             )
         assert spec.output is not None, "a chain without a sink needs an output plan"
         written = write_partition(
@@ -279,15 +272,13 @@ def execute(spec: TaskSpec, control: AttemptControl | None = None) -> AttemptOut
             PartitionRef(spec.vertex, spec.subtask, spec.attempt),
             _split_output(table, spec.output, spec.subtask),
         )
-        return AttemptOutcome(
-            ok=True,
-            host=host,
-            started_at_ms=started,
-            finished_at_ms=_now_ms(),
-            input_bytes=input_bytes,
-            records=written.records,
-            bytes_per_subpartition=written.bytes_per_subpartition,
-            checksums=written.checksums,
+        return _succeeded(
+            host,
+            started,
+            input_bytes,
+            written.records,
+            written.bytes_per_subpartition,
+            written.checksums,
         )
     except AttemptCancelled as err:
         outcome = _failed(host, started, ErrorKind.INFRA, str(err), None)
@@ -306,6 +297,28 @@ def execute(spec: TaskSpec, control: AttemptControl | None = None) -> AttemptOut
         return _failed(host, started, ErrorKind.USER, detail, None)
     finally:
         unbind(token)
+
+
+def _succeeded(
+    host: str,
+    started: int,
+    input_bytes: int,
+    records: int,
+    sizes: tuple[int, ...],
+    checksums: tuple[str, ...],
+    staged: StagedOutput | None = None,
+) -> AttemptOutcome:
+    return AttemptOutcome(
+        ok=True,
+        host=host,
+        started_at_ms=started,
+        finished_at_ms=_now_ms(),
+        input_bytes=input_bytes,
+        records=records,
+        bytes_per_subpartition=sizes,
+        checksums=checksums,
+        staged=staged,
+    )
 
 
 def _failed(
