@@ -32,12 +32,13 @@ DEMO_POLICY: dict[str, str] = {
     "slow-task-detector.check-interval": "500 ms",
     "slow-task-detector.execution-time.baseline-lower-bound": "1500 ms",
     "execution.batch.speculative.block-slow-node-duration": "20 s",
-    # The demo's head chain has about a dozen subtasks on 3 hosts: slow attempts are flagged only
+    # The demo's head chain has a handful of subtasks on 3 hosts: slow attempts are flagged only
     # once 75% of them finished, so a host is rarely caught on two distinct subtasks within the
     # evidence window. One is enough here, as in Flink; the default (2) is for real clusters.
     "blocklist.min-slow-attempts": "1",
-    # With sales→score→partial chained, smaller subtasks keep several waves on 3 slots.
-    "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "128 KiB",
+    # Few waves: a straggler is flagged once 75% of its vertex finished, so with many short
+    # waves a copy would start too late to win.
+    "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "256 KiB",
     "execution.batch.adaptive.auto-parallelism.max-parallelism": "12",
     "decider.timeout": "5 s",
     "failover.timeout": "5 s",
