@@ -1,8 +1,9 @@
-"""Flink 2.1's parallelism and input ranges for a vertex whose inputs have all finished.
+"""Flink 2.x's parallelism and input ranges for a vertex whose inputs have all finished.
 
 Follows `DefaultVertexParallelismAndInputInfosDecider.decideParallelismAndInputInfosForNonSource`
 and its two computers, `AllToAllVertexInputInfoComputer` and `PointwiseVertexInputInfoComputer`
-(Flink 2.1, `org.apache.flink.runtime.scheduler.adaptivebatch[.util]`):
+(`org.apache.flink.runtime.scheduler.adaptivebatch[.util]`, the source at commit 6da38a6a; the
+later POINTWISE change FLINK-37384 is not reproduced, see docs/policies/decider.md):
 
 1. The inputs are grouped by key correlation. ALL_TO_ALL and BROADCAST inputs are correlated
    across inputs (the sides of a join must give subtask k the same keys): they are sliced per

@@ -1,9 +1,9 @@
-"""Greedy packing of subpartition slices into ranges, as Flink 2.1 does it.
+"""Greedy packing of subpartition slices into ranges, as Flink 2.x does it.
 
 Follows `VertexParallelismAndInputInfosDeciderUtils` (`tryComputeSubpartitionSliceRange`,
 `computeSubpartitionSliceRanges`, `computeParallelism`, `adjustToClosestLegalParallelism`,
 `calculateDataVolumePerTaskForInput`) and `BisectionSearchUtils` (`findMinLegalValue`,
-`findMaxLegalValue`) of Flink 2.1's `org.apache.flink.runtime.scheduler.adaptivebatch`, rule for
+`findMaxLegalValue`) of Flink's `org.apache.flink.runtime.scheduler.adaptivebatch`, rule for
 rule, including their edge cases (a limit of -1 when a search finds nothing, a 0 share for inputs
 without bytes), so a decision here is the decision Flink would take on the same bytes.
 
