@@ -5,6 +5,7 @@ thread. Then the driver side's own listener (`SparkRuntime`) with a stand-in Spa
 
 from __future__ import annotations
 
+import importlib
 import pickle
 import queue
 import secrets
@@ -186,7 +187,7 @@ def test_hello_deploy_and_an_ok_outcome(driver: Driver) -> None:
     hello = driver.accept()
     assert (hello.runner_id, hello.host, hello.pid, hello.version) == ("h1/r1", "h1", 4242, "test")
     task = spec(driver.tmp, 0)
-    driver.send(Deploy(task))
+    driver.send(Deploy.of(task))
     messages = driver.until_ended(task.key)
     assert messages[0] == AttemptStarted(task.key)
     assert all(isinstance(m, AttemptProgressed) for m in messages[1:-1])
@@ -209,6 +210,32 @@ def test_hello_deploy_and_an_ok_outcome(driver: Driver) -> None:
     assert driver.serve_result() == "shut down by the driver: the job ended"
 
 
+class _NeedsAMissingModule:
+    """Unpickles by importing a module the runner does not have (as a chain's code from a
+    module the executors cannot import does)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return importlib.import_module, ("no_such_module",)
+
+
+def test_an_attempt_whose_code_cannot_be_loaded_fails_as_user_and_the_runner_goes_on(
+    driver: Driver,
+) -> None:
+    driver.start_runner()
+    driver.accept()
+    key = AttemptKey("src→double", 0, 0)
+    driver.send(Deploy(key, pickle.dumps(_NeedsAMissingModule())))
+    ended = driver.until_ended(key)[-1]
+    assert not ended.outcome.ok and ended.outcome.error is ErrorKind.USER
+    assert "cannot load the attempt" in ended.outcome.message
+    assert "no_such_module" in ended.outcome.message
+    task = spec(driver.tmp, 1)
+    driver.send(Deploy.of(task))
+    assert driver.until_ended(task.key)[-1].outcome.ok
+    driver.send(Shutdown())
+    assert driver.serve_result().startswith("shut down by the driver")
+
+
 def test_a_cooperative_cancel_ends_the_attempt_within_the_grace_and_the_runner_goes_on(
     driver: Driver,
 ) -> None:
@@ -216,12 +243,12 @@ def test_a_cooperative_cancel_ends_the_attempt_within_the_grace_and_the_runner_g
     driver.start_runner()
     driver.accept()
     slow = spec(driver.tmp, 1, OperatorStep("waits", waits))
-    driver.send(Deploy(slow))
+    driver.send(Deploy.of(slow))
     assert driver.next() == AttemptStarted(slow.key)
     assert ENTERED.wait(WAIT_S), "the operator never ran"
     # A second deploy while busy is answered, not run (the driver never does this).
     busy = spec(driver.tmp, 2)
-    driver.send(Deploy(busy))
+    driver.send(Deploy.of(busy))
     refused = driver.until_ended(busy.key)[-1].outcome
     assert not refused.ok and refused.error is ErrorKind.INFRA
     assert "is busy with src→double#0 attempt 1" in refused.message
@@ -236,7 +263,7 @@ def test_a_cooperative_cancel_ends_the_attempt_within_the_grace_and_the_runner_g
 
     # The runner is still there, free for the next attempt.
     again = spec(driver.tmp, 3)
-    driver.send(Deploy(again))
+    driver.send(Deploy.of(again))
     assert driver.until_ended(again.key)[-1].outcome.ok
     # A late cancel of an attempt that already ended is ignored.
     driver.send(Cancel(slow.key))

@@ -327,7 +327,7 @@ class SparkRuntime:
     # ---------------------------------------------------------------- attempts
 
     def deploy(self, slot: str, spec: TaskSpec) -> None:
-        self._send(slot, Deploy(spec))
+        self._send(slot, Deploy.of(spec))
 
     def cancel(self, slot: str, key: AttemptKey) -> None:
         self._send(slot, Cancel(key))

@@ -67,7 +67,25 @@ RunnerMessage = RunnerHello | AttemptStarted | AttemptProgressed | AttemptEnded
 
 @dataclass(frozen=True)
 class Deploy:
-    spec: TaskSpec
+    """An attempt to run. The spec travels pickled on its own, so a runner that cannot load
+    it (the chain's code is not importable on the executor) answers with the attempt's failure
+    instead of dying on the message."""
+
+    key: AttemptKey
+    payload: bytes
+
+    @staticmethod
+    def of(spec: TaskSpec) -> Deploy:
+        from pyspark import cloudpickle
+
+        return Deploy(spec.key, cloudpickle.dumps(spec))  # type: ignore[no-untyped-call]
+
+    def spec(self) -> TaskSpec:
+        """The spec; raises whatever unpickling the chain's code raises."""
+        spec = pickle.loads(self.payload)
+        if not isinstance(spec, TaskSpec):
+            raise TypeError(f"a Deploy carries a TaskSpec, not {type(spec).__name__}")
+        return spec
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,19 @@ import logging
 import os
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
-from tailguard.agent.executor.attempt import AttemptKey, TaskSpec, execute, task_host
+from tailguard.agent.executor.attempt import (
+    AttemptKey,
+    AttemptOutcome,
+    TaskSpec,
+    execute,
+    task_host,
+)
 from tailguard.agent.executor.control import AttemptControl
 from tailguard.agent.executor.protocol import (
     AttemptEnded,
@@ -37,6 +44,7 @@ from tailguard.agent.executor.protocol import (
     receive,
     send,
 )
+from tailguard.model.records import ErrorKind
 
 log = logging.getLogger("tailguard.runner")
 
@@ -109,7 +117,7 @@ class SlotRunner:
                 self._abandon()
                 return "the driver closed the connection"
             if isinstance(message, Deploy):
-                self._deploy(message.spec)
+                self._deploy(message)
             elif isinstance(message, Cancel):
                 self._cancel(message.key)
             elif isinstance(message, Shutdown):
@@ -146,7 +154,25 @@ class SlotRunner:
 
     # ------------------------------------------------------------------ attempts
 
-    def _deploy(self, spec: TaskSpec) -> None:
+    def _refuse(self, key: AttemptKey, kind: ErrorKind, message: str) -> None:
+        now = int(time.time() * 1000)
+        outcome = AttemptOutcome(
+            ok=False,
+            host=task_host(),
+            started_at_ms=now,
+            finished_at_ms=now,
+            error=kind,
+            message=message[:2000],
+        )
+        self._send(AttemptEnded(key, outcome, 0.0))
+
+    def _deploy(self, message: Deploy) -> None:
+        try:
+            spec = message.spec()
+        except Exception as err:  # the chain's code cannot be loaded here: the user's to fix
+            detail = "".join(traceback.format_exception_only(type(err), err)).strip()
+            self._refuse(message.key, ErrorKind.USER, f"cannot load the attempt: {detail}")
+            return
         with self._state_lock:
             busy = self._running
             if busy is None:
@@ -154,23 +180,10 @@ class SlotRunner:
                 self._running = running
         if busy is not None:
             # The driver never does this; answer it rather than run two attempts in one slot.
-            from tailguard.agent.executor.attempt import AttemptOutcome
-            from tailguard.model.records import ErrorKind
-
-            now = int(time.time() * 1000)
-            self._send(
-                AttemptEnded(
-                    spec.key,
-                    AttemptOutcome(
-                        ok=False,
-                        host=task_host(),
-                        started_at_ms=now,
-                        finished_at_ms=now,
-                        error=ErrorKind.INFRA,
-                        message=f"runner {self.config.runner_id} is busy with {busy.spec.key}",
-                    ),
-                    0.0,
-                )
+            self._refuse(
+                spec.key,
+                ErrorKind.INFRA,
+                f"runner {self.config.runner_id} is busy with {busy.spec.key}",
             )
             return
         running.thread = threading.Thread(
