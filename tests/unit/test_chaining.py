@@ -36,6 +36,7 @@ from tailguard.model.records import (
     Distribution,
     EdgeSpec,
     Exchange,
+    JobGraphSpec,
     PartitionRef,
     VertexKind,
     VertexSpec,
@@ -184,12 +185,16 @@ def test_chaining_disabled_for_the_job_gives_one_chain_per_operator() -> None:
     job.read_parquet("in", name="src").map(f, name="a").write_parquet("out", name="out")
     chained = chain(job, enabled=False)
     assert operators(chained) == [("src",), ("a",), ("out",)]
-    assert chained.spec() == job.spec().__class__(
+    assert chained.spec() == JobGraphSpec(
         vertices=tuple(
             VertexSpec(v.name, v.kind, v.parallelism, operators=(v.name,))
-            for v in job.spec().vertices
+            for v in job.vertices.values()
         ),
-        edges=job.spec().edges,
+        edges=tuple(
+            EdgeSpec(i.producer, v.name, i.distribution, i.exchange, index)
+            for v in job.vertices.values()
+            for index, i in enumerate(v.inputs)
+        ),
     )
 
 

@@ -30,11 +30,8 @@ from tailguard.agent.executor.sinks import SinkDef
 from tailguard.agent.executor.sources import SourceDef, SourceFormat
 from tailguard.model.records import (
     Distribution,
-    EdgeSpec,
     Exchange,
-    JobGraphSpec,
     VertexKind,
-    VertexSpec,
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -193,35 +190,7 @@ class Job:
             n += 1
         return f"{base}_{n}"
 
-    # ----------------------------------------------------------------- the contract form
-
-    def spec(self, split_bytes: dict[str, tuple[int, ...]] | None = None) -> JobGraphSpec:
-        """The graph as submitted in `JobSubmitted` (split sizes filled in by the agent)."""
-        self.validate()
-        split_bytes = split_bytes or {}
-        vertices = tuple(
-            VertexSpec(
-                name=v.name,
-                kind=v.kind,
-                parallelism=v.parallelism,
-                max_parallelism=v.max_parallelism,
-                speculation_safe=v.speculation_safe,
-                split_bytes=split_bytes.get(v.name, ()),
-            )
-            for v in self.vertices.values()
-        )
-        edges = tuple(
-            EdgeSpec(
-                source=i.producer,
-                target=v.name,
-                distribution=i.distribution,
-                exchange=i.exchange,
-                index=index,
-            )
-            for v in self.vertices.values()
-            for index, i in enumerate(v.inputs)
-        )
-        return JobGraphSpec(vertices=vertices, edges=edges)
+    # ----------------------------------------------------------------- validation
 
     def validate(self) -> None:
         if not self.vertices:
