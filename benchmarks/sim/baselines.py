@@ -6,7 +6,6 @@ place it on another host than the task's running attempt; neither blocks hosts.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -14,37 +13,12 @@ from functools import partial
 
 from sim.engine import Attempt, Policy, Simulation, Task
 
+# Spark's MedianHeap of task durations is the same two-heap median the progress rule keeps.
+from tailguard.detector.policy.progress import RunningMedian
+
 
 class NoSpeculation(Policy):
     name = "none"
-
-
-class RunningMedian:
-    """Median of a growing multiset (two heaps), as Spark's MedianHeap of task durations."""
-
-    __slots__ = ("_high", "_low")
-
-    def __init__(self) -> None:
-        self._low: list[float] = []  # max-heap (negated)
-        self._high: list[float] = []
-
-    def __len__(self) -> int:
-        return len(self._low) + len(self._high)
-
-    def add(self, value: float) -> None:
-        if self._low and value > -self._low[0]:
-            heapq.heappush(self._high, value)
-        else:
-            heapq.heappush(self._low, -value)
-        if len(self._low) > len(self._high) + 1:
-            heapq.heappush(self._high, -heapq.heappop(self._low))
-        elif len(self._high) > len(self._low):
-            heapq.heappush(self._low, -heapq.heappop(self._high))
-
-    def median(self) -> float:
-        if len(self._low) > len(self._high):
-            return -self._low[0]
-        return (-self._low[0] + self._high[0]) / 2
 
 
 @dataclass(frozen=True)
@@ -95,9 +69,9 @@ class SparkRule(Policy):
         n = len(self.sim.stages[self.sim.active_stage])
         if self._succeeded < max(math.floor(self.config.quantile * n), 1):
             return
-        threshold = max(
-            self.config.multiplier * self._durations.median(), self.config.min_task_runtime_ms
-        )
+        median = self._durations.median()
+        assert median is not None, "checked only once a task has succeeded"
+        threshold = max(self.config.multiplier * median, self.config.min_task_runtime_ms)
         now = self.sim.now
         marked: list[Task] = []
         for task, start in self._candidates.items():
