@@ -207,8 +207,11 @@ class SlotPool:
         dropped before it can take a slot from the requests behind it."""
         served: list[tuple[SlotRequest, dict[ExecutionVertexId, Slot]]] = []
         remaining: list[SlotRequest] = []
+        free = sum(h.free for h in self.hosts.values() if h.blocked_until is None)
         for request in self._queue:
-            if request.not_before > now:
+            # With every usable slot taken nothing more can be served: the rest of the queue
+            # waits untouched (this runs after every message the driver handles).
+            if free == 0 or request.not_before > now:
                 remaining.append(request)
                 continue
             if still_wanted is not None and not still_wanted(request):
@@ -220,6 +223,7 @@ class SlotPool:
             served.append(
                 (request, {task: Slot(host, self._take(host)) for task, host in placed.items()})
             )
+            free -= len(placed)
         self._queue = remaining
         return served
 
