@@ -3,12 +3,16 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+VENV35  := .venv-spark35
+STAMP35 := $(VENV35)/.installed
 
-.PHONY: help venv test lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim clean
+.PHONY: help venv test test-default test-spark35 test-packaging lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
-	@echo "make test   lint, type-check and run the whole test suite"
+	@echo "make test   lint, type-check, the whole test suite, and the Spark tests again on PySpark 3.5"
+	@echo "make test-spark35   only the Spark integration and e2e tests, in $(VENV35) (PySpark 3.5)"
+	@echo "make test-packaging fresh venvs: '.[services]' pulls no pyspark and its services come up"
 	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim)"
 
 $(STAMP): pyproject.toml
@@ -24,8 +28,28 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-test: lint
+# `make test` (the README's test command, and what CI runs) covers both supported PySpark lines:
+# the whole suite on the newest PySpark 4.x in $(VENV), then the Spark tests on PySpark 3.5.
+test: test-default test-spark35
+
+test-default: lint
 	$(BIN)/python -m pytest -q tests
+
+# A second venv with the oldest supported PySpark line; the project is installed editable, so
+# both venvs run the same source tree.
+$(STAMP35): pyproject.toml
+	test -x $(VENV35)/bin/python || $(PYTHON) -m venv $(VENV35)
+	$(VENV35)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV35)/bin/python -m pip install --quiet -e '.[dev]' 'pyspark>=3.5,<3.6'
+	touch $(STAMP35)
+
+# The tests that start Spark (marker `spark`): the integration tests and the e2e test.
+test-spark35: $(STAMP35)
+	$(VENV35)/bin/python -m pytest -q -m spark tests/integration tests/e2e
+
+# Slow (fresh venvs, a wheel build, installs): not part of `make test`.
+test-packaging: $(STAMP)
+	$(BIN)/python -m pytest -q -m packaging tests/packaging
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
@@ -52,4 +76,4 @@ bench-quick: $(STAMP)
 	$(BIN)/tailguard bench --quick
 
 clean:
-	rm -rf $(VENV) work .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VENV35) work .pytest_cache .mypy_cache .ruff_cache .hypothesis
