@@ -7,11 +7,13 @@ Layout under a storage root (see docs/data-plane.md):
     <job_id>/partitions/<vertex>/<subtask>/<attempt>/_complete.json  written last: the checksums
 
 Every attempt writes into its own directory, so a speculative twin never touches the winner's
-files. Files are written under a hidden temporary name and renamed, so a reader finds a file
-complete or not at all. The checksum is a hash of the file's bytes; the writer makes the bytes a
-function of the table's content alone (one chunk, fixed batch size, fixed codec), so a partition
-re-produced from the same inputs carries the same checksum, which the failover core uses to spare
-the consumers a restart.
+files. Files are written with `Storage.write_atomic` (a renamed temporary on a local disk or
+HDFS, one upload on an object store), so a reader finds a file complete or not at all, and the
+completion marker goes last: on S3, whose reads after a write are strongly consistent, a reader
+that sees the marker sees every file. The checksum is a hash of the file's bytes; the writer
+makes the bytes a function of the table's content alone (one chunk, fixed batch size, fixed
+codec), so a partition re-produced from the same inputs carries the same checksum, which the
+failover core uses to spare the consumers a restart.
 
 The completion marker is what a PIPELINED consumer waits for: deployed together with its producer
 (FLIP-119), it cannot be handed the checksums by the driver, so it reads them from the marker. The

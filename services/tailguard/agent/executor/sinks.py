@@ -2,10 +2,17 @@
 
 Every attempt of a sink subtask, speculative or restarted, writes its Parquet file to a path of
 its own under `<storage>/<job_id>/staging/`. When the agent has picked the winner it publishes
-that one file as `<sink>/part-<subtask:05d>.parquet` by rename, replacing whatever an earlier
-winner of the same subtask published, so the sink never holds two outputs of one subtask or a
-partial file. Losers' staging files are deleted. `finalize_sink` writes `_SUCCESS` once every
-subtask is committed.
+that one file as `<sink>/part-<subtask:05d>.parquet`, replacing whatever an earlier winner of the
+same subtask published, so the sink never holds two outputs of one subtask. Losers' staging
+files are deleted. `finalize_sink` writes `_SUCCESS` once every subtask is committed: a JSON
+manifest naming every committed file and its size, as one atomic write, last.
+
+The commit point is `_SUCCESS`, on every store: a reader that waits for it and reads the files
+it names reads exactly the committed output. How a part file is published depends on the store
+(docs/storage.md): a rename on a local disk or HDFS (HDFS replaces by delete-then-rename), a
+server-side copy on an object store (S3 has no rename), or, across filesystems, a copy that is
+renamed into place or, on an object store, uploaded straight to the final name. Either way the
+published size is checked against what the attempt reported before the commit counts.
 
 Sink directory rule (`prepare_sink`): a directory that is absent or empty is taken; one that
 carries the tailguard marker (written by a previous run of a tailguard sink) has that run's
@@ -16,6 +23,7 @@ with `SinkNotEmpty`, because its files are not ours to delete or mix with.
 from __future__ import annotations
 
 import fnmatch
+import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,7 +38,11 @@ SUCCESS_FILE = "_SUCCESS"
 SINK_MARKER = "_TAILGUARD_SINK"
 _COMPRESSION = "zstd"
 # Names that belong to a tailguard sink; everything else in the directory is left alone.
-_OWNED_PATTERNS = ("part-*.parquet", ".part-*.tmp", SUCCESS_FILE)
+_PART_PATTERN = "part-*.parquet"
+_OWNED_PATTERNS = (_PART_PATTERN, ".part-*.tmp", SUCCESS_FILE)
+# S3's CopyObject copies at most 5 GiB in one request, and pyarrow's `move` is one request.
+_SERVER_SIDE_COPY_MAX_BYTES = 5 << 30
+_COPY_CHUNK_BYTES = 8 << 20
 
 
 @dataclass
@@ -77,23 +89,38 @@ def stage_sink_output(
     return StagedOutput(path, data.size, checksum(data), subtask, attempt)
 
 
+def _copy(storage: Storage, src: str, sink: Storage, dst: str) -> None:
+    with storage.open_input(src) as reader, sink.open_output(dst) as writer:
+        while chunk := reader.read(_COPY_CHUNK_BYTES):
+            writer.write(chunk)
+
+
 def _publish(storage: Storage, staged: StagedOutput, sink: Storage, final: str) -> None:
-    if sink.same_filesystem(storage):
+    renamable = not sink.object_store or staged.bytes <= _SERVER_SIDE_COPY_MAX_BYTES
+    if renamable and sink.same_filesystem(storage):
         try:
             sink.move(staged.path, final)
             return
         except OSError:
             # Same filesystem type but another device or bucket: fall back to a copy.
             pass
-    temp = sink.temp_sibling(final)
-    try:
-        with storage.open_input(staged.path) as src, sink.open_output(temp) as dst:
-            while chunk := src.read(8 << 20):
-                dst.write(chunk)
-        sink.move(temp, final)
-    except BaseException:
-        sink.delete_file(temp)
-        raise
+    if sink.object_store:
+        # Straight to the final name: the upload appears once complete. Closing it after a
+        # failed read would publish the part copied so far, so any failure deletes the
+        # object; `_SUCCESS` is not written yet, so no reader that trusts it has looked.
+        try:
+            _copy(storage, staged.path, sink, final)
+        except BaseException:
+            sink.delete_file(final)
+            raise
+    else:
+        temp = sink.temp_sibling(final)
+        try:
+            _copy(storage, staged.path, sink, temp)
+            sink.move(temp, final)
+        except BaseException:
+            sink.delete_file(temp)
+            raise
     storage.delete_file(staged.path)
 
 
@@ -106,6 +133,12 @@ def commit_sink_output(storage: Storage, staged: StagedOutput, sink_path: str) -
     sink = Storage(sink_path)
     final = sink.path(part_name(staged.subtask))
     _publish(storage, staged, sink, final)
+    published = sink.size(final)
+    if published != staged.bytes:
+        raise OSError(
+            f"published sink file {sink.uri}/{part_name(staged.subtask)} has {published} "
+            f"bytes, expected {staged.bytes}"
+        )
     storage.delete_dir(staged.path.rsplit("/", 1)[0])
     return final
 
@@ -135,5 +168,32 @@ def prepare_sink(sink_path: str) -> None:
 
 
 def finalize_sink(sink_path: str) -> None:
+    """Write the commit point: `_SUCCESS`, a manifest of the committed files and sizes."""
     sink = Storage(sink_path)
-    sink.write_atomic(sink.path(SUCCESS_FILE), b"")
+    files = {
+        name: size
+        for name, size in sink.list_sizes(sink.root).items()
+        if fnmatch.fnmatchcase(name, _PART_PATTERN)
+    }
+    manifest = {"committer": "tailguard", "files": files}
+    sink.write_atomic(sink.path(SUCCESS_FILE), json.dumps(manifest, sort_keys=True).encode())
+
+
+def committed_files(sink_path: str) -> dict[str, int] | None:
+    """The committed files of a sink and their sizes, from its `_SUCCESS` manifest; None while
+    the sink is not committed. What a reader that must be exact reads."""
+    sink = Storage(sink_path)
+    try:
+        manifest = json.loads(bytes(sink.read_bytes(sink.path(SUCCESS_FILE))))
+    except FileNotFoundError:
+        return None
+    except OSError:
+        if sink.exists(sink.path(SUCCESS_FILE)):
+            raise
+        return None
+    except ValueError as err:
+        raise ValueError(f"{sink.uri}/{SUCCESS_FILE} is not a tailguard manifest: {err}") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise ValueError(f"{sink.uri}/{SUCCESS_FILE} is not a tailguard manifest (no files)")
+    return {str(name): int(size) for name, size in files.items()}

@@ -2,6 +2,10 @@
 
 Splits are listed in a fixed order (sorted paths, then row groups), so every attempt of a source
 subtask reads exactly the same splits: sources are speculation-safe by construction.
+
+A source path is a local path or any `pyarrow.fs` URI (`s3://`, `s3a://`, `gs://`, `hdfs://`,
+...); each split keeps the full location of its file, scheme included, and relative local paths
+are made absolute in the driver (see `tailguard.filesystems`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import pyarrow.csv as pa_csv
 import pyarrow.fs as pafs
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
+
+from tailguard import filesystems
 
 SourceFormat = Literal["parquet", "csv", "json"]
 
@@ -30,32 +36,35 @@ _SUFFIXES = {"parquet": (".parquet", ".pq"), "csv": (".csv",), "json": (".json",
 
 
 class SourceError(ValueError):
-    """A source path that does not exist or holds no readable file."""
+    """A source path that does not exist, cannot be opened or holds no readable file."""
 
 
 @dataclass(frozen=True)
 class Split:
-    path: str  # a URI or local path, as given, resolvable by pyarrow.fs
+    # A normalised location (an absolute path, or a URI with its scheme kept), so an executor
+    # opens the same file whatever its working directory and filesystem defaults.
+    path: str
     row_group: int | None  # Parquet: the row group; other formats: the whole file
     bytes: int
 
 
-def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
+def _open(location: str) -> tuple[pafs.FileSystem, str]:
     try:
-        fs, inner = pafs.FileSystem.from_uri(path)
-        return fs, str(inner)
-    except (pa.ArrowInvalid, ValueError):
-        return pafs.LocalFileSystem(), str(path)
+        return filesystems.open_location(location)
+    except filesystems.LocationError as err:
+        raise SourceError(f"source {err}") from None
 
 
-def _files(source: SourceDef) -> list[tuple[pafs.FileSystem, str, int]]:
+def _files(source: SourceDef) -> list[tuple[pafs.FileSystem, str, str, int]]:
+    """(filesystem, path inside it, location, size) of every file of `source`, in order."""
     suffixes = _SUFFIXES[source.format]
-    found: list[tuple[pafs.FileSystem, str, int]] = []
+    found: list[tuple[pafs.FileSystem, str, str, int]] = []
     for given in source.paths:
-        fs, path = _filesystem(given)
+        fs, path = _open(given)
+        location = filesystems.normalise(given)
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.NotFound:
-            raise SourceError(f"source path not found: {given}")
+            raise SourceError(f"source path not found: {location}")
         if info.type == pafs.FileType.Directory:
             listed = fs.get_file_info(pafs.FileSelector(path, recursive=True))
             files = sorted(
@@ -63,17 +72,19 @@ def _files(source: SourceDef) -> list[tuple[pafs.FileSystem, str, int]]:
                 key=lambda f: f.path,
             )
             if not files:
-                raise SourceError(f"no {source.format} files under {given}")
-            found.extend((fs, f.path, f.size or 0) for f in files)
+                raise SourceError(f"no {source.format} files under {location}")
+            found.extend(
+                (fs, f.path, filesystems.child_location(location, path, f.path), f.size or 0)
+                for f in files
+            )
         else:
-            found.append((fs, path, info.size or 0))
+            found.append((fs, path, location, info.size or 0))
     return found
 
 
 def discover_splits(source: SourceDef) -> list[Split]:
     splits: list[Split] = []
-    for fs, path, size in _files(source):
-        uri = path if isinstance(fs, pafs.LocalFileSystem) else fs.normalize_path(path)
+    for fs, path, location, size in _files(source):
         if source.format == "parquet":
             with fs.open_input_file(path) as handle:
                 metadata = pq.ParquetFile(handle).metadata
@@ -83,14 +94,14 @@ def discover_splits(source: SourceDef) -> list[Split]:
                 compressed = sum(
                     group.column(c).total_compressed_size for c in range(group.num_columns)
                 )
-                splits.append(Split(uri, index, compressed))
+                splits.append(Split(location, index, compressed))
         else:
-            splits.append(Split(uri, None, size))
+            splits.append(Split(location, None, size))
     return splits
 
 
 def read_split(source: SourceDef, split: Split) -> pa.Table:
-    fs, path = _filesystem(split.path)
+    fs, path = _open(split.path)
     options: dict[str, Any] = dict(source.options)
     if source.format == "parquet":
         with fs.open_input_file(path) as handle:

@@ -1,40 +1,26 @@
 """A storage root that every executor can reach, through `pyarrow.fs`.
 
-The same code serves a local directory (one machine), HDFS and S3: the root is a URI and
-`FileSystem.from_uri` picks the implementation. A `Storage` is shipped inside every pickled
-`TaskSpec`, so it carries only the URI; the filesystem is opened on first use and cached per
-process (opening an S3 or HDFS client per task would cost more than many tasks do).
+The same code serves a local directory (one machine), HDFS, S3 and any other `pyarrow.fs` URI:
+the root is a location that `tailguard.filesystems` normalises (`s3a://` becomes `s3://`, a
+relative path absolute) and opens. A `Storage` is shipped inside every pickled `TaskSpec`, so it
+carries only that location, never credentials; the filesystem is opened on first use and cached
+per process (opening an S3 or HDFS client per task would cost more than many tasks do).
+
+What a write guarantees differs by store (docs/storage.md): on a local disk and HDFS a file is
+written under a hidden temporary name and renamed; on an object store (S3, GCS, Azure), which
+has no rename, an object is uploaded under its final name in one piece, since an upload appears
+whole or not at all.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 import uuid
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-_FILESYSTEMS: dict[str, tuple[pafs.FileSystem, str]] = {}
-_FILESYSTEMS_LOCK = threading.Lock()
-
-
-def _normalise(root: str) -> str:
-    if "://" in root:
-        return root.rstrip("/") or root
-    # A relative local path would mean something else in an executor's working directory.
-    return os.path.abspath(os.path.expanduser(root))
-
-
-def _open(uri: str) -> tuple[pafs.FileSystem, str]:
-    with _FILESYSTEMS_LOCK:
-        opened = _FILESYSTEMS.get(uri)
-        if opened is None:
-            fs, base = pafs.FileSystem.from_uri(uri)
-            opened = (fs, base.rstrip("/") or base)
-            _FILESYSTEMS[uri] = opened
-        return opened
+from tailguard import filesystems
 
 
 def _parent(path: str) -> str:
@@ -47,7 +33,7 @@ class Storage:
     __slots__ = ("_fs", "_uri")
 
     def __init__(self, root: str) -> None:
-        self._uri = _normalise(root)
+        self._uri = filesystems.normalise(root)
         self._fs: tuple[pafs.FileSystem, str] | None = None
 
     # Pickle only the URI: a filesystem client holds sockets and credentials providers.
@@ -80,9 +66,14 @@ class Storage:
         """The root as a path inside `fs`."""
         return self._opened()[1]
 
+    @property
+    def object_store(self) -> bool:
+        """True on S3, GCS or Azure: uploads are atomic, there is no rename."""
+        return filesystems.is_object_store(self.fs)
+
     def _opened(self) -> tuple[pafs.FileSystem, str]:
         if self._fs is None:
-            self._fs = _open(self._uri)
+            self._fs = filesystems.open_location(self._uri)
         return self._fs
 
     def same_filesystem(self, other: Storage) -> bool:
@@ -104,10 +95,15 @@ class Storage:
 
     # ------------------------------------------------------------------ files
 
-    def open_output(self, path: str) -> pa.NativeFile:
+    def _make_parent(self, path: str) -> None:
+        # An object store has no directories to make: a key needs no parent, and creating the
+        # empty marker objects pyarrow would write costs a request per level per file.
         parent = _parent(path)
-        if parent:
+        if parent and not self.object_store:
             self.fs.create_dir(parent, recursive=True)
+
+    def open_output(self, path: str) -> pa.NativeFile:
+        self._make_parent(path)
         return self.fs.open_output_stream(path)
 
     def open_input(self, path: str) -> pa.NativeFile:
@@ -118,7 +114,17 @@ class Storage:
             return f.read_buffer()
 
     def write_atomic(self, path: str, data: bytes | pa.Buffer) -> None:
-        """Write to a hidden temporary name, then rename: `path` is complete or absent."""
+        """Write `data` so that `path` is complete or absent (or still its previous version).
+
+        Local disk, HDFS: to a hidden temporary name, then rename. Object stores: one upload
+        under the final name, which appears only once complete; the whole buffer goes in one
+        `write`, so a failure can only come from the upload and leaves no object. (Not so for
+        a stream fed piece by piece: closing it after an error of the feeder's own would
+        publish the part written so far; see `sinks._publish`.)"""
+        if self.object_store:
+            with self.open_output(path) as out:
+                out.write(data)
+            return
         temp = self.temp_sibling(path)
         try:
             with self.open_output(temp) as out:
@@ -158,14 +164,24 @@ class Storage:
 
     def move(self, src: str, dst: str) -> None:
         """Rename within this filesystem, replacing `dst`. Atomic on a local disk (POSIX
-        rename); on HDFS replacing is delete-then-rename; on object stores a server-side copy
-        whose result appears in one piece. Fails across devices (the caller copies instead)."""
-        parent = _parent(dst)
-        if parent:
-            self.fs.create_dir(parent, recursive=True)
+        rename); on HDFS replacing is delete-then-rename; on S3 a server-side copy (one
+        CopyObject, so at most 5 GiB) whose result appears in one piece, then a delete of
+        `src`. Fails across devices (the caller copies instead)."""
+        self._make_parent(dst)
         self.fs.move(src, dst)
 
     def list_dir(self, path: str) -> list[str]:
         """Names (not paths) directly under `path`, sorted; [] when it does not exist."""
+        return sorted(self._listing(path))
+
+    def list_sizes(self, path: str) -> dict[str, int]:
+        """The files directly under `path` (names, not paths) and their sizes, in one listing."""
+        return {
+            info.base_name: int(info.size or 0)
+            for info in self._listing(path).values()
+            if info.type == pafs.FileType.File
+        }
+
+    def _listing(self, path: str) -> dict[str, pafs.FileInfo]:
         selector = pafs.FileSelector(path, allow_not_found=True, recursive=False)
-        return sorted(info.base_name for info in self.fs.get_file_info(selector))
+        return {info.base_name: info for info in self.fs.get_file_info(selector)}
