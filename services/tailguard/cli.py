@@ -12,6 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from tailguard.extras import missing_extra
+
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("tailguard.log.broker_cli", "run the embedded Kafka-protocol broker"),
@@ -25,6 +27,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("tailguard.cluster.cluster_cli", "local Spark cluster: up, status, down, throttle"),
     "bench": ("tailguard.bench.bench_cli", "tailguard vs Spark's speculation on a local cluster"),
 }
+
+# Seeing what a job did, from its archive (tailguard.inspect).
+SUBCOMMANDS.update(
+    {
+        "timeline": ("tailguard.inspect.timeline_cli", "draw a job: HTML page or Perfetto trace"),
+        "explain": ("tailguard.inspect.explain_cli", "why a record is in the log: its causes"),
+        "export": ("tailguard.inspect.export_cli", "an archive as rows: JSON Lines or Parquet"),
+    }
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(argv)
+    except ModuleNotFoundError as err:
+        # A command of an extra that is not installed (`tailguard run` without tailguard[spark]).
+        missing = missing_extra(err, f"tailguard {next((a for a in argv if a in SUBCOMMANDS), '')}")
+        if missing is None:
+            raise
+        print(f"tailguard: {missing}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(argv: list[str]) -> int:
     parser = build_parser()
     # Find the subcommand first so only its module is imported.
     chosen = next((a for a in argv if a in SUBCOMMANDS), None)

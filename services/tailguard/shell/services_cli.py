@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+from tailguard.extras import require
 from tailguard.settings_file import load_settings
 from tailguard.shell.definition import SERVICE_NAMES
 from tailguard.shell.supervisor import ServiceError, running, start, stop
@@ -40,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
     names = _names(args.only)
     try:
         if args.action == "up":
+            require("services")  # the workers import faust: say so here, not in their logs
             start(work_dir, names, config=getattr(args, "config", None))
             if args.foreground:
                 stopped = threading.Event()
