@@ -37,6 +37,14 @@ _POLL_EVERY = 1000
 _SHOWN_ERRORS = 5
 
 
+def producer_config(
+    settings: Mapping[str, str], config: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The librdkafka config of a `RecordProducer`: the `kafka.*` settings (security included)
+    over `PRODUCER_DEFAULTS`, and the caller's `config` over both."""
+    return {**client_config(settings, "producer", PRODUCER_DEFAULTS), **(config or {})}
+
+
 class DeliveryError(RuntimeError):
     """Some records were not delivered."""
 
@@ -63,9 +71,7 @@ class RecordProducer:
         config: Mapping[str, Any] | None = None,
     ) -> None:
         self.codec = codec
-        self._producer = Producer(
-            {**client_config(settings, "producer", PRODUCER_DEFAULTS), **(config or {})}
-        )
+        self._producer = Producer(producer_config(settings, config))
         self._errors: list[tuple[str, bytes | None, KafkaError]] = []
         self._unpolled = 0
 

@@ -66,6 +66,29 @@ DEFAULTS: dict[str, str] = {
 # Recorded in JobSubmitted.config by the agent: whether the services ran for the job ("on"/"off").
 SERVICES_KEY = "tailguard.services"
 
+# The `tailguard.*` markers a JobSubmitted record may carry besides the policy settings. An
+# explicit allow-list: a new `tailguard.*` setting (a directory, an endpoint, a key) stays out of
+# the record until someone decides it belongs there.
+RECORDED_MARKERS: frozenset[str] = frozenset({SERVICES_KEY})
+
+# What a redacted secret is shown as.
+REDACTED = "<redacted>"
+
+# Secret keys, matched anywhere in the key (`kafka.sasl.password`, `kafka.producer.sasl.password`,
+# `schema-registry.basic.auth.user.info` all match): any password, secret or token; the
+# librdkafka and Schema Registry settings that hold credentials or private key material; and any
+# key whose last part names a key (`s3.access-key`, `s3.secret-key`,
+# `security.command-signing.key`, `ssl_key`) - but not `ssl.key.location`, a path.
+_SECRET_WORDS = re.compile(r"passw(or)?d|secret|token|credential")
+_SECRET_SETTINGS = (
+    "basic.auth.user.info",  # Schema Registry: "user:password"
+    "sasl.jaas.config",  # Java clients' form, which holds the password
+    "sasl.oauthbearer.config",  # librdkafka: may hold an unsecured JWT or client credentials
+    "sasl.oauthbearer.assertion.private.key.pem",  # private keys themselves (paths to key
+    "ssl.key.pem",  # files, such as ssl.key.location, are not secret)
+)
+_KEY_NAME = re.compile(r"(^|[._-])key$")
+
 _DURATION_UNITS_MS: dict[str, float] = {
     "ms": 1,
     "milli": 1,
@@ -108,6 +131,28 @@ _SIZE_UNITS: dict[str, int] = {
 }
 
 _NUMBER_WITH_UNIT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def is_secret(key: str) -> bool:
+    """Whether the value of setting `key` is a secret that must never be printed, logged,
+    published or archived. One definition for the whole code base."""
+    lowered = key.lower()
+    if _SECRET_WORDS.search(lowered) or _KEY_NAME.search(lowered):
+        return True
+    return any(lowered == s or lowered.endswith("." + s) for s in _SECRET_SETTINGS)
+
+
+def redacted(values: Mapping[str, str]) -> dict[str, str]:
+    """`values` with every secret value replaced by `REDACTED`: what may be shown of settings."""
+    return {k: REDACTED if is_secret(k) else v for k, v in values.items()}
+
+
+def recorded_config(values: Mapping[str, str]) -> dict[str, str]:
+    """The part of `values` a `JobSubmitted` record may carry: the policy settings (the keys of
+    `DEFAULTS`, which a replay applies per job) and the allowed `tailguard.*` markers. Never
+    connection settings (brokers, registries, storage, their credentials): they say nothing
+    about a decision, and the log is read by more people than the settings file."""
+    return {k: v for k, v in values.items() if k in DEFAULTS or k in RECORDED_MARKERS}
 
 
 class ConfigError(ValueError):
@@ -164,8 +209,8 @@ class Settings(Mapping[str, str]):
         return len(self._values)
 
     def __repr__(self) -> str:
-        changed = {k: v for k, v in self._values.items() if DEFAULTS.get(k) != v}
-        return f"Settings({changed!r})"
+        # Secrets redacted: a Settings object ends up in tracebacks, logs and debug prints.
+        return f"Settings({redacted(self.overrides())!r})"
 
     def merged(self, overrides: Mapping[str, str] | None) -> Settings:
         """These settings with `overrides` on top (later wins)."""

@@ -10,6 +10,7 @@ decision whose input was not committed is re-emitted — with the same id, which
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -17,6 +18,12 @@ from tailguard.log.kafka_config import client_config
 
 # Read-only: never commit on the service group's behalf.
 _REBUILD_CONSUMER = {"enable.auto.commit": False, "auto.offset.reset": "earliest"}
+
+
+def rebuild_config(settings: Mapping[str, str], group_id: str) -> dict[str, Any]:
+    """The librdkafka config of the rebuild's consumer: the service's own `kafka.*` settings
+    (the same brokers and credentials as its faust app), reading as `group_id`."""
+    return client_config(settings, "consumer", {**_REBUILD_CONSUMER, "group.id": group_id})
 
 
 def committed_offsets(consumer: Consumer, group_topic: str, timeout: float) -> dict[int, int]:
@@ -39,8 +46,7 @@ def rebuild(
     progress: Callable[[int], None] | None = None,
 ) -> int:
     """Feed every record below the group's committed offsets to `feed`; returns the count."""
-    config = client_config(settings, "consumer", {**_REBUILD_CONSUMER, "group.id": group_id})
-    consumer = Consumer(config)
+    consumer = Consumer(rebuild_config(settings, group_id))
     fed = 0
     try:
         ends = committed_offsets(consumer, topic, timeout)

@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,8 @@ import faust
 from faust.worker import Worker
 
 from tailguard.codec import codec_for
-from tailguard.log.broker import resolve_bootstrap
-from tailguard.model.config import Settings
+from tailguard.log.kafka_config import faust_app_options
+from tailguard.model.config import ConfigError, Settings
 from tailguard.settings_file import load_settings
 from tailguard.shell.definition import SERVICE_NAMES, ServiceDefinition, load_definition
 from tailguard.shell.metrics_http import MetricsServer
@@ -68,15 +69,17 @@ class ServiceState:
 
 def build_app(
     definition: ServiceDefinition,
-    bootstrap: str,
+    connection: Mapping[str, Any],
     processor: Processor,
     state: ServiceState,
     data_dir: Path,
 ) -> faust.App:
+    """The service's faust app; `connection` is `faust_app_options(settings)` (the broker and
+    the credentials built from the same `kafka.*` settings as every librdkafka client)."""
     _shorten_fetch_wait(FETCH_MAX_WAIT_MS)
     app = faust.App(
         definition.group_id,
-        broker=";".join(f"kafka://{b}" for b in bootstrap.split(",")),
+        **connection,
         # The embedded broker has no CreateTopics: topics appear on first produce, and faust
         # must neither declare them nor use its leader-election topic.
         topic_allow_declare=False,
@@ -126,6 +129,8 @@ def serve(
     name: str, settings: Settings, work_dir: Path, metrics_port: int, metrics_host: str
 ) -> int:
     definition = load_definition(name)
+    # First, so that Kafka settings the faust client cannot honour stop the service at once.
+    connection = faust_app_options(settings)
     codec = codec_for(settings)
     processor = Processor(definition, settings, codec)
     state = ServiceState()
@@ -142,7 +147,7 @@ def serve(
     log.info("%s rebuilt its state from %d committed input records", name, rebuilt)
     data_dir = work_dir / "services" / name
     data_dir.mkdir(parents=True, exist_ok=True)
-    app = build_app(definition, resolve_bootstrap(settings), processor, state, data_dir)
+    app = build_app(definition, connection, processor, state, data_dir)
     worker = Worker(app, loglevel="warn", quiet=True, redirect_stdouts=False)
     try:
         worker.execute_from_commandline()
@@ -165,9 +170,15 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format=f"%(asctime)s {args.service} %(levelname)s %(message)s"
     )
     extra = {"tailguard.work-dir": args.work_dir} if args.work_dir else None
-    settings = load_settings(args.config, extra=extra)
-    work_dir = Path(settings["tailguard.work-dir"])
-    return serve(args.service, settings, work_dir, args.metrics_port, args.metrics_host)
+    try:
+        settings = load_settings(args.config, extra=extra)
+        work_dir = Path(settings["tailguard.work-dir"])
+        return serve(args.service, settings, work_dir, args.metrics_port, args.metrics_host)
+    except ConfigError as err:
+        # A clear line in the service's log instead of a traceback (messages name the setting,
+        # never a secret value).
+        log.error("%s cannot start: %s", args.service, err)
+        return 2
 
 
 if __name__ == "__main__":

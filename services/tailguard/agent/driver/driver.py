@@ -51,7 +51,8 @@ from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
 from tailguard.agent.graph.chaining import ChainedJob, chain
 from tailguard.model import records as r
-from tailguard.model.config import SERVICES_KEY, Settings
+from tailguard.model.authority import authority_problem
+from tailguard.model.config import SERVICES_KEY, Settings, recorded_config
 from tailguard.model.ids import event_id
 
 log = logging.getLogger("tailguard.agent")
@@ -118,6 +119,7 @@ class JobDriver:
         self.applied: set[str] = set()
         self.fallback_notes: list[str] = []
         self.rejected: list[tuple[str, str, str]] = []
+        self.commands_taken = 0
         self.blocks: list[tuple[str, int, int]] = []
         self.block_started: dict[str, int] = {}
         self.status: r.JobStatus | None = None
@@ -227,11 +229,11 @@ class JobDriver:
                 plans.prepare_sink(vertex.sink)
         spec = self.graph.spec(split_bytes)
         # Whether the services run is part of the record: a replay must know which decisions
-        # were made live and which only by the local fallbacks.
-        config = {
-            **self.settings.overrides(),
-            SERVICES_KEY: "on" if self.options.services else "off",
-        }
+        # were made live and which only by the local fallbacks. Only policy settings and
+        # markers are recorded, never connection settings or their secrets.
+        config = recorded_config(
+            {**self.settings.overrides(), SERVICES_KEY: "on" if self.options.services else "off"}
+        )
         self.emit(r.JobSubmitted, name=self.job.name, graph=spec, config=config)
         launched = self.runtime.start(self.job_id, self.post)
         self._await_runners(launched)
@@ -596,6 +598,13 @@ class JobDriver:
         command = message.command
         if command.job_id != self.job_id:
             return
+        # Before the id counts as handled: decision ids are predictable, and a forged command
+        # must not use up the id of the service's own, nor settle a pending fallback.
+        problem = authority_problem(command, message.origin)
+        if problem is not None:
+            log.warning("rejected %s %s: %s", type(command).__name__, command.id, problem)
+            self._reject(command, problem)
+            return
         if command.id in self.applied:
             return  # each id at most once: a restarted service re-emits the same ids
         self.applied.add(command.id)
@@ -623,6 +632,8 @@ class JobDriver:
             # The guard let through a command the state could not take: say so and go on.
             log.exception("applying %s %s", kind, command.id)
             self._reject(command, f"failed while applying: {err!r}")
+            return
+        self.commands_taken += 1
 
     def _reject(self, command: r.Command, reason: str) -> None:
         kind = type(command).__name__
@@ -795,7 +806,7 @@ class JobDriver:
             },
             archive=getattr(self.publisher, "archive_path", None),
             blocked=tuple(self.blocks),
-            commands_applied=len(self.applied) - len(self.rejected),
+            commands_applied=self.commands_taken,
             commands_rejected=tuple(self.rejected),
             fallbacks=tuple(self.fallback_notes),
             events_published=self.events_published,
