@@ -1,0 +1,132 @@
+"""One line in words for each record type, shared by the timeline's details and `explain`.
+
+Pure. Times are shown relative to the job's start (`+12.345 s`), as the timeline's axis is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+from tailguard.inspect.history import attempt_name
+from tailguard.model import records as r
+
+COMMON_FIELDS = frozenset({"job_id", "ts", "id", "caused_by"})
+
+
+def relative(ts: int, start_ts: int) -> str:
+    """`+12.345 s` after the job's start."""
+    return f"{(ts - start_ts) / 1000:+.3f} s"
+
+
+def size(count: int | None) -> str:
+    if count is None:
+        return "? B"
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= factor:
+            return f"{count / factor:.1f} {unit}"
+    return f"{count} B"
+
+
+def _attempt(e: Any) -> str:
+    return attempt_name(e.vertex, e.subtask, e.attempt)
+
+
+def _hosts(hosts: tuple[str, ...]) -> str:
+    return ", ".join(hosts) or "no host"
+
+
+def _slow(finding: r.SlowTasksDetected) -> str:
+    if not finding.slow:
+        return f"{finding.vertex}: no slow subtask any more"
+    per_byte = f", {finding.baseline_ns_per_byte:.0f} ns/B" if finding.baseline_ns_per_byte else ""
+    slow = [
+        f"{attempt_name(finding.vertex, s.subtask, a.attempt)} on {a.host} "
+        f"for {a.execution_time_ms} ms ({size(a.input_bytes)})"
+        for s in finding.slow
+        for a in s.live_attempts
+        if a.slow
+    ]
+    return (
+        f"{finding.vertex}: {len(finding.slow)} slow subtask(s), baseline "
+        f"{finding.baseline_ms} ms{per_byte}; slow: {'; '.join(slow)}"
+    )
+
+
+def _restart(c: r.RestartTasks, start: int) -> str:
+    tasks = ", ".join(attempt_name(t.vertex, t.subtask) for t in c.tasks)
+    return f"restart {tasks} not before {relative(c.not_before_ts, start)}: {c.reason}"
+
+
+# type -> (record, job start ts) -> text; one entry per record type (a test checks coverage).
+_DESCRIBE: dict[type[r.Record], Callable[[Any, int], str]] = {
+    r.JobSubmitted: lambda e, _: f"job {e.name!r} submitted, {len(e.graph.vertices)} vertices",
+    r.NodeAdded: lambda e, _: f"{e.host} joined with {e.slots} slot(s)",
+    r.NodeRemoved: lambda e, _: f"{e.host} left: {e.reason or 'no reason given'}",
+    r.NodeBlocked: lambda e, t: f"{e.host} blocked until {relative(e.until_ts, t)}: {e.cause}",
+    r.NodeUnblocked: lambda e, _: f"{e.host} unblocked",
+    r.VertexInitialized: lambda e, _: (
+        f"{e.vertex} initialised with parallelism {e.parallelism}, decided by {e.decided_by}"
+    ),
+    r.AttemptDeploying: lambda e, _: (
+        f"{_attempt(e)} deployed on {e.host}" + (", speculative" if e.speculative else "")
+    ),
+    r.AttemptFinished: lambda e, _: (
+        f"{_attempt(e)} finished on {e.host}: read {size(e.input_bytes)}, {e.records} records, "
+        f"wrote {size(sum(e.bytes_per_subpartition))}"
+    ),
+    r.AttemptFailed: lambda e, _: (
+        f"{_attempt(e)} failed on {e.host}: {e.error.value}: {e.message}"
+        + (
+            f" (missing {attempt_name(p.vertex, p.subtask, p.attempt)})"
+            if (p := e.missing_partition)
+            else ""
+        )
+    ),
+    r.AttemptCanceled: lambda e, _: f"{_attempt(e)} cancelled on {e.host}: {e.reason.value}",
+    r.AttemptProgress: lambda e, _: (
+        f"{_attempt(e)} read {size(e.bytes_read)} of {size(e.bytes_total)}, "
+        f"{e.records_read} records"
+    ),
+    r.PartitionReleased: lambda e, _: (
+        f"partition of {attempt_name(e.partition.vertex, e.partition.subtask, e.partition.attempt)}"
+        " released"
+    ),
+    r.Tick: lambda e, _: "tick: the agent's clock for time-driven checks",
+    r.CommandApplied: lambda e, _: f"{e.command_type} {e.command_id} applied",
+    r.CommandRejected: lambda e, _: f"{e.command_type} {e.command_id} rejected: {e.reason}",
+    r.JobFinished: lambda e, _: (
+        f"job {e.status.value.lower()}" + (f": {e.message}" if e.message else "")
+    ),
+    r.SlowTasksDetected: lambda f, _: _slow(f),
+    r.SpeculativeAttemptWon: lambda f, _: (
+        f"speculative attempt {_attempt(f)} on {f.host} finished first"
+    ),
+    r.LaunchSpeculativeAttempts: lambda c, _: (
+        f"launch {c.count} speculative attempt(s) of {attempt_name(c.vertex, c.subtask)}, "
+        f"avoiding {_hosts(c.avoid_hosts)}"
+    ),
+    r.BlockNodes: lambda c, t: (
+        f"block {_hosts(c.hosts)} until {relative(c.until_ts, t)}: {c.cause}"
+    ),
+    r.UnblockNodes: lambda c, _: f"unblock {_hosts(c.hosts)}",
+    r.SetParallelism: lambda c, _: f"{c.vertex}: parallelism {c.parallelism}",
+    r.RestartTasks: _restart,
+    r.FailJob: lambda c, _: f"fail the job: {c.reason}",
+}
+
+
+def describe(record: r.Record, start_ts: int) -> str:
+    """What `record` says, in one line."""
+    text = _DESCRIBE.get(type(record))
+    if text is not None:
+        return text(record, start_ts)
+    # A record type newer than this table: its own fields, so nothing is hidden.
+    own = (f for f in fields(record) if f.name not in COMMON_FIELDS)
+    return ", ".join(f"{f.name}={getattr(record, f.name)!r}" for f in own)
+
+
+def headline(record: r.Record, start_ts: int) -> str:
+    """`Type id at +t`: how a record is named in lists."""
+    return f"{type(record).__name__} {record.id} at {relative(record.ts, start_ts)}"

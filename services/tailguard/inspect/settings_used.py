@@ -1,0 +1,92 @@
+"""The settings a decision core reads, found by running it, not from a list that could drift.
+
+The core is built over a `Settings` that notes every key a typed accessor reads, and is fed the
+job's recorded input, as `tailguard replay` feeds it. A key read while the core is built comes
+from the service's own settings; a key read through `Settings.for_job` comes from the job's
+`JobSubmitted.config` over the defaults. Pure: the cores are pure functions of their input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tailguard.inspect.history import History
+from tailguard.model.config import Settings
+from tailguard.replay.engine import SERVICES, dedupe
+
+JOB = "job"
+SERVICE = "service"
+
+
+class _KeyRecorder(Settings):
+    """Settings that note which keys are read, and whether through `for_job`."""
+
+    __slots__ = ("_reads", "_scope")
+
+    def __init__(
+        self, overrides: Mapping[str, str], reads: dict[str, set[str]], scope: str
+    ) -> None:
+        super().__init__(overrides)
+        self._reads = reads
+        self._scope = scope
+
+    # Every typed accessor (duration_ms, integer, flag, ...) reads through `_raw`.
+    def _raw(self, key: str) -> str:
+        self._reads.setdefault(key, set()).add(self._scope)
+        return super()._raw(key)
+
+    def for_job(self, job_config: Mapping[str, str]) -> Settings:
+        return _KeyRecorder({**job_config, **self._explicit}, self._reads, JOB)
+
+    def merged(self, overrides: Mapping[str, str] | None) -> Settings:
+        return _KeyRecorder({**self._values, **(overrides or {})}, self._reads, self._scope)
+
+
+@dataclass(frozen=True, slots=True)
+class SettingUsed:
+    key: str
+    value: str
+    source: str  # "job config" (JobSubmitted.config) or "default"
+    scope: str  # JOB: read per job from JobSubmitted.config; SERVICE: the service's own settings
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSettings:
+    service: str
+    settings: tuple[SettingUsed, ...]
+    # Set when the core could not be run over the job's records (the keys may be incomplete).
+    problem: str = ""
+
+
+def services() -> tuple[str, ...]:
+    return tuple(spec.name for spec in SERVICES)
+
+
+def settings_used(service: str, history: History) -> ServiceSettings:
+    """The keys `service`'s core reads on this job's records, with the job's values."""
+    spec = next((s for s in SERVICES if s.name == service), None)
+    if spec is None:
+        raise ValueError(f"no decision core named {service!r} (known: {', '.join(services())})")
+    config = history.config()
+    reads: dict[str, set[str]] = {}
+    problem = ""
+    try:
+        core = spec.factory(_KeyRecorder(config, reads, SERVICE))
+        for record in dedupe(e.record for e in history.entries if e.topic == spec.input_topic):
+            core.handle(record)
+    except Exception as err:  # a record the core trips over: say so, keep what was read
+        problem = f"the {service} core stopped on this job's records: {err!r}"
+    effective = Settings(config)
+    used = tuple(
+        SettingUsed(
+            key,
+            effective[key],
+            "job config" if key in config else "default",
+            # A key the core reads per job follows the job's config (a core may also read it
+            # once at start for a fallback, which does not apply to this job).
+            JOB if JOB in scopes else SERVICE,
+        )
+        for key, scopes in sorted(reads.items())
+    )
+    return ServiceSettings(service, used, problem)
