@@ -13,7 +13,6 @@ from tailguard.agent.driver.result import RunResult
 from tailguard.agent.executor import partitions
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
-from tailguard.model import records as r
 from tailguard.model.config import Settings
 
 log = logging.getLogger(__name__)
@@ -71,8 +70,8 @@ def run(
     # The driver's inbox exists before the consumer thread that feeds it starts.
     inbox: queue.Queue[InboxMessage] = queue.Queue()
 
-    def deliver(command: r.Command) -> None:
-        inbox.put(CommandReceived(command))
+    def deliver(command: CommandReceived) -> None:
+        inbox.put(command)
 
     publisher: Publisher
     if log_mode == "kafka":

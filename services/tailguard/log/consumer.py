@@ -8,7 +8,7 @@ partitions are assigned (self-managed, group used for offsets) is explained in `
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,22 @@ class Consumed:
     # Broker or producer timestamp, ms since the epoch.
     timestamp: int
     raw: bytes
+    # The message's headers in the order they were sent (a signature, see `log.signing`).
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+_Value = str | bytes | None
+
+
+def _headers(
+    headers: Mapping[str, _Value] | Sequence[tuple[str, _Value]] | None,
+) -> tuple[tuple[str, bytes], ...]:
+    """A message's headers as (name, bytes) pairs, in order (librdkafka gives a list; its
+    typing also allows a dict)."""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    return tuple(
+        (name, value.encode() if isinstance(value, str) else value or b"") for name, value in pairs
+    )
 
 
 class RecordConsumer:
@@ -95,7 +111,9 @@ class RecordConsumer:
             self.dead_letters += 1
             return None
         _, timestamp = msg.timestamp()
-        return Consumed(record, topic, partition, offset, int(timestamp), raw)
+        return Consumed(
+            record, topic, partition, offset, int(timestamp), raw, _headers(msg.headers())
+        )
 
     def commit(self) -> None:
         """Commit the offsets of everything `poll` has read so far (synchronously). Dead letters

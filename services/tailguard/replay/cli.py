@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from tailguard.model.config import ConfigError
 from tailguard.replay.engine import ReplayReport, replay, settings_diff
@@ -20,7 +19,11 @@ SHOW_DIFFERENCES = 5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("archive", nargs="?", help="a per-job Avro archive written by the agent")
+    parser.add_argument(
+        "archive",
+        nargs="?",
+        help="a per-job Avro archive written by the agent: a path or a URI (s3://bucket/a.avro)",
+    )
     parser.add_argument(
         "--topic",
         action="store_true",
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.archive:
-            log = read_archive(Path(args.archive), settings)
+            log = read_archive(args.archive, settings)
             source = args.archive
         else:
             log = read_topics(settings, job=args.job)
@@ -86,3 +89,5 @@ def _print(report: ReplayReport, show: int, what_if: bool) -> None:
             print(f"    {diff.describe()}")
         if len(service.differences) > show:
             print(f"    ... and {len(service.differences) - show} more")
+    for line in report.notes(show):
+        print(line)

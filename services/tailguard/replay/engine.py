@@ -12,6 +12,14 @@ are no longer what they would have seen.
 Outputs are matched to services by their id prefix (ids are `derived_id(service, ...)`), and both
 sides are deduplicated by id: delivery is at least once, so a service that restarted may have
 re-emitted a decision, which the agent ignored and the comparison must too.
+
+A command the agent rejected for where it came from (unsigned, a bad signature, or a signer not
+allowed that command: `model.authority`) was never a service decision: it is left out of the
+comparison and listed in the report instead. The archive keeps commands with a bad signature
+under their own topic, so they are told apart exactly even when one reuses a real decision's id;
+read from the topics, a command is left out when the agent's answers to its id are all such
+rejections. A recorded finding or command whose id names no service is a difference: no core
+emits it, and if the agent took it, something other than the services commanded the job.
 """
 
 from __future__ import annotations
@@ -25,6 +33,11 @@ from tailguard.decider.policy import ParallelismDecider
 from tailguard.detector.policy import SlowTaskDetector
 from tailguard.failover.policy import FailoverStrategy
 from tailguard.model import records as r
+from tailguard.model.authority import (
+    UNAUTHENTICATED_COMMANDS_TOPIC,
+    is_authority_rejection,
+    issuer_named_by,
+)
 from tailguard.model.config import SERVICES_KEY, Settings
 from tailguard.speculator.policy import SpeculationStrategy
 
@@ -98,15 +111,54 @@ class ServiceReport:
         )
 
 
+@dataclass(frozen=True)
+class RejectedCommand:
+    """A command in the log that the agent rejected for where it came from."""
+
+    command: r.Command
+    # The agent's CommandRejected reason; empty if it never answered (it arrived after the end).
+    reason: str
+
+    def describe(self) -> str:
+        return f"{_short(self.command)}: {self.reason or 'arrived after the job ended'}"
+
+
 @dataclass
 class ReplayReport:
     services: list[ServiceReport]
     jobs: list[str]
     events: int
+    # Commands that were never service decisions: reported, not compared.
+    rejected: list[RejectedCommand] = field(default_factory=list)
+    # Findings and commands whose id names no service: no core emits them.
+    unattributed: list[r.Record] = field(default_factory=list)
 
     @property
     def differences(self) -> int:
-        return sum(len(s.differences) for s in self.services)
+        return sum(len(s.differences) for s in self.services) + len(self.unattributed)
+
+    def notes(self, show: int) -> list[str]:
+        """The report's lines beyond the services': unattributed records, rejected commands."""
+        return [
+            *_section(
+                "record(s) whose id names no service (differences)",
+                [_short(u) for u in self.unattributed],
+                show,
+            ),
+            *_section(
+                "command(s) the agent rejected as not from a permitted service "
+                "(not decisions, left out of the comparison)",
+                [c.describe() for c in self.rejected],
+                show,
+            ),
+        ]
+
+
+def _section(title: str, items: Sequence[str], show: int) -> list[str]:
+    if not items:
+        return []
+    more = [f"    ... and {len(items) - show} more"] if len(items) > show else []
+    return [f"{len(items)} {title}:", *(f"    {item}" for item in items[:show]), *more]
 
 
 def _short(record: r.Record) -> str:
@@ -121,7 +173,7 @@ def _changed_fields(a: r.Record, b: r.Record) -> list[str]:
 
 def service_of(record: r.Record) -> str:
     """The service that emitted a finding or command (ids are `<service>-<hash>`)."""
-    return record.id.split("-", 1)[0]
+    return issuer_named_by(record.id)
 
 
 def dedupe(records: Iterable[r.Record]) -> list[r.Record]:
@@ -151,6 +203,26 @@ def _compare(recorded: Sequence[r.Record], replayed: Sequence[r.Record]) -> list
     return diffs
 
 
+def _leave_out_rejected(
+    commands: Sequence[r.Command], unauthenticated: Sequence[r.Command], events: Sequence[r.Event]
+) -> tuple[list[r.Command], list[RejectedCommand]]:
+    """The commands to compare, and the rejected ones: those archived as unauthenticated, and
+    those whose every answer from the agent was a rejection for authority."""
+    for_authority: dict[str, str] = {}
+    taken: set[str] = set()
+    for e in events:
+        if isinstance(e, r.CommandRejected) and is_authority_rejection(e):
+            for_authority.setdefault(e.command_id, e.reason)
+        elif isinstance(e, r.CommandApplied | r.CommandRejected):
+            taken.add(e.command_id)
+    never_taken = for_authority.keys() - taken
+    kept = [c for c in commands if c.id not in never_taken]
+    left_out = [*unauthenticated, *(c for c in commands if c.id in never_taken)]
+    # A forgery sent again is one entry; the same id with other content is another.
+    unique = list(dict.fromkeys(left_out))
+    return kept, [RejectedCommand(c, for_authority.get(c.id, "")) for c in unique]
+
+
 def replay(
     log: Iterable[Recorded],
     settings: Settings,
@@ -163,6 +235,7 @@ def replay(
     events: list[r.Event] = []
     findings: list[r.Finding] = []
     commands: list[r.Command] = []
+    unauthenticated: list[r.Command] = []
     for n, item in enumerate(log, 1):
         record = item.record
         if job is not None and record.job_id != job:
@@ -171,14 +244,18 @@ def replay(
             events.append(record)
         elif isinstance(record, r.Finding):
             findings.append(record)
+        elif isinstance(record, r.Command) and item.topic == UNAUTHENTICATED_COMMANDS_TOPIC:
+            unauthenticated.append(record)
         elif isinstance(record, r.Command):
             commands.append(record)
         if progress is not None and n % 10_000 == 0:
             progress(n)
+    commands, rejected = _leave_out_rejected(commands, unauthenticated, events)
 
     recorded_by_service: dict[str, list[r.Record]] = {s.name: [] for s in SERVICES}
+    unattributed: list[r.Record] = []
     for out in dedupe([*findings, *commands]):
-        recorded_by_service.setdefault(service_of(out), []).append(out)
+        recorded_by_service.get(service_of(out), unattributed).append(out)
 
     live = _services_live(events)
     detector_out: list[r.Record] = []
@@ -203,7 +280,7 @@ def replay(
             report.reproduced = sum(1 for a, b in zip(recorded, replayed, strict=False) if a == b)
         reports.append(report)
     jobs = sorted({e.job_id for e in events})
-    return ReplayReport(reports, jobs, len(events))
+    return ReplayReport(reports, jobs, len(events), rejected, unattributed)
 
 
 def _services_live(events: Iterable[r.Event]) -> bool:

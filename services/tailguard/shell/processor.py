@@ -6,11 +6,14 @@ all go through the same code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tailguard.codec import DecodeError, RecordCodec
 from tailguard.log.dead_letters import dead_letter_headers, dlq_topic
+from tailguard.log.signing import signer_for
 from tailguard.model.config import Settings
+from tailguard.model.records import Record
 from tailguard.shell.definition import Core, ServiceDefinition
 
 
@@ -19,7 +22,7 @@ class Outgoing:
     topic: str
     key: bytes
     value: bytes
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    headers: Sequence[tuple[str, str | bytes | None]] = ()
 
 
 @dataclass
@@ -38,6 +41,9 @@ class Processor:
         self.codec = codec
         self.core: Core = definition.core(settings)
         self.counters = Counters()
+        # Every output is signed, findings too: one rule for everything a service emits, and a
+        # reader holding the key can tell who wrote any decision (the agent checks commands).
+        self._signer = signer_for(settings, definition.name)
 
     def process(self, raw: bytes | None, partition: int, offset: int) -> list[Outgoing]:
         """The messages to publish for one input message (outputs, or its dead letter)."""
@@ -49,12 +55,13 @@ class Processor:
             self.counters.dead_letters += 1
             headers = dead_letter_headers(topic, partition, offset, str(err))
             return [Outgoing(dlq_topic(topic), b"", raw or b"", headers)]
-        out = [
-            Outgoing(type(o).TOPIC, o.job_id.encode(), self.codec.encode(o))
-            for o in self.core.handle(record)
-        ]
+        out = [self._outgoing(o) for o in self.core.handle(record)]
         self.counters.emitted += len(out)
         return out
+
+    def _outgoing(self, record: Record) -> Outgoing:
+        topic, value = type(record).TOPIC, self.codec.encode(record)
+        return Outgoing(topic, record.job_id.encode(), value, self._signer.headers(topic, value))
 
     def replay(self, raw: bytes | None) -> None:
         """Feed an already processed input to rebuild state; its outputs were published before."""

@@ -8,12 +8,13 @@ its inbox, so every decision happens in one order: the order of the events it pu
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from tailguard.agent.executor.attempt import AttemptKey, TaskSpec
 from tailguard.agent.executor.protocol import AttemptEnded, AttemptProgressed, AttemptStarted
 from tailguard.model import records as r
+from tailguard.model.authority import Origin, Unchecked
 
 # --------------------------------------------------------------------------- inbox messages
 
@@ -48,7 +49,15 @@ class FromRunner:
 
 @dataclass(frozen=True)
 class CommandReceived:
+    """A command for this job, read from the log.
+
+    `origin` is what the adapter found when it checked the command's signature: `Signed` by
+    whom, `Unauthentic` and why, or `Unchecked` when no signing key is configured (then every
+    command is taken, as before commands were signed).
+    """
+
     command: r.Command
+    origin: Origin = field(default_factory=Unchecked)
 
 
 InboxMessage = RunnerConnected | RunnerLost | FromRunner | CommandReceived

@@ -1,0 +1,125 @@
+"""Who may command a job: where a received command came from, and what each signer may ask.
+
+The agent takes a command only from the service whose job it is to decide it (the table
+`PERMITTED`). Whether a command came from that service is what its signature says (see
+`tailguard.log.signing`): the adapter that receives the command checks the signature and hands
+the driver an `Origin`; `authority_problem` turns an origin into the reason a command is
+rejected, or None.
+
+The agent's own fallback decisions (the local decider and failover cores) are signed as `AGENT`
+and carry the ids those services would have used, so the table allows the agent exactly what it
+stands in for.
+
+A rejection for authority starts with one of two fixed prefixes, so a replay can tell a command
+that was never a service decision from one a service made and the job could not take.
+
+The module is pure: standard library and records only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tailguard.model import records as r
+
+# The signer name of the agent's own (fallback) commands; services sign with their names.
+AGENT = "agent"
+
+PERMITTED: Mapping[str, frozenset[type[r.Command]]] = {
+    "speculator": frozenset({r.LaunchSpeculativeAttempts}),
+    "blocklist": frozenset({r.BlockNodes, r.UnblockNodes}),
+    "decider": frozenset({r.SetParallelism}),
+    "failover": frozenset({r.RestartTasks, r.FailJob}),
+}
+# The services whose decisions the agent takes itself when they do not answer.
+AGENT_STANDS_IN_FOR = frozenset({"decider", "failover"})
+
+# CommandRejected.reason starts with one of these when the command was not a service decision.
+UNAUTHENTICATED = "unauthenticated: "
+NOT_PERMITTED = "not permitted: "
+
+# The archive's topic for commands whose signature did not check out: received and kept for the
+# audit, but not on the commands a replay compares with the services' decisions.
+UNAUTHENTICATED_COMMANDS_TOPIC = r.COMMANDS_TOPIC + ".unauthenticated"
+
+# Signer names and key ids come from message headers anyone can write: what a reason repeats of
+# them is cut to this length.
+_SHOWN = 40
+
+
+@dataclass(frozen=True, slots=True)
+class Signed:
+    """The signature checked out: `signer` holds the key named `key_id`."""
+
+    signer: str
+    key_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unauthentic:
+    """Signing is on and the signature is missing or wrong (`reason` says which)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unchecked:
+    """Signing is off (no key configured): nothing tells who sent the command."""
+
+
+Origin = Signed | Unauthentic | Unchecked
+
+
+def shown(text: str) -> str:
+    """`text` from a header, quoted and cut short for a reason or a log line."""
+    cut = text if len(text) <= _SHOWN else text[:_SHOWN] + "…"
+    return repr(cut)
+
+
+def issuer_named_by(command_id: str) -> str:
+    """The service a decision id names (`derived_id` puts it first: `<service>-<digest>`)."""
+    return command_id.split("-", 1)[0]
+
+
+def permission_problem(signer: str, command: r.Command) -> str | None:
+    """Why `signer` may not issue `command`, or None if it may.
+
+    A service may issue only its own kinds of command, under ids that name it (so a replay
+    attributes every command to the service that really sent it); the agent, only the kinds of
+    the services it stands in for, under their ids.
+    """
+    kind = type(command).__name__
+    named = issuer_named_by(command.id)
+    if signer == AGENT:
+        if named not in AGENT_STANDS_IN_FOR:
+            return (
+                f"the agent signs only the decisions it takes for "
+                f"{' and '.join(sorted(AGENT_STANDS_IN_FOR))}, not an id naming {shown(named)}"
+            )
+        issuer = named
+    elif signer not in PERMITTED:
+        return f"{shown(signer)} issues no commands"
+    elif named != signer:
+        return f"signed by {signer} but its id names {shown(named)}"
+    else:
+        issuer = signer
+    if type(command) not in PERMITTED[issuer]:
+        allowed = sorted(s for s, kinds in PERMITTED.items() if type(command) in kinds)
+        return f"{kind} is accepted only from {' or '.join(allowed) or 'nobody'}, not {signer}"
+    return None
+
+
+def authority_problem(command: r.Command, origin: Origin) -> str | None:
+    """The reason to reject `command` for where it came from, or None to go on with it."""
+    if isinstance(origin, Unchecked):
+        return None  # signing is off: every command is taken, as before signing existed
+    if isinstance(origin, Unauthentic):
+        return UNAUTHENTICATED + origin.reason
+    problem = permission_problem(origin.signer, command)
+    return None if problem is None else NOT_PERMITTED + problem
+
+
+def is_authority_rejection(rejected: r.CommandRejected) -> bool:
+    """Whether the agent rejected the command for where it came from (not for what it asked)."""
+    return rejected.reason.startswith((UNAUTHENTICATED, NOT_PERMITTED))
