@@ -83,7 +83,7 @@ def normalise(location: str | os.PathLike[str]) -> str:
         return os.path.abspath(os.path.expanduser(text))
     scheme = match.group(1).lower()
     scheme = _SCHEME_ALIASES.get(scheme, scheme)
-    parts = urlsplit(f"{scheme}://{text[match.end():]}")
+    parts = urlsplit(f"{scheme}://{text[match.end() :]}")
     if parts.fragment:
         raise LocationError(f"storage location {text!r} has a fragment ('#...'), not a path")
     if scheme == "file":
@@ -246,9 +246,7 @@ def open_location(location: str | os.PathLike[str]) -> tuple[pafs.FileSystem, st
     return fs, inner or prefix
 
 
-def _open_authority(
-    scheme: str, netloc: str, query: str, uri: str
-) -> tuple[pafs.FileSystem, str]:
+def _open_authority(scheme: str, netloc: str, query: str, uri: str) -> tuple[pafs.FileSystem, str]:
     if scheme == "s3" and _s3_options is not None and not query:
         return _s3_options.open(), f"{netloc}/"
     probe = f"{scheme}://{netloc}/{_PROBE}" + (f"?{query}" if query else "")

@@ -7,17 +7,22 @@ import queue
 from pathlib import Path
 from typing import Any
 
+from tailguard import filesystems
 from tailguard.agent.driver.driver import JobDriver, RunOptions, new_job_id
 from tailguard.agent.driver.ports import CommandReceived, InboxMessage, Publisher
 from tailguard.agent.driver.result import RunResult
 from tailguard.agent.executor import partitions
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
-from tailguard.model.config import Settings
+from tailguard.log.archive import ArchiveWriter
+from tailguard.model.config import Settings, parse_duration_ms
 
 log = logging.getLogger(__name__)
 
 LOG_MODES = ("kafka", "archive")
+# How often a remote archive's new records are uploaded: the most a lost driver can lose.
+ARCHIVE_UPLOAD_INTERVAL = "tailguard.archive.upload-interval"
+DEFAULT_ARCHIVE_UPLOAD_INTERVAL = "10 s"
 
 
 def run(
@@ -38,9 +43,11 @@ def run(
       one found in the work directory) and applies the services' decisions; `"archive"` keeps
       the facts in the archive only and decides everything locally.
     - `services=False` does not wait for the services: the local fallbacks decide at once.
-    - `storage` is where result partitions live (a path or a `pyarrow.fs` URI; default
-      `<work-dir>/storage`). Every executor must reach it.
-    The per-job Avro archive (`<archive-dir>/<job id>.avro`) is written in both modes.
+    - `storage` is where result partitions live (a path or a `pyarrow.fs` URI such as
+      `s3://bucket/tailguard`; default `<work-dir>/storage`). Every executor must reach it.
+    The per-job Avro archive (`<archive-dir>/<job id>.avro`) is written in both modes;
+    `tailguard.archive-dir` may be a URI too (docs/storage.md: what a lost driver loses then).
+    S3 is reached with the `s3.*` settings or the AWS default chain.
     """
     from tailguard.agent.adapters.spark import SparkRuntime
     from tailguard.codec import codec_for
@@ -50,16 +57,25 @@ def run(
         raise ValueError(f"log_mode must be one of {LOG_MODES}, not {log_mode!r}")
     job.validate()
     settings = settings or load_settings()
-    work_dir = Path(settings.get("tailguard.work-dir", "work"))
-    archive_dir = Path(settings.get("tailguard.archive-dir", str(work_dir / "archive")))
-    archive_dir.mkdir(parents=True, exist_ok=True)
-    store = Storage(storage or str((work_dir / "storage").resolve()))
+    s3 = filesystems.configure_from(settings)
+    if s3 is not None:
+        log.info("S3 %r, credentials from %s", s3, s3.credentials)
+    work_dir = Path(settings.get("tailguard.work-dir") or "work")
+    archive_dir = settings.get("tailguard.archive-dir") or str(work_dir / "archive")
+    store = Storage(storage or str(work_dir / "storage"))
     swept = partitions.sweep_abandoned(store, partitions.local_owner_alive)
     if swept:
         log.info("swept the leftovers of %d crashed job(s): %s", len(swept), ", ".join(swept))
 
     job_id = job_id or new_job_id(job)
-    archive_path = archive_dir / f"{job_id}.avro"
+    archive = ArchiveWriter(
+        filesystems.join(filesystems.normalise(archive_dir), f"{job_id}.avro"),
+        upload_interval_s=parse_duration_ms(
+            settings.get(ARCHIVE_UPLOAD_INTERVAL) or DEFAULT_ARCHIVE_UPLOAD_INTERVAL
+        )
+        / 1000.0,
+        spool_dir=work_dir / "archive-spool",
+    )
     codec = codec_for(settings)
     options = options or RunOptions()
     options.storage = store
@@ -77,11 +93,11 @@ def run(
     if log_mode == "kafka":
         from tailguard.agent.adapters.kafka import KafkaPublisher
 
-        publisher = KafkaPublisher(archive_path, codec, settings, job_id, deliver)
+        publisher = KafkaPublisher(archive, codec, settings, job_id, deliver)
     else:
         from tailguard.agent.adapters.kafka import ArchivePublisher
 
-        publisher = ArchivePublisher(archive_path, codec)
+        publisher = ArchivePublisher(archive, codec)
     runtime = SparkRuntime(spark, settings)
     driver = JobDriver(job, runtime, publisher, settings, options, job_id=job_id, inbox=inbox)
     partitions.mark_job_running(store, job_id, partitions.JobOwner.current())

@@ -8,24 +8,48 @@ file: any Avro tool can read it.
 The writer flushes a block every `flush_every` records, on `flush()` and on `close()`, so a
 reader sees records while the writer still runs. A reader stops quietly at an incomplete final
 block (one still being written); a damaged block before the end is an error.
+
+An archive can live at any `pyarrow.fs` URI (`s3://bucket/archive/job.avro`), so it survives a
+driver container. S3 and most object stores cannot append, so the writer writes a local spool
+file and keeps a remote copy (`_RemoteCopy`): every upload interval the bytes flushed since the
+last upload go up as one part object, `<archive>.parts/<byte offset>`, and at close the whole
+file is uploaded as `<archive>` and the parts are deleted. A reader joins `<archive>` (if any)
+and the parts after it, so a crashed driver's archive is readable up to its last part: a lost
+driver loses at most the records of its last upload interval (plus those not yet flushed). The
+Kafka topics remain the complete log (`tailguard replay --topic`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import io
 import json
+import logging
+import tempfile
+import threading
+import time
+import uuid
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import fastavro
+import pyarrow.fs as pafs
 from fastavro.write import Writer
 
+from tailguard import filesystems
 from tailguard.log.codec_api import Codec
 from tailguard.model.records import Record
+
+log = logging.getLogger(__name__)
+
+# The remote copy's upload interval unless told otherwise: what a lost driver can lose at most.
+DEFAULT_UPLOAD_INTERVAL_S = 10.0
+PARTS_SUFFIX = ".parts"
 
 
 class Direction(enum.Enum):
@@ -96,12 +120,28 @@ class Envelope:
 
 
 class ArchiveWriter:
-    """Appends envelopes to the archive at `path` (created, or continued if it exists)."""
+    """Appends envelopes to the archive at `location` (created, or continued if it exists): a
+    local path, or a `pyarrow.fs` URI kept as a remote copy of a local spool file (module
+    docstring), uploaded every `upload_interval_s` and at close."""
 
-    def __init__(self, path: str | Path, *, flush_every: int = 100, codec: str = "null") -> None:
-        self.path = Path(path)
+    def __init__(
+        self,
+        location: str | Path,
+        *,
+        flush_every: int = 100,
+        codec: str = "null",
+        upload_interval_s: float = DEFAULT_UPLOAD_INTERVAL_S,
+        spool_dir: str | Path | None = None,
+    ) -> None:
+        self.location = _location(location)
         self.flush_every = flush_every
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._remote: _RemoteCopy | None = None
+        if filesystems.is_local(self.location):
+            self.path = Path(self.location)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            self._remote = _RemoteCopy(self.location, upload_interval_s)
+            self.path = self._remote.start(spool_dir)
         existing = self.path.exists() and self.path.stat().st_size > 0
         if existing:
             # Validate before fastavro appends to it, for a clear error on a foreign file.
@@ -109,11 +149,14 @@ class ArchiveWriter:
         self._file: IO[bytes] = self.path.open("a+b" if existing else "wb")
         try:
             self._writer = Writer(self._file, _PARSED_SCHEMA, codec=codec)
+            # The header goes out now, so a reader can open the archive before the first flush
+            # (remote: uploaded at once, which also proves the location is writable).
+            self._file.flush()
+            if self._remote is not None:
+                self._remote.upload(self.path, self._file.tell(), wait=True)
         except Exception:
             self._file.close()
             raise
-        # The header goes out now, so a reader can open the archive before the first flush.
-        self._file.flush()
         self._unflushed = 0
 
     def append(self, topic: str, direction: Direction | str, payload: bytes, ts: int) -> None:
@@ -121,22 +164,29 @@ class ArchiveWriter:
             {"topic": topic, "ts": ts, "direction": Direction(direction).value, "payload": payload}
         )
         self._unflushed += 1
-        if self._unflushed >= self.flush_every:
+        if self._unflushed >= self.flush_every or (self._remote is not None and self._remote.due()):
             self.flush()
 
     def flush(self) -> None:
-        """Write the pending records as one block and hand it to the OS (readers see it)."""
+        """Write the pending records as one block and hand it to the OS (local readers see it;
+        a remote copy gets it with its next upload, started here when one is due)."""
         self._writer.flush()
         self._file.flush()
         self._unflushed = 0
+        if self._remote is not None and self._remote.due():
+            self._remote.upload(self.path, self._file.tell())
 
     def close(self) -> None:
+        """Flush and close; a remote archive is then uploaded whole (ArchiveError if that
+        fails, naming the local spool file that still holds every record)."""
         if self._file.closed:
             return
         try:
             self.flush()
         finally:
             self._file.close()
+        if self._remote is not None:
+            self._remote.finish(self.path)
 
     def __enter__(self) -> ArchiveWriter:
         return self
@@ -145,23 +195,191 @@ class ArchiveWriter:
         self.close()
 
 
-class ArchiveReader:
-    """Iterates the envelopes of an archive in the order they were appended.
+class _RemoteCopy:
+    """The remote side of an archive at a URI: parts while it grows, one object at the end."""
 
-    Each iteration reads the file afresh, up to its last complete block, so iterating again
-    picks up what a running writer has flushed since.
+    def __init__(self, location: str, interval_s: float) -> None:
+        self.location = location
+        try:
+            self.fs, self.inner = filesystems.open_location(location)
+        except filesystems.LocationError as err:
+            raise ArchiveError(str(err)) from None
+        self.interval_s = interval_s
+        self._uploaded = 0  # bytes of the spool file the remote copy holds
+        self._last_upload = time.monotonic()
+        self._uploads = ThreadPoolExecutor(1, thread_name_prefix="tg-archive-upload")
+        self._pending: Future[None] | None = None
+        self._lock = threading.Lock()
+
+    def start(self, spool_dir: str | Path | None) -> Path:
+        """The spool file, holding the remote archive if there is one (which the writer then
+        continues), normalised to one object so that new parts follow it."""
+        directory = Path(spool_dir or Path(tempfile.gettempdir()) / "tailguard-archive-spool")
+        directory.mkdir(parents=True, exist_ok=True)
+        name = self.inner.rsplit("/", 1)[-1]
+        spool = directory / f"{name}.{uuid.uuid4().hex[:12]}.spool"
+        try:
+            existing = _remote_bytes(self.fs, self.inner, self.location)
+        except ArchiveError as err:
+            if not str(err).startswith("no archive"):
+                raise
+            existing = b""
+        spool.write_bytes(existing)
+        if existing:
+            self._put(self.inner, existing)
+            _delete_parts(self.fs, self.inner)
+            self._uploaded = len(existing)
+        return spool
+
+    def due(self) -> bool:
+        return time.monotonic() - self._last_upload >= self.interval_s
+
+    def upload(self, spool: Path, end: int, *, wait: bool = False) -> None:
+        """Send the spool's bytes up to `end` as a part, in the background unless `wait`; an
+        upload still running is not queued behind (the next one catches up)."""
+        with self._lock:
+            if self._pending is not None and not self._pending.done():
+                if not wait:
+                    return
+                self._pending.result()
+            self._last_upload = time.monotonic()
+            self._pending = self._uploads.submit(self._upload_part, spool, end, wait)
+            pending = self._pending
+        if wait:
+            pending.result()
+
+    def _upload_part(self, spool: Path, end: int, must: bool) -> None:
+        start = self._uploaded
+        if end <= start:
+            return
+        with spool.open("rb") as handle:
+            handle.seek(start)
+            data = handle.read(end - start)
+        try:
+            self._put(f"{self.inner}{PARTS_SUFFIX}/{start:020d}", data)
+        except OSError as err:
+            if must:
+                raise ArchiveError(f"cannot write the archive at {self.location}: {err}") from None
+            # Kept for the next upload, which starts from the same offset.
+            log.warning(
+                "archive %s: upload of bytes %d-%d failed, retried with the next: %s",
+                self.location,
+                start,
+                end,
+                err,
+            )
+            return
+        self._uploaded = end
+
+    def finish(self, spool: Path) -> None:
+        with self._lock:
+            pending = self._pending
+        if pending is not None:
+            pending.result()
+        self._uploads.shutdown()
+        try:
+            self._put(self.inner, spool.read_bytes())
+        except OSError as err:
+            raise ArchiveError(
+                f"cannot upload the archive to {self.location} ({err}); every record is in "
+                f"{spool}, and the parts uploaded so far are under {self.location}{PARTS_SUFFIX}"
+            ) from None
+        _delete_parts(self.fs, self.inner)
+        spool.unlink()
+
+    def _put(self, path: str, data: bytes) -> None:
+        # One write of the whole buffer: the object appears complete or not at all.
+        with self.fs.open_output_stream(path) as out:
+            out.write(data)
+
+
+class _PartVanished(Exception):
+    """A part listed a moment ago is gone: its writer closed meanwhile (read again)."""
+
+
+def _delete_parts(fs: pafs.FileSystem, inner: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_dir(f"{inner}{PARTS_SUFFIX}")
+
+
+def _remote_bytes(fs: pafs.FileSystem, inner: str, location: str) -> bytes:
+    """The archive at a URI: its object followed by the parts uploaded after it."""
+    for _ in range(3):
+        try:
+            return _join_parts(fs, inner, location)
+        except _PartVanished:
+            continue
+    raise ArchiveError(f"{location}: its parts keep vanishing while read (a writer is closing)")
+
+
+def _join_parts(fs: pafs.FileSystem, inner: str, location: str) -> bytes:
+    # Parts are listed before the object is read: a writer that closes in between has
+    # uploaded the object whole first, so the parts then listed are all inside it.
+    selector = pafs.FileSelector(f"{inner}{PARTS_SUFFIX}", allow_not_found=True)
+    parts = sorted(
+        (int(info.base_name), info.path)
+        for info in fs.get_file_info(selector)
+        if info.type == pafs.FileType.File and info.base_name.isdigit()
+    )
+    try:
+        with fs.open_input_stream(inner) as handle:
+            data = bytearray(handle.read())
+    except FileNotFoundError:
+        if not parts:
+            raise ArchiveError(f"no archive at {location}") from None
+        data = bytearray()
+    for offset, path in parts:
+        if offset > len(data):
+            raise ArchiveError(
+                f"{location}: bytes {len(data)} to {offset} are missing (before part {path})"
+            )
+        try:
+            with fs.open_input_stream(path) as handle:
+                part = handle.read()
+        except FileNotFoundError:
+            raise _PartVanished(path) from None
+        data.extend(part[len(data) - offset :])
+    return bytes(data)
+
+
+def _location(location: str | Path) -> str:
+    try:
+        return filesystems.normalise(location)
+    except filesystems.LocationError as err:
+        raise ArchiveError(str(err)) from None
+
+
+class ArchiveReader:
+    """Iterates the envelopes of an archive (a local path or a URI) in the order they were
+    appended.
+
+    Each iteration reads the archive afresh, up to its last complete block, so iterating again
+    picks up what a running writer has flushed (locally) or uploaded (remotely) since.
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise ArchiveError(f"no archive at {self.path}")
-        with self.path.open("rb") as handle:
+    def __init__(self, location: str | Path) -> None:
+        self.location = _location(location)
+        with self._open() as handle:
             self._read_header(handle)
+
+    def _open(self) -> IO[bytes]:
+        if filesystems.is_local(self.location):
+            path = Path(self.location)
+            if not path.is_file():
+                raise ArchiveError(f"no archive at {self.location}")
+            return path.open("rb")
+        try:
+            fs, inner = filesystems.open_location(self.location)
+        except filesystems.LocationError as err:
+            raise ArchiveError(str(err)) from None
+        try:
+            return io.BytesIO(_remote_bytes(fs, inner, self.location))
+        except OSError as err:
+            raise ArchiveError(f"cannot read the archive at {self.location}: {err}") from None
 
     def _read_header(self, handle: IO[bytes]) -> tuple[dict[str, Any], str, bytes]:
         if handle.read(4) != _MAGIC:
-            raise ArchiveError(f"{self.path} is not an Avro object container file (bad magic)")
+            raise ArchiveError(f"{self.location} is not an Avro object container file (bad magic)")
         handle.seek(0)
         try:
             header = fastavro.schemaless_reader(handle, _HEADER_SCHEMA, None)
@@ -172,29 +390,28 @@ class ArchiveReader:
         except ArchiveError:
             raise
         except Exception as err:
-            raise ArchiveError(f"{self.path}: unreadable Avro header ({err})") from None
+            raise ArchiveError(f"{self.location}: unreadable Avro header ({err})") from None
         if not isinstance(parsed, dict):
-            raise ArchiveError(f"{self.path} is an Avro file but not a tailguard archive")
+            raise ArchiveError(f"{self.location} is an Avro file but not a tailguard archive")
         schema: dict[str, Any] = parsed
         fields = [f["name"] for f in schema.get("fields", [])]
         if schema.get("name") != _ENVELOPE_NAME or fields != _ENVELOPE_FIELDS:
             raise ArchiveError(
-                f"{self.path} is an Avro file but not a tailguard archive "
+                f"{self.location} is an Avro file but not a tailguard archive "
                 f"(schema {schema.get('name')!r})"
             )
         if codec not in ("null", "deflate"):
-            raise ArchiveError(f"{self.path}: unsupported Avro codec {codec!r}")
+            raise ArchiveError(f"{self.location}: unsupported Avro codec {codec!r}")
         return schema, codec, header["sync"]
 
     def __iter__(self) -> Iterator[Envelope]:
-        with self.path.open("rb") as handle:
+        with self._open() as handle:
             schema, codec, sync = self._read_header(handle)
             for count, block in self._blocks(handle, sync):
                 data = zlib.decompress(block, -15) if codec == "deflate" else block
                 yield from self._envelopes(data, count, schema)
 
     def _blocks(self, handle: IO[bytes], sync: bytes) -> Iterator[tuple[int, bytes]]:
-        size = self.path.stat().st_size
         while True:
             start = handle.tell()
             count = _read_long(handle)
@@ -206,9 +423,7 @@ class ArchiveReader:
             if len(data) < length or len(marker) < _SYNC_SIZE:
                 return  # the final block is still being written
             if marker != sync or count < 0 or length < 0:
-                raise ArchiveError(
-                    f"{self.path}: damaged block at byte {start} (of {max(size, handle.tell())})"
-                )
+                raise ArchiveError(f"{self.location}: damaged block at byte {start}")
             yield count, data
 
     @staticmethod

@@ -1,10 +1,11 @@
-"""Where a replay reads its log from: a per-job archive file, or the Kafka topics."""
+"""Where a replay reads its log from: a per-job archive (a file or a URI), or the Kafka topics."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
+from tailguard import filesystems
 from tailguard.codec import DecodeError, codec_for
 from tailguard.log.archive import ArchiveError, ArchiveReader
 from tailguard.model import records as r
@@ -16,25 +17,26 @@ class LogReadError(RuntimeError):
     """The log could not be read (missing file, not an archive, undecodable record)."""
 
 
-def read_archive(path: Path, settings: Settings) -> Iterator[Recorded]:
-    """Every record of an archive in the order the agent wrote it.
+def read_archive(location: str | Path, settings: Settings) -> Iterator[Recorded]:
+    """Every record of an archive (a local path or a `pyarrow.fs` URI such as
+    `s3://bucket/archive/job.avro`) in the order the agent wrote it.
 
     The agent archives what it published (events), what it received (findings and service
     commands) and the decisions it made itself as fallbacks (`local`); all of them are inputs or
-    outputs of some core, so all are returned.
+    outputs of some core, so all are returned. A remote archive is reached with the `s3.*`
+    settings, or the AWS default chain when none is set.
     """
-    if not path.is_file():
-        raise LogReadError(f"no archive at {path}")
     codec = codec_for(settings)
     try:
-        reader = ArchiveReader(path)
+        filesystems.configure_from(settings)
+        reader = ArchiveReader(location)
         for n, envelope in enumerate(reader):
             try:
                 record = codec.decode(envelope.payload)
             except DecodeError as err:
-                raise LogReadError(f"{path}: entry {n} does not decode: {err}") from None
+                raise LogReadError(f"{reader.location}: entry {n} does not decode: {err}") from None
             yield Recorded(envelope.topic, record)
-    except ArchiveError as err:
+    except (ArchiveError, filesystems.LocationError) as err:
         raise LogReadError(str(err)) from None
 
 
