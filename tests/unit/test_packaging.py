@@ -202,3 +202,32 @@ def test_services_run_without_spark_modules(tmp_path: Path) -> None:
     )
     assert result.returncode == 1, result.stderr  # 1: not running, which is the truth here
     assert "detector: not running" in result.stdout
+
+
+def _dockerfile_stages() -> dict[str, str]:
+    """Stage name -> its instructions, from compose/Dockerfile."""
+    stages: dict[str, str] = {}
+    name = ""
+    for line in (ROOT / "compose" / "Dockerfile").read_text().splitlines():
+        if line.startswith("FROM "):
+            name = line.split(" AS ")[-1].strip() if " AS " in line else line
+            stages[name] = ""
+        elif name and not line.startswith("#"):
+            stages[name] += line + "\n"
+    return stages
+
+
+def test_container_images_follow_the_roles() -> None:
+    """The services' image installs tailguard[services] and no JDK; the Spark daemons' image
+    brings the JDK and tailguard[spark]; compose builds each role from its stage."""
+    import yaml
+
+    stages = _dockerfile_stages()
+    assert "'.[services]'" in stages["services"] and "jdk" not in stages["services"]
+    assert "'.[spark]'" in stages["spark"] and "openjdk-17-jdk" in stages["spark"]
+    compose = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())["services"]
+    for name, service in compose.items():
+        if name == "kafka":
+            continue
+        role = "spark" if name.startswith("spark-") else "services"
+        assert service["build"]["target"] == role, name
