@@ -7,6 +7,7 @@ empty for events). The record's own fields follow:
 - Parquet: in a struct column named after the record type (`AttemptDeploying.host`), null in
   the rows of other types. The column types come from the Avro schemas in `schemas/`, the
   contract, so a column has the same type in every export, whichever records a job produced.
+Secret settings in a `JobSubmitted.config` (older archives kept every setting) are redacted.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import IO, Any
 from tailguard.codec import current_schemas, to_avro
 from tailguard.inspect.describe import COMMON_FIELDS
 from tailguard.inspect.history import Archived
+from tailguard.model.config import redacted
+from tailguard.model.records import JobSubmitted
 
 FORMATS = ("jsonl", "parquet")
 ROWS_PER_BATCH = 10_000
@@ -29,6 +32,10 @@ def rows(entries: Iterable[Archived]) -> Iterator[dict[str, Any]]:
     for position, entry in enumerate(entries):
         record = entry.record
         datum = to_avro(record)
+        if isinstance(record, JobSubmitted):
+            # Archives written before JobSubmitted.config was limited to policy settings may
+            # hold connection settings; a secret among them is not exported.
+            datum["config"] = redacted(datum["config"])
         yield {
             "position": position,
             "topic": entry.topic,

@@ -164,7 +164,7 @@ def _deploy_causes(
                 for task in command.record.tasks:
                     restarted[(task.vertex, task.subtask)] = command.record.id
         elif isinstance(record, r.AttemptDeploying):
-            if record.command_id:
+            if record.command_id or record.speculative:
                 cause: str | None = record.command_id
             elif (record.vertex, record.subtask) in restarted:
                 cause = restarted[(record.vertex, record.subtask)]
