@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from tailguard.extras import missing_extra
+from tailguard.model.config import ConfigError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -46,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help="TOML settings file (default: ./tailguard.toml if present; env TAILGUARD_* override)",
+        help="TOML settings file (default: ./tailguard.toml if present); any setting can also "
+        "come from the environment (TAILGUARD_<KEY>, see docs/configuration.md)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -67,6 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing is None:
             raise
         print(f"tailguard: {missing}", file=sys.stderr)
+        return 2
+    except ConfigError as err:
+        # Bad settings (file, environment or flags) of any subcommand: the message names the
+        # setting and never shows a secret value.
+        print(f"tailguard: {err}", file=sys.stderr)
         return 2
 
 

@@ -151,3 +151,49 @@ def test_precedence_file_then_environment_then_extra(tmp_path: Path) -> None:
     )
     assert settings["kafka.sasl.password"] == "from-env"
     assert settings["kafka.sasl.username"] == "from-flag"
+
+
+def test_the_cli_names_a_bad_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tailguard.cli import main
+
+    monkeypatch.setenv("TAILGUARD_A____B", "x")
+    assert main(["broker", "--status", "--work-dir", str(tmp_path)]) == 2
+    assert "TAILGUARD_A____B: 4 underscores in a row are ambiguous" in capsys.readouterr().err
+
+
+def test_services_up_refuses_kafka_settings_faust_cannot_follow(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tailguard.cli import main
+
+    monkeypatch.setenv("TAILGUARD_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("TAILGUARD_KAFKA_SASL_MECHANISM", "OAUTHBEARER")
+    assert main(["services", "up", "--work-dir", str(tmp_path)]) == 2
+    assert "OAUTHBEARER" in capsys.readouterr().err
+    assert not (tmp_path / "services").exists()  # nothing was started
+
+
+def test_replay_what_if_never_prints_a_secret(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tailguard.cli import main
+    from tailguard.codec import SingleObjectCodec
+    from tailguard.log.archive import ArchiveWriter
+    from tailguard.model import records as r
+
+    archive = tmp_path / "job.avro"
+    writer = ArchiveWriter(archive)
+    graph = r.JobGraphSpec(vertices=(), edges=())
+    submitted = r.JobSubmitted(job_id="j", ts=1, id="e1", name="j", graph=graph, config={})
+    writer.append(r.EVENTS_TOPIC, "published", SingleObjectCodec().encode(submitted), 1)
+    writer.close()
+    what_if = tmp_path / "what-if.toml"
+    what_if.write_text('"kafka.sasl.password" = "what-if-pw-5e1"\n"decider.timeout" = "2 s"\n')
+    monkeypatch.setenv("TAILGUARD_KAFKA_SASL_PASSWORD", "live-pw-0b7")
+    assert main(["replay", str(archive), "--config", str(what_if)]) == 0
+    shown = capsys.readouterr().out
+    assert "what-if decider.timeout: 10 s -> 2 s" in shown
+    assert "what-if kafka.sasl.password: <redacted> -> <redacted>" in shown
+    assert "what-if-pw-5e1" not in shown and "live-pw-0b7" not in shown

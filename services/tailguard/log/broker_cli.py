@@ -34,15 +34,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _work_dir(args: argparse.Namespace) -> Path:
-    if args.work_dir:
-        return Path(args.work_dir)
-    settings = load_settings(getattr(args, "config", None))
-    return Path(settings.get("tailguard.work-dir", "") or "work")
-
-
 def run(args: argparse.Namespace) -> int:
-    work_dir = _work_dir(args)
+    settings = load_settings(getattr(args, "config", None))
+    work_dir = Path(args.work_dir or settings.get("tailguard.work-dir", "") or "work")
+    configured = settings.get("bootstrap.servers", "").strip()
+    if configured and not (args.stop or args.status):
+        print(
+            f"note: bootstrap.servers is set ({configured}): tailguard's clients use that "
+            "cluster, not the embedded broker"
+        )
     broker = EmbeddedBroker(work_dir)
     try:
         if args.status:

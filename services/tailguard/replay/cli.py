@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tailguard.model.config import ConfigError
+from tailguard.model.config import REDACTED, ConfigError, is_secret
 from tailguard.replay.engine import ReplayReport, replay, settings_diff
 from tailguard.replay.inputs import LogReadError, read_archive, read_topics
 from tailguard.settings_file import load_settings, read_toml
@@ -68,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"replayed {report.events} events of {len(report.jobs)} job(s) from {source}")
     if what_if:
         for key, (old, new) in settings_diff(settings, what_if).items():
-            print(f"  what-if {key}: {old} -> {new}")
+            # A what-if file may also hold connection settings: never print a secret.
+            shown = (REDACTED, REDACTED) if is_secret(key) else (old, new)
+            print(f"  what-if {key}: {shown[0]} -> {shown[1]}")
     _print(report, args.show, bool(what_if))
     if what_if:
         return 0

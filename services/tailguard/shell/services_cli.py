@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 from tailguard.extras import require
+from tailguard.log.kafka_config import faust_credentials, security_settings
 from tailguard.settings_file import load_settings
 from tailguard.shell.definition import SERVICE_NAMES
 from tailguard.shell.supervisor import ServiceError, running, start, stop
@@ -42,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "up":
             require("services")  # the workers import faust: say so here, not in their logs
+            # Likewise Kafka settings their faust client cannot honour: once, here.
+            faust_credentials(security_settings(settings))
             start(work_dir, names, config=getattr(args, "config", None))
             if args.foreground:
                 stopped = threading.Event()
