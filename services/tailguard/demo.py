@@ -161,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
         for service in report.services:
             print(f"  {service.line()}")
         ok = ok and report.differences == 0
+        from tailguard.inspect.timeline_cli import write_timeline
+
+        print(f"timeline: {write_timeline(str(result.archive), settings)} (open in a browser)")
     print(
         f"demo finished in {time.monotonic() - started:.0f} s "
         f"(job {result.duration_s:.1f} s, services {'off' if args.no_services else 'on'})"
