@@ -25,12 +25,14 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+
+from tailguard.model.config import ConfigError
 
 # Flink's key names (flink-s3-fs-hadoop/-presto forward `s3.*` to `fs.s3a.*`).
 S3_ACCESS_KEY = "s3.access-key"
@@ -154,7 +156,8 @@ class S3Options:
     @staticmethod
     def from_settings(settings: Mapping[str, str]) -> S3Options | None:
         """The `s3.*` settings, or None when none is set (pyarrow's defaults and the AWS chain
-        then apply, with the bucket's region looked up)."""
+        then apply, with the bucket's region looked up). ConfigError names a bad key, never a
+        value that may be a secret."""
         values = {k: str(settings.get(k, "")).strip() for k in S3_SETTINGS}
         if not any(values.values()):
             return None
@@ -163,10 +166,10 @@ class S3Options:
             given, missing = (
                 (S3_ACCESS_KEY, S3_SECRET_KEY) if access else (S3_SECRET_KEY, S3_ACCESS_KEY)
             )
-            raise LocationError(f"{given} is set but {missing} is not: set both or neither")
+            raise ConfigError(f"{given} is set but {missing} is not: set both or neither")
         style = values[S3_PATH_STYLE].lower()
         if style not in ("", "true", "false"):
-            raise LocationError(f"{S3_PATH_STYLE} must be true or false, not {style!r}")
+            raise ConfigError(f"{S3_PATH_STYLE} must be true or false, not {style!r}")
         return S3Options(
             endpoint=values[S3_ENDPOINT] or None,
             region=values[S3_REGION] or None,
@@ -235,20 +238,29 @@ def open_location(location: str | os.PathLike[str]) -> tuple[pafs.FileSystem, st
     if is_local(uri):
         return _LOCAL, uri
     parts = urlsplit(uri)
-    key = (parts.scheme, parts.netloc, parts.query)
+    path = unquote(parts.path).lstrip("/")
     with _lock:
-        opened = _opened.get(key)
-        if opened is None:
-            opened = _open_authority(parts.scheme, parts.netloc, parts.query, uri)
-            _opened[key] = opened
-    fs, prefix = opened
-    inner = (prefix + unquote(parts.path).lstrip("/")).rstrip("/")
-    return fs, inner or prefix
+        if parts.scheme == "s3" and _s3_options is not None and not parts.query:
+            # One client for every bucket: the settings name no bucket.
+            fs, _ = _cached(("s3", "", ""), lambda: (_s3_options.open(), ""))
+            return fs, f"{parts.netloc}/{path}".rstrip("/")
+        fs, prefix = _cached(
+            (parts.scheme, parts.netloc, parts.query),
+            lambda: _open_authority(parts.scheme, parts.netloc, parts.query, uri),
+        )
+    return fs, (prefix + path).rstrip("/") or prefix
+
+
+def _cached(
+    key: tuple[str, str, str], opener: Callable[[], tuple[pafs.FileSystem, str]]
+) -> tuple[pafs.FileSystem, str]:
+    opened = _opened.get(key)
+    if opened is None:
+        opened = _opened[key] = opener()
+    return opened
 
 
 def _open_authority(scheme: str, netloc: str, query: str, uri: str) -> tuple[pafs.FileSystem, str]:
-    if scheme == "s3" and _s3_options is not None and not query:
-        return _s3_options.open(), f"{netloc}/"
     probe = f"{scheme}://{netloc}/{_PROBE}" + (f"?{query}" if query else "")
     try:
         fs, inner = pafs.FileSystem.from_uri(probe)
@@ -263,3 +275,22 @@ def is_object_store(fs: pafs.FileSystem) -> bool:
     """Whether `fs` is an object store: a single upload appears whole or not at all, there is
     no rename (`move` is a server-side copy and a delete)."""
     return fs.type_name in _OBJECT_STORES
+
+
+def make_parent(fs: pafs.FileSystem, path: str) -> None:
+    """Create the directory `path` goes into, where `fs` has directories. An object store has
+    none to make: a key needs no parent, and the empty marker objects pyarrow would write there
+    cost a request per level per file."""
+    parent = path.rsplit("/", 1)[0] if "/" in path.strip("/") else ""
+    if parent and not is_object_store(fs):
+        fs.create_dir(parent, recursive=True)
+
+
+def put(fs: pafs.FileSystem, path: str, data: bytes | pa.Buffer) -> None:
+    """Write `data` as the file `path` in one write. On an object store the upload appears
+    whole or not at all: the buffer goes in one `write`, so a failure can only come from the
+    upload itself and leaves no object. (Not so for a stream fed piece by piece: closing it
+    after the feeder's own error would publish the part written so far.)"""
+    make_parent(fs, path)
+    with fs.open_output_stream(path) as out:
+        out.write(data)

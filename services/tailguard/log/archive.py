@@ -226,7 +226,7 @@ class _RemoteCopy:
             existing = b""
         spool.write_bytes(existing)
         if existing:
-            self._put(self.inner, existing)
+            filesystems.put(self.fs, self.inner, existing)
             _delete_parts(self.fs, self.inner)
             self._uploaded = len(existing)
         return spool
@@ -256,7 +256,7 @@ class _RemoteCopy:
             handle.seek(start)
             data = handle.read(end - start)
         try:
-            self._put(f"{self.inner}{PARTS_SUFFIX}/{start:020d}", data)
+            filesystems.put(self.fs, f"{self.inner}{PARTS_SUFFIX}/{start:020d}", data)
         except OSError as err:
             if must:
                 raise ArchiveError(f"cannot write the archive at {self.location}: {err}") from None
@@ -278,7 +278,7 @@ class _RemoteCopy:
             pending.result()
         self._uploads.shutdown()
         try:
-            self._put(self.inner, spool.read_bytes())
+            filesystems.put(self.fs, self.inner, spool.read_bytes())
         except OSError as err:
             raise ArchiveError(
                 f"cannot upload the archive to {self.location} ({err}); every record is in "
@@ -286,11 +286,6 @@ class _RemoteCopy:
             ) from None
         _delete_parts(self.fs, self.inner)
         spool.unlink()
-
-    def _put(self, path: str, data: bytes) -> None:
-        # One write of the whole buffer: the object appears complete or not at all.
-        with self.fs.open_output_stream(path) as out:
-            out.write(data)
 
 
 class _PartVanished(Exception):

@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any
 
 from tailguard.agent.executor.attempt import AttemptKey, AttemptOutcome, TaskSpec
+from tailguard.filesystems import S3Options
 
 # --------------------------------------------------------------------------- runner -> driver
 
@@ -89,6 +90,18 @@ class Deploy:
 
 
 @dataclass(frozen=True)
+class ConfigureStorage:
+    """How the runner reaches object storage: the driver's S3 settings, credentials included
+    when they come from the settings (None: pyarrow's defaults and the executor's own AWS
+    chain). Sent once, right after the hello and before any Deploy, over this connection: it
+    reaches only a runner that proved the job secret, and never passes through Spark, whose
+    conf shows in its UI and whose task payloads are not authenticated by default. Credentials
+    are left out of `repr` (`S3Options`)."""
+
+    s3: S3Options | None
+
+
+@dataclass(frozen=True)
 class Cancel:
     key: AttemptKey
 
@@ -98,7 +111,7 @@ class Shutdown:
     reason: str = ""
 
 
-DriverMessage = Deploy | Cancel | Shutdown
+DriverMessage = ConfigureStorage | Deploy | Cancel | Shutdown
 
 
 def no_delay(conn: Connection) -> None:

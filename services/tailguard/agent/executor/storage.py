@@ -23,10 +23,6 @@ import pyarrow.fs as pafs
 from tailguard import filesystems
 
 
-def _parent(path: str) -> str:
-    return path.rsplit("/", 1)[0] if "/" in path.strip("/") else ""
-
-
 class Storage:
     """A directory tree on some filesystem; every path it hands out is inside that filesystem."""
 
@@ -95,15 +91,8 @@ class Storage:
 
     # ------------------------------------------------------------------ files
 
-    def _make_parent(self, path: str) -> None:
-        # An object store has no directories to make: a key needs no parent, and creating the
-        # empty marker objects pyarrow would write costs a request per level per file.
-        parent = _parent(path)
-        if parent and not self.object_store:
-            self.fs.create_dir(parent, recursive=True)
-
     def open_output(self, path: str) -> pa.NativeFile:
-        self._make_parent(path)
+        filesystems.make_parent(self.fs, path)
         return self.fs.open_output_stream(path)
 
     def open_input(self, path: str) -> pa.NativeFile:
@@ -114,16 +103,11 @@ class Storage:
             return f.read_buffer()
 
     def write_atomic(self, path: str, data: bytes | pa.Buffer) -> None:
-        """Write `data` so that `path` is complete or absent (or still its previous version).
-
-        Local disk, HDFS: to a hidden temporary name, then rename. Object stores: one upload
-        under the final name, which appears only once complete; the whole buffer goes in one
-        `write`, so a failure can only come from the upload and leaves no object. (Not so for
-        a stream fed piece by piece: closing it after an error of the feeder's own would
-        publish the part written so far; see `sinks._publish`.)"""
+        """Write `data` so that `path` is complete or absent (or still its previous version):
+        on a local disk or HDFS to a hidden temporary name, then renamed; on an object store
+        as one upload under the final name (`filesystems.put`)."""
         if self.object_store:
-            with self.open_output(path) as out:
-                out.write(data)
+            filesystems.put(self.fs, path, data)
             return
         temp = self.temp_sibling(path)
         try:
@@ -167,7 +151,7 @@ class Storage:
         rename); on HDFS replacing is delete-then-rename; on S3 a server-side copy (one
         CopyObject, so at most 5 GiB) whose result appears in one piece, then a delete of
         `src`. Fails across devices (the caller copies instead)."""
-        self._make_parent(dst)
+        filesystems.make_parent(self.fs, dst)
         self.fs.move(src, dst)
 
     def list_dir(self, path: str) -> list[str]:
