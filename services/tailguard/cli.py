@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         missing = missing_extra(err, f"tailguard {next((a for a in argv if a in SUBCOMMANDS), '')}")
         if missing is None:
             raise
-        print(f"tailguard: {missing}", file=sys.stderr)
+        print(missing, file=sys.stderr)
         return 2
     except ConfigError as err:
         # Bad settings (file, environment or flags) of any subcommand: the message names the
