@@ -39,6 +39,7 @@ SECRET_KEYS = [
     "s3.access-key",
     "s3.secret-key",
     "security.command-signing.key",
+    "security.command-signing.previous-keys",
     "some.api-key",
     "service.client-secret",
 ]
@@ -55,6 +56,7 @@ PLAIN_KEYS = [
     "tailguard.work-dir",
     "keyboard.layout",
     "monkey",
+    "turnkeys",
 ]
 
 

@@ -77,8 +77,9 @@ REDACTED = "<redacted>"
 # Secret keys, matched anywhere in the key (`kafka.sasl.password`, `kafka.producer.sasl.password`,
 # `schema-registry.basic.auth.user.info` all match): any password, secret or token; the
 # librdkafka and Schema Registry settings that hold credentials or private key material; and any
-# key whose last part names a key (`s3.access-key`, `s3.secret-key`,
-# `security.command-signing.key`, `ssl_key`) - but not `ssl.key.location`, a path.
+# key whose last part names a key or keys (`s3.access-key`, `s3.secret-key`,
+# `security.command-signing.key`, `...previous-keys`, `ssl_key`) - but not `ssl.key.location`,
+# a path.
 _SECRET_WORDS = re.compile(r"passw(or)?d|secret|token|credential")
 _SECRET_SETTINGS = (
     "basic.auth.user.info",  # Schema Registry: "user:password"
@@ -87,7 +88,7 @@ _SECRET_SETTINGS = (
     "sasl.oauthbearer.assertion.private.key.pem",  # private keys themselves (paths to key
     "ssl.key.pem",  # files, such as ssl.key.location, are not secret)
 )
-_KEY_NAME = re.compile(r"(^|[._-])key$")
+_KEY_NAME = re.compile(r"(^|[._-])keys?$")
 
 _DURATION_UNITS_MS: dict[str, float] = {
     "ms": 1,
