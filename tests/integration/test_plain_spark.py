@@ -1,0 +1,67 @@
+"""The benchmarks' plain-PySpark jobs on a real Spark (local mode), with an exact output.
+
+`bench/plain_spark.py` reaches into the JVM (the status store's stage and task lists, pinned
+RDDs), which is where PySpark versions differ if anywhere: marked `spark`, so
+`make test-spark35` runs it on PySpark 3.5 as well as 4.x.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tailguard.bench import plain_spark
+from tailguard.cluster.local import ClusterError, find_java
+from tailguard.examples import sales_by_region as example
+
+try:
+    find_java()
+    JAVA_MISSING = ""
+except ClusterError as exc:
+    JAVA_MISSING = str(exc)
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.skipif(bool(JAVA_MISSING), reason=JAVA_MISSING or "java found"),
+]
+
+FILES, ROW_GROUPS = 3, 2
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = plain_spark.session_builder("local[2]", "tailguard-plain-test", []).getOrCreate()
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def sales(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = tmp_path_factory.mktemp("plain") / "sales"
+    return example.generate(data, files=FILES, rows_per_file=2_000, row_groups_per_file=ROW_GROUPS)
+
+
+def test_pinned_warm_up_runs_on_the_named_host(spark: Any) -> None:
+    assert plain_spark.warm_up(spark.sparkContext, ["localhost"]) == ["localhost"]
+
+
+@pytest.mark.parametrize("shape", ["sales", "skew", "io"])
+def test_plain_job_output_is_exact_and_its_tasks_are_counted(
+    spark: Any, sales: Path, tmp_path: Path, shape: str
+) -> None:
+    output = tmp_path / "out"
+    run = plain_spark.run_job(
+        spark, shape, sales, output, work=0, task_s=0.01, rows_per_split=1_000
+    )
+    expected = example.reference(sales)
+    actual = example.read_output(output)
+    assert expected.equals(actual[expected.columns.tolist()])
+    assert run.output_rows == len(expected)
+    assert run.tasks == FILES * ROW_GROUPS  # one partition per row group
+    assert run.speculative_tasks == 0
+    # Read from Spark's status store: this job's stages only, each with the work of its tasks.
+    assert len(run.stage_work) == 2
+    assert all(stage.work_s > 0 for stage in run.stage_work)
