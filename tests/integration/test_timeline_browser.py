@@ -165,8 +165,9 @@ SLOW_S = 120.0  # how long the straggler would stall if nobody cancelled it
 
 
 def straggler(marker: str) -> Callable[[Any], Any]:
-    """The sales example's partial sums, but the first attempt to read order 0 stalls (in a
-    cancellable wait, as I/O-bound work would) until it is cancelled; a copy runs at once."""
+    """The sales example's score and partial sums, but the first attempt to read order 0
+    stalls (in a cancellable wait, as I/O-bound work would) until it is cancelled; a copy runs
+    at once."""
     from tailguard.examples import sales_by_region
 
     def partial(table: Any) -> Any:
@@ -181,7 +182,7 @@ def straggler(marker: str) -> Callable[[Any], Any]:
                 pass  # the copy
             else:
                 control.wait(SLOW_S)
-        return sales_by_region.partial_sums(table)
+        return sales_by_region.partial_sums(sales_by_region.score(table))
 
     return partial
 

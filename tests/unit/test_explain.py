@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from tests.strategies import records
 from tests.unit.inspect_records import (
     DEMO_ARCHIVE,
     DEMO_FINDING,
@@ -13,6 +15,7 @@ from tests.unit.inspect_records import (
 )
 
 from tailguard.cli import main
+from tailguard.inspect import describe as describe_module
 from tailguard.inspect.explain import Step, UnknownId, explain, find, render_text
 from tailguard.inspect.history import History, history_of
 from tailguard.inspect.reading import archived
@@ -176,3 +179,13 @@ def test_command_prints_the_chain_and_refuses_clearly(
     assert "no archive at" in capsys.readouterr().err
     assert main(["explain", __file__, "x"]) == 2
     assert "not an Avro object container file" in capsys.readouterr().err
+
+
+def test_every_record_type_is_described() -> None:
+    assert set(describe_module._DESCRIBE) == set(r.RECORD_TYPES)
+
+
+@given(records())
+@settings(max_examples=200, deadline=None)
+def test_any_record_can_be_described(record: r.Record) -> None:
+    assert describe_module.describe(record, 0)

@@ -8,6 +8,8 @@ import re
 from collections import defaultdict
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tests.unit.inspect_records import (
     DEMO_ARCHIVE,
     DEMO_FINDING,
@@ -241,3 +243,44 @@ def test_page_data_cannot_end_its_script_early() -> None:
     page = render_page(build_timeline(history_of(log.records)))
     assert "</script><script>alert(1)" not in page
     assert page.count("</script>") == 2
+
+
+# --------------------------------------------------------------------------- placement property
+
+
+@st.composite
+def lifecycles(draw: st.DrawFn) -> list[r.Record]:
+    """Attempts deploying on and ending from 1-3 hosts of 1-3 slots, in time order."""
+    log = JobLog()
+    log.submitted()
+    hosts = {f"h{i}": draw(st.integers(1, 3)) for i in range(draw(st.integers(1, 3)))}
+    for at, (host, slots) in enumerate(hosts.items()):
+        log.add(r.NodeAdded, at, host=host, slots=slots)
+    live: list[tuple[int, str]] = []
+    at = 10
+    for subtask in range(draw(st.integers(1, 25))):
+        at += draw(st.integers(0, 5))
+        while live and draw(st.booleans()):
+            ended, host = live.pop(draw(st.integers(0, len(live) - 1)))
+            log.finish(at, "src", ended, 0, host)
+        host = draw(st.sampled_from(sorted(hosts)))
+        log.deploy(at, "src", subtask, 0, host)
+        live.append((subtask, host))
+    return log.records
+
+
+@given(lifecycles())
+@settings(max_examples=60, deadline=None)
+def test_placement_never_overlaps_and_keeps_each_bar_on_its_host(records: list) -> None:
+    timeline = build_timeline(history_of(records))
+    announced = {x.host: x.slots for x in records if isinstance(x, r.NodeAdded)}
+    by_lane = defaultdict(list)
+    for b in timeline.bars:
+        assert timeline.lanes[b.lane].host == b.host
+        by_lane[b.lane].append((b.start_ms, b.end_ms))
+    for spans in by_lane.values():
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans
+    for host in timeline.hosts:
+        # Lanes beyond the announced slots only when more attempts ran there at once.
+        assert len(host.lanes) >= announced[host.name]

@@ -7,10 +7,13 @@ standard output. See inspect/export.py for the columns.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from tailguard.inspect.export import FORMATS, write_jsonl, write_parquet
+from tailguard.inspect.history import Archived
 from tailguard.inspect.reading import InspectError, archived, fail, settings_of
 
 
@@ -29,8 +32,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         entries = archived(args.archive, settings_of(args))
         if args.output == "-":
-            write_jsonl(entries, sys.stdout)
-            return 0
+            return _to_stdout(entries)
         # The rows go to a temporary file first, so a failure leaves no half-written export.
         partial = output.with_name(output.name + ".partial")
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -46,4 +48,15 @@ def run(args: argparse.Namespace) -> int:
         if args.output != "-":
             output.with_name(output.name + ".partial").unlink(missing_ok=True)
     print(f"{count} records written to {output}")
+    return 0
+
+
+def _to_stdout(entries: Iterable[Archived]) -> int:
+    try:
+        write_jsonl(entries, sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped early (`| head`): not an error. Python's advice: point stdout at
+        # devnull so the flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

@@ -63,10 +63,6 @@ class Bar:
     output_bytes: int | None = None
     detail: str = ""
 
-    @property
-    def key(self) -> AttemptKey:
-        return (self.vertex, self.subtask, self.attempt)
-
 
 @dataclass(frozen=True, slots=True)
 class Span:
@@ -358,7 +354,7 @@ def _running_spans(bars: list[Bar]) -> tuple[Span, ...]:
             merged[-1][1] = max(merged[-1][1], bar.end_ms)
         else:
             merged.append([bar.start_ms, bar.end_ms])
-    return tuple(Span(a, b, f"running {a / 1000:.3f} s to {b / 1000:.3f} s") for a, b in merged)
+    return tuple(Span(a, b, f"running +{a / 1000:.3f} s to +{b / 1000:.3f} s") for a, b in merged)
 
 
 def as_data(timeline: Timeline) -> dict[str, Any]:
