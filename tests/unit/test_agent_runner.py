@@ -29,6 +29,7 @@ from agent_fakes import write_parquet_input
 from tailguard.agent.executor import control
 from tailguard.agent.executor import runner as runner_module
 from tailguard.agent.executor.attempt import AttemptKey, OutputPlan, TaskSpec
+from tailguard.agent.executor.environment import tailguard_build
 from tailguard.agent.executor.partitions import read_subpartitions
 from tailguard.agent.executor.protocol import (
     AttemptEnded,
@@ -185,7 +186,13 @@ def spec(tmp: Path, attempt: int, *steps: OperatorStep) -> TaskSpec:
 def test_hello_deploy_and_an_ok_outcome(driver: Driver) -> None:
     driver.start_runner()
     hello = driver.accept()
-    assert (hello.runner_id, hello.host, hello.pid, hello.version) == ("h1/r1", "h1", 4242, "test")
+    # The runner reports its own tailguard build, not the driver's (config.version).
+    assert (hello.runner_id, hello.host, hello.pid, hello.version) == (
+        "h1/r1",
+        "h1",
+        4242,
+        tailguard_build(),
+    )
     task = spec(driver.tmp, 0)
     driver.send(Deploy.of(task))
     messages = driver.until_ended(task.key)
@@ -412,3 +419,40 @@ def test_spark_runtime_keeps_accepting_runners_after_refusing_a_peer(spark_runti
     sc.defaultParallelism = 2
     runtime.ensure_runners()
     assert next_of(inbox, RunnerConnected, timeout=2.0).slot.endswith("/r2")
+
+
+def test_spark_runtime_refuses_a_runner_of_another_tailguard_build(
+    spark_runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The check at job start passed; an executor that joined later runs other code.
+    from tailguard.agent.driver.ports import RunnerConnected, RunnerLost
+
+    runtime, _, inbox = spark_runtime
+    monkeypatch.setattr(runner_module, "tailguard_build", lambda: "0.0.9+0123456789ab")
+    runtime.start("job", inbox.put)
+    first = inbox.get(timeout=WAIT_S)
+    assert isinstance(first, RunnerLost), first
+    assert first.reason.endswith("the driver closed the connection")
+    assert not any(isinstance(m, RunnerConnected) for m in list(inbox.queue))
+    assert runtime._failed_launches["localhost"] == 1
+
+
+class UnusableExecutors(FakeSparkContext):
+    """Spark's answer when an executor cannot start the Python worker at all."""
+
+    def parallelize(self, items: list[Any], slices: int) -> FakeRDD:
+        raise RuntimeError('Cannot run program "./environment/bin/python": error=2')
+
+
+def test_spark_runtime_start_fails_when_the_executors_cannot_run_python() -> None:
+    from tailguard.agent.adapters.spark import SparkRuntime
+    from tailguard.agent.executor.environment import ExecutorEnvironmentError
+
+    sc = UnusableExecutors(cores=2)
+    runtime = SparkRuntime(SimpleNamespace(sparkContext=sc))  # type: ignore[arg-type]
+    try:
+        with pytest.raises(ExecutorEnvironmentError, match=r"environment/bin/python.*deploy\.md"):
+            runtime.start("job", lambda _message: None)
+        assert runtime._runners == {}  # no runner was launched
+    finally:
+        runtime.close()

@@ -14,6 +14,7 @@ While a job runs its runners hold every executor core of the application.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import secrets
@@ -21,14 +22,16 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 
-from pyspark import SparkContext
+from pyspark import SparkContext, cloudpickle
 from pyspark.sql import SparkSession
 
 from tailguard.agent.driver.ports import FromRunner, Post, RunnerConnected, RunnerLost
+from tailguard.agent.executor import environment
 from tailguard.agent.executor.attempt import AttemptKey, TaskSpec
 from tailguard.agent.executor.protocol import (
     AttemptEnded,
@@ -58,6 +61,9 @@ REQUIRED_CONF = {
     "spark.locality.wait": "1h",
 }
 
+# How long the executor check at job start may wait for its answers: an application still
+# waiting for executors (dynamic allocation, a YARN queue) gets them within this time.
+ENVIRONMENT_CHECK_TIMEOUT_S = 120.0
 # How long a connected peer has to say hello before it is dropped.
 HELLO_TIMEOUT_S = 10.0
 # Runners of one host that end before connecting, in a row, before the host is given up on
@@ -65,31 +71,68 @@ HELLO_TIMEOUT_S = 10.0
 MAX_FAILED_LAUNCHES = 3
 
 
+def executors_on_this_machine(master: str) -> bool:
+    """Whether every executor of `master` runs on this machine: Spark's local modes, or a
+    standalone master on a loopback address, which no other machine's worker can register with
+    (the cluster `tailguard cluster up` starts is one). A `k8s://https://127.0.0.1:...` master
+    is not: that is an API server reached through a tunnel, with executors elsewhere."""
+    if master == "local" or master.startswith(("local[", "local-cluster[")):
+        return True
+    if not master.startswith("spark://"):
+        return False
+    hosts = [hp.rsplit(":", 1)[0].strip("[]") for hp in master[len("spark://") :].split(",")]
+    return all(_is_loopback(host) for host in hosts)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may be anywhere
+        return False
+
+
 def session_builder(master: str, app_name: str = "tailguard") -> SparkSession.Builder:
-    """A SparkSession builder with the settings the runners rely on."""
+    """A SparkSession builder with the settings the runners rely on (`REQUIRED_CONF`).
+
+    Where every executor runs on this machine (`executors_on_this_machine`) it also makes them
+    reach the driver on 127.0.0.1 and run this interpreter, the one with tailguard installed.
+    Anywhere else executors can reach neither, so the driver address and the executors' Python
+    are left to the user and `spark-submit` (docs/deploy.md: ship the environment with
+    `spark.archives`); the check at job start says so if the executors cannot run tailguard.
+    """
     builder = SparkSession.builder.master(master).appName(app_name)
-    # Executors must run the runners with this interpreter: it is the one with tailguard
-    # installed. PySpark 4 takes the executors' Python from the driver's environment.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = builder.config("spark.pyspark.python", sys.executable)
     for key, value in REQUIRED_CONF.items():
         builder = builder.config(key, value)
-    if not master.startswith("local"):
-        builder = builder.config("spark.driver.host", "127.0.0.1").config(
-            "spark.driver.bindAddress", "127.0.0.1"
-        )
+    if executors_on_this_machine(master):
+        # A session built in Python takes the executors' interpreter from PYSPARK_PYTHON when
+        # the context starts; `spark.pyspark.python` set on a builder is ignored (only
+        # spark-submit reads it: measured with PySpark 4.3, the tasks ran plain `python3`).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        if not master.startswith("local"):
+            builder = builder.config("spark.driver.host", "127.0.0.1").config(
+                "spark.driver.bindAddress", "127.0.0.1"
+            )
     return builder.config("spark.ui.enabled", "false").config(
         "spark.ui.showConsoleProgress", "false"
     )
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("tailguard")
-    except PackageNotFoundError:  # running from a source tree
-        return "0+unknown"
+def runner_listen_address(conf: Mapping[str, str], local: bool) -> tuple[str, str]:
+    """`(bind, advertised)` of the runner listener, with the semantics of Spark's own driver
+    endpoints: executors connect to `spark.driver.host`, and the socket binds
+    `spark.driver.bindAddress` (which defaults to the driver host; a container binds its own
+    address and advertises the name executors resolve, as on Kubernetes). Spark sets both when
+    the context starts. Local mode: the executors are in this process's JVM, on loopback."""
+    if local:
+        return "127.0.0.1", "127.0.0.1"
+    advertised = conf.get("spark.driver.host", "")
+    if not advertised:
+        raise ValueError(
+            "spark.driver.host is not set: the runners would not know where the driver is"
+        )
+    return conf.get("spark.driver.bindAddress", "") or advertised, advertised
 
 
 @dataclass
@@ -131,7 +174,7 @@ class SparkRuntime:
         self._secret = secrets.token_bytes(32)
         self._listener: Listener | None = None
         self._address: tuple[str, int] | None = None
-        self._version = _version()
+        self._build = environment.tailguard_build()
 
     # ---------------------------------------------------------------- cluster view
 
@@ -153,18 +196,57 @@ class SparkRuntime:
     # ---------------------------------------------------------------- lifecycle
 
     def start(self, job_id: str, post: Post) -> int:
+        """Check the executors' environment, open the listener, launch the runners.
+
+        Raises `ExecutorEnvironmentError` when the executors cannot run this tailguard."""
         self._job_id = job_id
         self._post = post
+        self.check_executors()
         conf = self.sc.getConf()
-        advertised = "127.0.0.1" if self.local else conf.get("spark.driver.host") or "127.0.0.1"
-        bind = "127.0.0.1" if self.local else conf.get("spark.driver.bindAddress") or advertised
+        bind, advertised = runner_listen_address(
+            {key: conf.get(key) or "" for key in ("spark.driver.host", "spark.driver.bindAddress")},
+            self.local,
+        )
         # No authkey here: each connection is authenticated in its own thread (see
         # `_serve_connection`), so a peer that stalls the handshake blocks no one else.
         self._listener = Listener((bind, 0), family="AF_INET")
         port = self._listener.address[1]
         self._address = (advertised, port)
+        log.info("runner listener on %s:%d, advertised as %s:%d", bind, port, advertised, port)
         threading.Thread(target=self._accept, name="tg-runner-accept", daemon=True).start()
         return self.ensure_runners()
+
+    def check_executors(self, timeout_s: float = ENVIRONMENT_CHECK_TIMEOUT_S) -> None:
+        """One Spark task per executor core asks its Python what it is (`environment.describe`,
+        shipped by value so it runs even where tailguard is missing); raises
+        `ExecutorEnvironmentError` naming every problem and the fix, or returns when every
+        answer matches this driver. Cost: one Spark job at job start; its Python workers are
+        then reused by the runners (measured below in docs/deploy.md)."""
+        cloudpickle.register_pickle_by_value(environment)  # type: ignore[no-untyped-call]
+        tasks = max(1, sum(self.executors().values()))
+        group = f"tailguard-{self._job_id}-environment"
+        timer = threading.Timer(timeout_s, self.sc.cancelJobGroup, (group,))
+        try:
+            self.sc.setJobGroup(group, f"tailguard {self._job_id} executor environment check", True)
+            timer.start()
+            reports = (
+                self.sc.parallelize(range(tasks), tasks)
+                .mapPartitions(environment.describe)  # type: ignore[arg-type]
+                .collect()
+            )
+        except Exception as err:  # the Python worker did not even start, or no executor came
+            raise environment.ExecutorEnvironmentError(
+                environment.failure_message([_spark_failure(err, timeout_s)])
+            ) from None
+        finally:
+            timer.cancel()
+        problems = environment.incompatibilities(environment.this_python(), reports)
+        if problems:
+            raise environment.ExecutorEnvironmentError(environment.failure_message(problems))
+        log.info(
+            "executors checked: %s",
+            ", ".join(sorted({f"{r['host']} ({r['python']})" for r in reports})),
+        )
 
     def ensure_runners(self) -> int:
         """Launch runners for executor cores without one; returns how many were launched."""
@@ -205,7 +287,7 @@ class SparkRuntime:
             secret=self._secret,
             runner_id=runner.runner_id,
             host=runner.host,
-            version=self._version,
+            version=self._build,
             progress_interval_s=self._progress_s,
             cancel_grace_s=self._grace_s,
         )
@@ -278,6 +360,20 @@ class SparkRuntime:
             log.warning("dropped a runner connection that began with %s", type(hello).__name__)
             conn.close()
             return
+        if hello.version != self._build:
+            # The check at job start passed, so this executor came later with another
+            # tailguard: its runner would misread the driver's pickled attempts. It ends
+            # unconnected, and after MAX_FAILED_LAUNCHES the host is given up.
+            log.error(
+                "refused runner %s on %s: it runs tailguard %s, the driver %s (%s)",
+                hello.runner_id,
+                hello.actual_host,
+                hello.version,
+                self._build,
+                environment.FIX,
+            )
+            conn.close()
+            return
         with self._lock:
             runner = self._runners.get(hello.runner_id)
             if runner is None or runner.ended or runner.connected:
@@ -290,13 +386,6 @@ class SparkRuntime:
             log.warning("dropped a connection from unknown runner %s", hello.runner_id)
             conn.close()
             return
-        if hello.version != self._version:
-            log.warning(
-                "runner %s runs tailguard %s, the driver %s",
-                hello.runner_id,
-                hello.version,
-                self._version,
-            )
         post = self._post
         assert post is not None
         post(RunnerConnected(runner.runner_id, runner.host, self.executors().get(runner.host, 1)))
@@ -355,6 +444,18 @@ class SparkRuntime:
                 self.sc.cancelJobGroup(runner.group)
         if self._listener is not None:
             self._listener.close()
+
+
+def _spark_failure(err: BaseException, timeout_s: float) -> str:
+    """What a failed check job says, in one line: the root cause of a Java-side failure (such
+    as `Cannot run program "./environment/bin/python"`), or that no executor answered."""
+    text = str(err)
+    if "cancelled" in text.lower():
+        return f"no executor answered within {timeout_s:.0f} s"
+    java = getattr(err, "java_exception", None)
+    while java is not None and java.getCause() is not None:
+        java = java.getCause()
+    return f"the check's Spark task failed: {_first_line(err) if java is None else java.toString()}"
 
 
 def _first_line(err: BaseException) -> str:

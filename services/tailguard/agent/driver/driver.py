@@ -45,6 +45,7 @@ from tailguard.agent.driver.state import (
     slot_requests,
 )
 from tailguard.agent.executor.attempt import AttemptOutcome
+from tailguard.agent.executor.environment import ExecutorEnvironmentError
 from tailguard.agent.executor.protocol import AttemptEnded, AttemptProgressed, AttemptStarted
 from tailguard.agent.executor.sources import Split, discover_splits
 from tailguard.agent.executor.storage import Storage
@@ -208,6 +209,10 @@ class JobDriver:
         try:
             self._start()
             self._loop()
+        except ExecutorEnvironmentError as err:
+            # Found before any attempt ran: every attempt would fail the same way, anywhere.
+            log.error("job %s: %s", self.job_id, err)
+            self._end(r.JobStatus.FAILED, str(err))
         except Exception as err:  # the job ends with a JobFinished and a result, whatever happened
             log.exception("agent error in job %s", self.job_id)
             self._end(r.JobStatus.FAILED, f"agent error: {err!r}")

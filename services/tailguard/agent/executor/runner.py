@@ -31,6 +31,7 @@ from tailguard.agent.executor.attempt import (
     task_host,
 )
 from tailguard.agent.executor.control import AttemptControl
+from tailguard.agent.executor.environment import tailguard_build
 from tailguard.agent.executor.protocol import (
     AttemptEnded,
     AttemptProgressed,
@@ -61,7 +62,7 @@ class RunnerConfig:
     secret: bytes
     runner_id: str
     host: str
-    version: str
+    version: str  # the driver's tailguard build
     progress_interval_s: float = 1.0
     cancel_grace_s: float = 5.0
 
@@ -103,7 +104,9 @@ class SlotRunner:
                 host=self.config.host,
                 actual_host=task_host(),
                 pid=os.getpid(),
-                version=self.config.version,
+                # Its own build, not the driver's: the driver refuses a runner whose tailguard
+                # differs from its own (see `environment`).
+                version=tailguard_build(),
             )
         )
         interval = max(0.01, self.config.progress_interval_s)
