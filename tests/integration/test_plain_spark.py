@@ -12,21 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.spark_marks import SPARK
 
 from tailguard.bench import plain_spark
-from tailguard.cluster.local import ClusterError, find_java
 from tailguard.examples import sales_by_region as example
 
-try:
-    find_java()
-    JAVA_MISSING = ""
-except ClusterError as exc:
-    JAVA_MISSING = str(exc)
-
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.skipif(bool(JAVA_MISSING), reason=JAVA_MISSING or "java found"),
-]
+pytestmark = SPARK
 
 FILES, ROW_GROUPS = 3, 2
 
