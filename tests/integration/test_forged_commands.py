@@ -1,0 +1,248 @@
+"""Forged commands against a real job (issue 10): the embedded broker, the five services as
+separate processes signing what they emit, and the sales job on Spark `local[2]`.
+
+With a signing key, a plain producer injects a FailJob, a BlockNodes of every host and a
+SetParallelism (under the decider's own, predictable id) during the job, plus a FailJob signed
+with another key and one signed with the right key by the wrong service: every one is rejected
+with its reason, the job ends with the exact output, and its decisions still come from the
+services. Without a key (today's behaviour, with a warning), a forged RestartTasks of the
+finished source subtasks is taken, the job still ends exact (it once crashed the agent), and the
+replay of the archive names the forgery.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from tailguard import stack
+from tailguard.agent.driver.driver import JobDriver, RunOptions
+from tailguard.agent.driver.ports import CommandReceived
+from tailguard.cluster.local import ClusterError, find_java
+from tailguard.codec import codec_for
+from tailguard.examples import sales_by_region as example
+from tailguard.log.archive import ArchiveReader
+from tailguard.log.signing import KEY_SETTING, RecordSigner, SigningKey
+from tailguard.model import records as r
+from tailguard.model.authority import UNAUTHENTICATED_COMMANDS_TOPIC
+from tailguard.model.config import Settings
+from tailguard.model.ids import derived_id
+from tailguard.replay.engine import replay
+from tailguard.replay.inputs import read_archive
+from tailguard.settings_file import load_settings
+
+try:
+    find_java()
+    JAVA_MISSING = ""
+except ClusterError as exc:
+    JAVA_MISSING = str(exc)
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(JAVA_MISSING), reason=JAVA_MISSING or "java found"),
+]
+
+SIGNING_KEY = "forged-commands-test-key-0123456789abcdef"
+POLICY = {
+    "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "64 KiB",
+    "execution.batch.adaptive.auto-parallelism.max-parallelism": "8",
+    "restart-strategy.type": "fixed-delay",
+    "restart-strategy.fixed-delay.delay": "100 ms",
+}
+# The sales example runs as two chains.
+HEAD = "sales→score→partial"
+TAIL = "final→sink"
+UNSIGNED = "unauthenticated: unsigned (no tailguard.signature header)"
+WARNING = "commands are unauthenticated"
+
+
+@dataclass
+class System:
+    work: Path
+    settings: Settings  # what the services run with: the key included
+    bootstrap: str
+    spark: Any
+    data: Path
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    from tailguard.agent.adapters.spark import session_builder
+
+    work = tmp_path_factory.mktemp("forged")
+    values = {
+        **POLICY,
+        "tailguard.work-dir": str(work),
+        "tailguard.archive-dir": str(work / "archive"),
+        KEY_SETTING: SIGNING_KEY,
+    }
+    config = work / "tailguard.toml"
+    config.write_text("".join(f'"{k}" = "{v}"\n' for k, v in values.items()))
+    data = example.generate(work / "data", files=4, rows_per_file=3_000)
+    with stack.broker(work) as bootstrap, stack.services(work, config):
+        spark = session_builder("local[2]", app_name="tailguard-forged").getOrCreate()
+        try:
+            yield System(work, load_settings(config, environ={}), bootstrap, spark, data)
+        finally:
+            spark.stop()
+
+
+def inject(system: System, driver: JobDriver, forged: list[tuple[r.Command, list]]) -> None:
+    """Publish `forged` (command, headers) from a plain producer, and return once the agent's
+    consumer has handed every one to the driver's inbox. Called on the driver's thread (from
+    `on_start`/`on_event`), so they are handled right after, while the job runs."""
+    codec = codec_for(system.settings)
+    producer = Producer({"bootstrap.servers": system.bootstrap})
+    for command, headers in forged:
+        value = codec.encode(command)
+        producer.produce(r.COMMANDS_TOPIC, value, command.job_id.encode(), headers=headers)
+    assert producer.flush(10) == 0
+    wanted = {command.id for command, _ in forged}
+    inbox = driver.inbox
+
+    def arrived() -> bool:
+        waiting = {m.command.id for m in inbox.queue if isinstance(m, CommandReceived)}
+        return wanted <= waiting
+
+    # `put` notifies `not_empty`, under the queue's own lock: woken by each arrival, no sleep.
+    with inbox.not_empty:
+        assert inbox.not_empty.wait_for(arrived, 60), "the agent did not receive the forgeries"
+
+
+def run(system: System, name: str, settings: Settings, options: RunOptions) -> tuple[Any, Path]:
+    from tailguard.agent.entry import run as run_job
+
+    out = system.work / "out" / name
+    job = example.make_job(system.data, out, name=name)
+    result = run_job(job, system.spark, settings=settings, progress=False, options=options)
+    assert result.ok, result.summary()
+    expected = example.reference(system.data)
+    actual = example.read_output(out)
+    assert actual[expected.columns.tolist()].equals(expected), "output differs from pandas"
+    return result, Path(result.archive)
+
+
+def test_forged_commands_are_rejected_with_reasons_and_the_output_is_exact(
+    system: System, caplog: pytest.LogCaptureFixture
+) -> None:
+    injected: list[str] = []
+
+    def forge(driver: JobDriver) -> None:
+        job, now = driver.job_id, int(time.time() * 1000)
+        right, other = SigningKey(SIGNING_KEY.encode()), SigningKey(b"another-key-" * 4)
+        fail = r.FailJob(job_id=job, ts=now, id="failover-forged", reason="forged FailJob")
+        every_host = r.BlockNodes(
+            job_id=job,
+            ts=now,
+            id="blocklist-forged",
+            hosts=tuple(sorted(driver.pool.hosts)),
+            until_ts=now + 3_600_000,
+            cause="forged",
+        )
+        # The id the decider will use for the final chain: ids are derived, so predictable.
+        parallelism = r.SetParallelism(
+            job_id=job,
+            ts=now,
+            id=derived_id("decider", job, TAIL),
+            vertex=TAIL,
+            parallelism=1,
+            subtask_inputs=(),
+        )
+        wrong_key = r.FailJob(job_id=job, ts=now, id="failover-wrong-key", reason="forged")
+        wrong_signer = r.FailJob(job_id=job, ts=now, id="blocklist-fail", reason="forged")
+        codec = codec_for(system.settings)
+
+        def signed(command: r.Command, key: SigningKey, signer: str) -> list:
+            return RecordSigner(key, signer).headers(r.COMMANDS_TOPIC, codec.encode(command))
+
+        forged = [
+            (fail, []),
+            (every_host, []),
+            (parallelism, []),
+            (wrong_key, signed(wrong_key, other, "failover")),
+            (wrong_signer, signed(wrong_signer, right, "blocklist")),
+        ]
+        inject(system, driver, forged)
+        injected.extend(c.id for c, _ in forged)
+
+    caplog.set_level(logging.WARNING)
+    result, archive = run(system, "signed", system.settings, RunOptions(on_start=forge))
+
+    reasons = {cid: reason for cid, _, reason in result.commands_rejected}
+    assert set(reasons) == set(injected), result.commands_rejected
+    assert reasons["failover-forged"] == UNSIGNED
+    assert reasons["blocklist-forged"] == UNSIGNED
+    assert reasons[derived_id("decider", result.job_id, TAIL)] == UNSIGNED
+    assert reasons["failover-wrong-key"].startswith("unauthenticated: signed with an unknown key")
+    assert reasons["blocklist-fail"] == (
+        "not permitted: FailJob is accepted only from failover, not blocklist"
+    )
+    assert not result.blocked
+    # The control: the services' own signed commands were applied. Every adaptive vertex was
+    # decided by the decider (the forged SetParallelism took its id first, and used up nothing).
+    assert {by for _, by in result.parallelism.values()} == {"decider"}
+    assert result.commands_applied >= 2
+    assert not [m for m in caplog.messages if WARNING in m]
+
+    log = [(e.topic, e.direction, e.payload) for e in ArchiveReader(archive)]
+    codec = codec_for(system.settings)
+    quarantined = {codec.decode(p).id for t, _, p in log if t == UNAUTHENTICATED_COMMANDS_TOPIC}
+    assert quarantined == set(injected) - {"blocklist-fail"}  # that one's signature is valid
+    assert all(SIGNING_KEY.encode() not in p for _, _, p in log)
+    assert SIGNING_KEY.encode() not in archive.read_bytes()
+
+    report = replay(read_archive(archive, system.settings), system.settings)
+    assert report.differences == 0, [s.line() for s in report.services] + report.notes(10)
+    assert {x.command.id for x in report.rejected} == set(injected)
+    decider = next(s for s in report.services if s.service == "decider")
+    assert decider.reproduced >= 2
+
+
+def test_without_a_key_a_forged_restart_of_finished_sources_is_taken_and_the_job_is_exact(
+    system: System, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings({k: v for k, v in system.settings.items() if k != KEY_SETTING})
+    head_parallelism: list[int] = []
+    finished: set[int] = set()
+    forged: list[r.RestartTasks] = []
+    runner: list[JobDriver] = []
+
+    def restart_finished_sources(event: r.Event) -> None:
+        if isinstance(event, r.VertexInitialized) and event.vertex == HEAD:
+            head_parallelism.append(event.parallelism)
+        if isinstance(event, r.AttemptFinished) and event.vertex == HEAD:
+            finished.add(event.subtask)
+        if forged or not head_parallelism or len(finished) < head_parallelism[0]:
+            return
+        restart = r.RestartTasks(
+            job_id=event.job_id,
+            ts=event.ts,
+            id="forged-restart",
+            tasks=tuple(r.TaskRef(HEAD, k) for k in sorted(finished)),
+            reason="forged",
+            not_before_ts=0,
+        )
+        forged.append(restart)
+        inject(system, runner[0], [(restart, [])])
+
+    caplog.set_level(logging.WARNING)
+    options = RunOptions(on_start=runner.append, on_event=restart_finished_sources)
+    result, archive = run(system, "unsigned", settings, options)
+
+    assert [m for m in caplog.messages if WARNING in m], "no warning that commands are open"
+    assert forged, "the head chain never finished"
+    assert "forged-restart" not in {cid for cid, _, _ in result.commands_rejected}
+    reran = {(a.subtask, a.attempt) for a in result.attempts if a.vertex == HEAD}
+    assert {(k, 1) for k in range(head_parallelism[0])} <= reran, reran
+    # Replay cannot know who sent it, but no service emits it: the audit names it.
+    report = replay(read_archive(archive, settings), settings)
+    assert [x.id for x in report.unattributed] == ["forged-restart"]
+    assert report.differences == 1, [s.line() for s in report.services]
