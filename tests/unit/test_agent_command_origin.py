@@ -6,6 +6,7 @@ without harm when signing is off."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from agent_fakes import FakeRuntime, Harness, run_all, write_parquet_input
+from test_agent_commands import answers
 
 from tailguard.agent.driver.ports import CommandReceived
 from tailguard.agent.executor.storage import Storage
@@ -33,18 +35,9 @@ def send(h: Harness, command: r.Command, origin: Origin) -> None:
     h.post(CommandReceived(command, origin))
 
 
-def answers(h: Harness, command_id: str) -> list[tuple[str, str]]:
-    out = []
-    for e in h.publisher.events:
-        if isinstance(e, r.CommandApplied) and e.command_id == command_id:
-            out.append(("CommandApplied", e.command_type))
-        if isinstance(e, r.CommandRejected) and e.command_id == command_id:
-            out.append(("CommandRejected", e.reason))
-    return out
-
-
 @pytest.fixture
-def driver(tmp_path: Path):
+def driver(tmp_path: Path) -> Iterator[Harness]:
+    """One source subtask into a sink on one host, the services on (so nothing falls back)."""
     job = Job("one")
     source = job.read_parquet(str(write_parquet_input(tmp_path / "in.parquet")), name="src")
     source.with_parallelism(1).write_parquet(str(tmp_path / "out"), name="out", parallelism=1)
