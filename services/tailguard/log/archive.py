@@ -176,6 +176,13 @@ class ArchiveWriter:
         if self._remote is not None and self._remote.due():
             self._remote.upload(self.path, self._file.tell())
 
+    def sync(self) -> None:
+        """Flush, and upload what is flushed to a remote archive before returning: what a
+        reader of the location sees from now on, even if this process dies."""
+        self.flush()
+        if self._remote is not None:
+            self._remote.upload(self.path, self._file.tell(), wait=True)
+
     def close(self) -> None:
         """Flush and close; a remote archive is then uploaded whole (ArchiveError if that
         fails, naming the local spool file that still holds every record)."""
@@ -218,12 +225,7 @@ class _RemoteCopy:
         directory.mkdir(parents=True, exist_ok=True)
         name = self.inner.rsplit("/", 1)[-1]
         spool = directory / f"{name}.{uuid.uuid4().hex[:12]}.spool"
-        try:
-            existing = _remote_bytes(self.fs, self.inner, self.location)
-        except ArchiveError as err:
-            if not str(err).startswith("no archive"):
-                raise
-            existing = b""
+        existing = _remote_bytes(self.fs, self.inner, self.location) or b""
         spool.write_bytes(existing)
         if existing:
             filesystems.put(self.fs, self.inner, existing)
@@ -297,8 +299,9 @@ def _delete_parts(fs: pafs.FileSystem, inner: str) -> None:
         fs.delete_dir(f"{inner}{PARTS_SUFFIX}")
 
 
-def _remote_bytes(fs: pafs.FileSystem, inner: str, location: str) -> bytes:
-    """The archive at a URI: its object followed by the parts uploaded after it."""
+def _remote_bytes(fs: pafs.FileSystem, inner: str, location: str) -> bytes | None:
+    """The archive at a URI: its object followed by the parts uploaded after it; None when
+    there is neither."""
     for _ in range(3):
         try:
             return _join_parts(fs, inner, location)
@@ -307,7 +310,7 @@ def _remote_bytes(fs: pafs.FileSystem, inner: str, location: str) -> bytes:
     raise ArchiveError(f"{location}: its parts keep vanishing while read (a writer is closing)")
 
 
-def _join_parts(fs: pafs.FileSystem, inner: str, location: str) -> bytes:
+def _join_parts(fs: pafs.FileSystem, inner: str, location: str) -> bytes | None:
     # Parts are listed before the object is read: a writer that closes in between has
     # uploaded the object whole first, so the parts then listed are all inside it.
     selector = pafs.FileSelector(f"{inner}{PARTS_SUFFIX}", allow_not_found=True)
@@ -321,7 +324,7 @@ def _join_parts(fs: pafs.FileSystem, inner: str, location: str) -> bytes:
             data = bytearray(handle.read())
     except FileNotFoundError:
         if not parts:
-            raise ArchiveError(f"no archive at {location}") from None
+            return None
         data = bytearray()
     for offset, path in parts:
         if offset > len(data):
@@ -368,9 +371,12 @@ class ArchiveReader:
         except filesystems.LocationError as err:
             raise ArchiveError(str(err)) from None
         try:
-            return io.BytesIO(_remote_bytes(fs, inner, self.location))
+            data = _remote_bytes(fs, inner, self.location)
         except OSError as err:
             raise ArchiveError(f"cannot read the archive at {self.location}: {err}") from None
+        if data is None:
+            raise ArchiveError(f"no archive at {self.location}")
+        return io.BytesIO(data)
 
     def _read_header(self, handle: IO[bytes]) -> tuple[dict[str, Any], str, bytes]:
         if handle.read(4) != _MAGIC:

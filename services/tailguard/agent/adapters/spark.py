@@ -38,6 +38,7 @@ from tailguard.agent.executor.protocol import (
     AttemptProgressed,
     AttemptStarted,
     Cancel,
+    ConfigureStorage,
     Deploy,
     DriverMessage,
     RunnerHello,
@@ -49,6 +50,7 @@ from tailguard.agent.executor.protocol import (
 )
 from tailguard.agent.executor.runner import RunnerConfig, run_partition
 from tailguard.cluster.pinning import pinned_rdd
+from tailguard.filesystems import S3Options
 from tailguard.model.config import Settings
 
 log = logging.getLogger("tailguard.agent.spark")
@@ -162,6 +164,9 @@ class SparkRuntime:
         settings = settings or Settings()
         self._progress_s = settings.duration_ms("slow-task-detector.check-interval") / 1000.0
         self._grace_s = settings.duration_ms("tailguard.runner.cancel-grace") / 1000.0
+        # Object storage settings, credentials included: sent to each runner once it proved
+        # the job secret, never put in Spark's conf or task (protocol.ConfigureStorage).
+        self._storage = ConfigureStorage(S3Options.from_settings(settings))
         self._task_cpus = int(conf.get("spark.task.cpus", "1") or "1")
         self._lock = threading.Lock()
         self._runners: dict[str, _Runner] = {}
@@ -385,6 +390,10 @@ class SparkRuntime:
         if runner is None:
             log.warning("dropped a connection from unknown runner %s", hello.runner_id)
             conn.close()
+            return
+        # Before any Deploy: how the runner reaches object storage.
+        self._send(runner.runner_id, self._storage)
+        if runner.ended:
             return
         post = self._post
         assert post is not None

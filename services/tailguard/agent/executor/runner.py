@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
+from tailguard import filesystems
 from tailguard.agent.executor.attempt import (
     AttemptKey,
     AttemptOutcome,
@@ -37,6 +38,7 @@ from tailguard.agent.executor.protocol import (
     AttemptProgressed,
     AttemptStarted,
     Cancel,
+    ConfigureStorage,
     Deploy,
     RunnerHello,
     RunnerMessage,
@@ -123,6 +125,8 @@ class SlotRunner:
                 self._deploy(message)
             elif isinstance(message, Cancel):
                 self._cancel(message.key)
+            elif isinstance(message, ConfigureStorage):
+                filesystems.configure(message.s3)
             elif isinstance(message, Shutdown):
                 self._abandon()
                 return f"shut down by the driver{': ' + message.reason if message.reason else ''}"
