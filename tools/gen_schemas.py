@@ -130,6 +130,11 @@ FIELD_DOCS: dict[str, str] = {
     "error": "Kind of the error.",
     "message": "Error or status message, in words.",
     "missing_partition": "The consumed partition found missing or corrupt, if any.",
+    "non_recoverable": (
+        "The error recurs wherever the attempt runs, such as an import error (Flink's "
+        "ThrowableType.NonRecoverableError): the job fails without a restart. False in records "
+        "written before schema v3."
+    ),
     "partition": "The released partition.",
     "command_type": "Record name of the command (e.g. BlockNodes).",
     "status": "Final status of the job.",

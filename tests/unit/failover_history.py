@@ -44,6 +44,7 @@ class AgentSim:
     outputs: list[Record] = field(default_factory=list)
     live: dict[tuple[str, int], set[int]] = field(default_factory=dict)
     next_attempt: dict[tuple[str, int], int] = field(default_factory=dict)
+    hosts: dict[tuple[str, int, int], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.emit(JobSubmitted, name="test", graph=self.graph, config=dict(self.config))
@@ -71,17 +72,18 @@ class AgentSim:
             decided_by="fixed",
         )
 
-    def deploy(self, vertex: str, subtask: int, speculative: bool = False) -> int:
+    def deploy(self, vertex: str, subtask: int, speculative: bool = False, host: str = "h1") -> int:
         key = (vertex, subtask)
         attempt = self.next_attempt.get(key, 0)
         self.next_attempt[key] = attempt + 1
         self.live.setdefault(key, set()).add(attempt)
+        self.hosts[(vertex, subtask, attempt)] = host
         self.emit(
             AttemptDeploying,
             vertex=vertex,
             subtask=subtask,
             attempt=attempt,
-            host="h1",
+            host=host,
             speculative=speculative,
         )
         return attempt
@@ -115,6 +117,9 @@ class AgentSim:
         error: ErrorKind = ErrorKind.USER,
         missing: PartitionRef | None = None,
         at: int | None = None,
+        host: str | None = None,
+        message: str = "boom",
+        non_recoverable: bool = False,
     ) -> list[Record]:
         self.live.get((vertex, subtask), set()).discard(attempt)
         return self.emit(
@@ -123,10 +128,11 @@ class AgentSim:
             vertex=vertex,
             subtask=subtask,
             attempt=attempt,
-            host="h1",
+            host=host or self.hosts.get((vertex, subtask, attempt), "h1"),
             error=error,
-            message="boom",
+            message=message,
             missing_partition=missing,
+            non_recoverable=non_recoverable,
         )
 
     def cancel(self, vertex: str, subtask: int, attempt: int, reason: CancelReason) -> None:

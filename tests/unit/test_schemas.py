@@ -152,7 +152,11 @@ def _release_digest(version: str) -> str:
 
 
 # Released directories are frozen: the canonical forms (docs aside) of each one, pinned here.
-RELEASED_DIGESTS = {"v1": "57936d85fcda9b78", "v2": "a5c757f91357308a"}
+RELEASED_DIGESTS = {
+    "v1": "57936d85fcda9b78",
+    "v2": "a5c757f91357308a",
+    "v3": "5d07312017e2afc8",
+}
 
 
 @pytest.mark.parametrize("version", sorted(RELEASED_DIGESTS))
@@ -171,6 +175,17 @@ def test_v2_added_attempt_progress_and_vertex_operators_to_v1() -> None:
 
     old = vertex_fields(v1["JobSubmitted"].raw)
     assert vertex_fields(v2["JobSubmitted"].raw) == [*old, "operators"]
+
+
+def test_v3_added_non_recoverable_to_attempt_failed() -> None:
+    v2, v3 = released_schemas()["v2"], released_schemas()["v3"]
+    assert set(v3) == set(v2)
+    changed = {name for name in v3 if v3[name].fingerprint != v2[name].fingerprint}
+    assert changed == {"AttemptFailed"}
+    added = [f for f in v3["AttemptFailed"].raw["fields"] if f["name"] == "non_recoverable"]
+    assert added == [
+        {"name": "non_recoverable", "doc": added[0]["doc"], "type": "boolean", "default": False}
+    ]
 
 
 def _crc64_avro(data: bytes) -> bytes:

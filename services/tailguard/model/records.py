@@ -274,6 +274,9 @@ class AttemptFailed(Event):
     error: ErrorKind
     message: str
     missing_partition: PartitionRef | None = None
+    # The error recurs wherever the attempt runs (Flink's ThrowableType.NonRecoverableError):
+    # the failover fails the job without consulting the restart strategy.
+    non_recoverable: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -538,6 +538,7 @@ class JobDriver:
                 error=outcome.error or r.ErrorKind.INFRA,
                 message=outcome.message,
                 missing_partition=outcome.missing_partition,
+                non_recoverable=outcome.non_recoverable,
             )
             if outcome.missing_partition is not None:
                 self._mark_unavailable(outcome.missing_partition)

@@ -120,6 +120,8 @@ class AttemptOutcome:
     missing_partition: PartitionRef | None = None
     # Ended because it was cancelled (the driver has already recorded why).
     cancelled: bool = False
+    # The error recurs wherever the attempt runs (see `recurs_anywhere`).
+    non_recoverable: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -294,9 +296,19 @@ def execute(spec: TaskSpec, control: AttemptControl | None = None) -> AttemptOut
         return _failed(host, started, ErrorKind.PARTITION_CORRUPT, str(err), err.partition)
     except Exception as err:  # user code: any error is the user's
         detail = "".join(traceback.format_exception_only(type(err), err)).strip()
-        return _failed(host, started, ErrorKind.USER, detail, None)
+        outcome = _failed(host, started, ErrorKind.USER, detail, None)
+        outcome.non_recoverable = recurs_anywhere(err)
+        return outcome
     finally:
         unbind(token)
+
+
+def recurs_anywhere(err: BaseException) -> bool:
+    """Whether the error will recur wherever the attempt runs, so restarting it only uses up
+    the restart strategy: an import error. Every executor runs the same environment (checked
+    at job start, shipped with `spark.archives`), so a module missing on one is missing on
+    all. Flink's counterpart: `ThrowableType.NonRecoverableError`."""
+    return isinstance(err, ImportError)
 
 
 def _succeeded(

@@ -29,6 +29,7 @@ from tailguard.agent.executor.attempt import (
     AttemptOutcome,
     TaskSpec,
     execute,
+    recurs_anywhere,
     task_host,
 )
 from tailguard.agent.executor.control import AttemptControl
@@ -161,7 +162,9 @@ class SlotRunner:
 
     # ------------------------------------------------------------------ attempts
 
-    def _refuse(self, key: AttemptKey, kind: ErrorKind, message: str) -> None:
+    def _refuse(
+        self, key: AttemptKey, kind: ErrorKind, message: str, non_recoverable: bool = False
+    ) -> None:
         now = int(time.time() * 1000)
         outcome = AttemptOutcome(
             ok=False,
@@ -170,6 +173,7 @@ class SlotRunner:
             finished_at_ms=now,
             error=kind,
             message=message[:2000],
+            non_recoverable=non_recoverable,
         )
         self._send(AttemptEnded(key, outcome, 0.0))
 
@@ -178,7 +182,12 @@ class SlotRunner:
             spec = message.spec()
         except Exception as err:  # the chain's code cannot be loaded here: the user's to fix
             detail = "".join(traceback.format_exception_only(type(err), err)).strip()
-            self._refuse(message.key, ErrorKind.USER, f"cannot load the attempt: {detail}")
+            self._refuse(
+                message.key,
+                ErrorKind.USER,
+                f"cannot load the attempt: {detail}",
+                recurs_anywhere(err),
+            )
             return
         with self._state_lock:
             busy = self._running

@@ -15,6 +15,10 @@ Not counted as failovers: failures of attempts that were cancelled, of subtasks 
 already finished (lost races), of attempts from before a restart, and of a subtask with another
 attempt still alive. Every counted failover consults the restart strategy once; when it says no
 more, the job fails.
+
+A failure that would recur wherever it runs (an import error, flagged by the executor; the same
+USER error of a subtask from two hosts) fails the job at once without consulting the restart
+strategy, as Flink's `ExecutionFailureHandler` does with `ThrowableType.NonRecoverableError`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from tailguard.failover.policy.job import (
     DeferredCheck,
     JobState,
     Result,
+    TaskState,
     read_slice,
 )
 from tailguard.model.config import ConfigError, Settings
@@ -69,6 +74,7 @@ class FailoverStrategy:
             "deferred_matched": 0,
             "deferred_restarts": 0,
             "jobs_failed": 0,
+            "non_recoverable_failures": 0,
             "config_errors": 0,
         }
 
@@ -176,6 +182,10 @@ class FailoverStrategy:
         state = job.task(ref)
         previous = state.attempts.get(event.attempt)
         state.attempts[event.attempt] = AttemptState.FAILED
+        if event.error is ErrorKind.USER and previous is not AttemptState.CANCELED:
+            # Evidence from any attempt of the subtask, a retired one too: all read the same
+            # input. A cancelled attempt's error may be the cancellation's doing.
+            state.user_errors.setdefault(event.message, set()).add(event.host)
         topology = job.topology()
         if (
             job.failed
@@ -186,6 +196,12 @@ class FailoverStrategy:
         ):
             self._metrics["ignored_failures"] += 1
             return []
+        unrecoverable = _recurs_anywhere(state, event)
+        if unrecoverable is not None:
+            # Flink's ExecutionFailureHandler: a NonRecoverableError fails the job without
+            # notifying the restart strategy; another attempt still running would fail alike.
+            self._metrics["non_recoverable_failures"] += 1
+            return self._fail_job(job, event, f"not recoverable: {unrecoverable}")
         if state.live_attempts():
             # Another attempt of the subtask (a speculative one) may still finish it.
             return []
@@ -201,24 +217,27 @@ class FailoverStrategy:
         not_before = job.backoff.on_failure(event.ts)
         self._metrics["failovers"] += 1
         if not_before is None:
-            job.failed = True
-            self._metrics["jobs_failed"] += 1
-            reason = (
-                f"{ref.vertex}[{ref.subtask}] attempt {event.attempt} failed "
-                f"({event.error.value}: {event.message}); {job.backoff.exhausted_reason()}"
-            )
-            return [
-                FailJob(
-                    job_id=event.job_id,
-                    ts=event.ts,
-                    id=derived_id(self.SERVICE, event.id, "fail-job"),
-                    caused_by=(event.id,),
-                    reason=reason,
-                )
-            ]
+            return self._fail_job(job, event, job.backoff.exhausted_reason())
         reason = f"{ref.vertex}[{ref.subtask}] attempt {event.attempt} failed ({event.error.value})"
         command_id = derived_id(self.SERVICE, event.id, "restart")
         return self._restart(job, event, starts, command_id, (event.id,), reason, not_before)
+
+    def _fail_job(self, job: JobState, event: AttemptFailed, why: str) -> list[Record]:
+        job.failed = True
+        self._metrics["jobs_failed"] += 1
+        reason = (
+            f"{event.vertex}[{event.subtask}] attempt {event.attempt} failed "
+            f"({event.error.value}: {event.message}); {why}"
+        )
+        return [
+            FailJob(
+                job_id=event.job_id,
+                ts=event.ts,
+                id=derived_id(self.SERVICE, event.id, "fail-job"),
+                caused_by=(event.id,),
+                reason=reason,
+            )
+        ]
 
     # ------------------------------------------------------------ planning
 
@@ -333,6 +352,25 @@ class FailoverStrategy:
                     cause=cause,
                 )
                 self._metrics["deferred_checks"] += 1
+
+
+def _recurs_anywhere(state: TaskState, event: AttemptFailed) -> str | None:
+    """Why restarting the failed subtask would only use up the restart strategy, or None.
+
+    - The executor classified the error as one that recurs wherever it runs (an import error:
+      `AttemptFailed.non_recoverable`, Flink's `ThrowableType.NonRecoverableError`).
+    - The same USER error (equal messages) from two hosts for this subtask: every attempt of a
+      subtask reads the same input (deterministic split assignment, fixed ranges), so an error
+      that followed the data to another host is the data's or the code's, not the host's.
+      Exact equality errs towards restarting: a message that varies by host is not matched.
+    """
+    if event.non_recoverable:
+        return "the error recurs wherever the task runs (an import error)"
+    if event.error is ErrorKind.USER:
+        hosts = state.user_errors.get(event.message, set())
+        if len(hosts) >= 2:
+            return f"the same error on {len(hosts)} hosts ({', '.join(sorted(hosts))})"
+    return None
 
 
 def _by_vertex(tasks: Iterable[TaskRef]) -> dict[str, list[int]]:

@@ -36,6 +36,8 @@ class TaskState:
     # read the old data is still the one running.
     generation: int = 0
     result: Result | None = None
+    # USER error messages of this subtask's attempts -> the hosts they came from.
+    user_errors: dict[str, set[str]] = field(default_factory=dict)
 
     def is_current(self, attempt: int) -> bool:
         return attempt > self.floor
