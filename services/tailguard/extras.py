@@ -10,6 +10,7 @@ checks it against the installed metadata).
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 # extra -> the top-level modules it installs that tailguard imports
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
@@ -43,5 +44,9 @@ def require(extra: str) -> None:
     needs it is started. Looks the modules up without importing them (importing pyspark alone
     takes about a second)."""
     for module in EXTRA_MODULES[extra]:
+        # Already imported: installed. (find_spec would raise here for faust, whose module
+        # object replaces itself and has no __spec__.)
+        if module in sys.modules:
+            continue
         if importlib.util.find_spec(module) is None:
             raise MissingExtraError(f"No module named {module!r}", name=module)
