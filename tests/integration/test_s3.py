@@ -24,6 +24,7 @@ from tailguard import filesystems
 from tailguard.agent.driver.driver import RunOptions
 from tailguard.agent.executor.sinks import committed_files
 from tailguard.cluster.local import ClusterError, find_java
+from tailguard.codec import codec_for
 from tailguard.examples import sales_by_region
 from tailguard.log.archive import PARTS_SUFFIX, ArchiveReader, ArchiveWriter, Direction
 from tailguard.model import records as r
@@ -242,6 +243,14 @@ def test_job_reads_exchanges_commits_and_archives_on_s3(
     # The credentials are in no archive, log line or Spark setting.
     with fs.open_input_stream(f"{bucket}/archive/{result.job_id}.avro") as handle:
         archived = handle.read()
+    carriers = [
+        record
+        for _, record in ArchiveReader(f"s3://{bucket}/archive/{result.job_id}.avro").records(
+            codec_for(settings)
+        )
+        if SECRET_KEY in repr(record) or ACCESS_KEY in repr(record)
+    ]
+    assert carriers == []
     assert SECRET_KEY.encode() not in archived and ACCESS_KEY.encode() not in archived
     assert SECRET_KEY not in caplog.text and ACCESS_KEY not in caplog.text
     conf = dict(spark.sparkContext.getConf().getAll())
