@@ -7,12 +7,14 @@ with another key and one signed with the right key by the wrong service: every o
 with its reason, the job ends with the exact output, and its decisions still come from the
 services. Without a key (today's behaviour, with a warning), a forged RestartTasks of the
 finished source subtasks is taken, the job still ends exact (it once crashed the agent), and the
-replay of the archive names the forgery.
+replay of the archive names the forgery. And the agent's own fallback decisions travel signed as
+`agent`.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,10 +30,10 @@ from tailguard.agent.driver.ports import CommandReceived
 from tailguard.cluster.local import ClusterError, find_java
 from tailguard.codec import codec_for
 from tailguard.examples import sales_by_region as example
-from tailguard.log.archive import ArchiveReader
+from tailguard.log.archive import ArchiveReader, ArchiveWriter
 from tailguard.log.signing import KEY_SETTING, RecordSigner, SigningKey
 from tailguard.model import records as r
-from tailguard.model.authority import UNAUTHENTICATED_COMMANDS_TOPIC
+from tailguard.model.authority import AGENT, UNAUTHENTICATED_COMMANDS_TOPIC, Signed
 from tailguard.model.config import Settings
 from tailguard.model.ids import derived_id
 from tailguard.replay.engine import replay
@@ -246,3 +248,25 @@ def test_without_a_key_a_forged_restart_of_finished_sources_is_taken_and_the_job
     report = replay(read_archive(archive, settings), settings)
     assert [x.id for x in report.unattributed] == ["forged-restart"]
     assert report.differences == 1, [s.line() for s in report.services]
+
+
+def test_the_agent_signs_its_own_fallback_decisions_as_agent(
+    system: System, tmp_path: Path
+) -> None:
+    """A decision the agent takes itself goes on the commands topic signed as `agent`, and comes
+    back to it through its consumer verified (then it is ignored as an id already handled)."""
+    from tailguard.agent.adapters.kafka import KafkaPublisher
+
+    job = f"fallback-{time.time_ns()}"
+    arrived: queue.Queue[CommandReceived] = queue.Queue()
+    codec = codec_for(system.settings)
+    writer = ArchiveWriter(tmp_path / "fallback.avro")
+    publisher = KafkaPublisher(writer, codec, system.settings, job, arrived.put)
+    decision = r.FailJob(job_id=job, ts=1, id=derived_id("failover", job, "x"), reason="limit")
+    try:
+        publisher.local(decision)
+        echo = arrived.get(timeout=60)
+    finally:
+        publisher.close()
+    key = SigningKey.parse(SIGNING_KEY, KEY_SETTING)
+    assert echo == CommandReceived(decision, Signed(AGENT, key.key_id))
