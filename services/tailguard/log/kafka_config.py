@@ -87,10 +87,8 @@ def client_config(
 
 def is_security_key(key: str) -> bool:
     """Whether librdkafka setting `key` is about authentication or encryption."""
-    return (
-        key == "security.protocol"
-        or key.startswith(("sasl.", "ssl.", "ssl_"))
-        or (key == "enable.ssl.certificate.verification")
+    return key in ("security.protocol", "enable.ssl.certificate.verification") or key.startswith(
+        ("sasl.", "ssl.", "ssl_")
     )
 
 
