@@ -6,7 +6,7 @@ settings (Flink's `s3.*` keys), so the executors can only have them from their d
 found in no archive, log line or Spark setting.
 
 Also here, without Spark: what a lost driver's remote archive keeps, and that a new writer
-continues it.
+continues it; a sink part published to S3 appears whole or not at all.
 """
 
 from __future__ import annotations
@@ -16,13 +16,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
 from tailguard import filesystems
 from tailguard.agent.driver.driver import RunOptions
-from tailguard.agent.executor.sinks import committed_files
+from tailguard.agent.executor import sinks
+from tailguard.agent.executor.sinks import (
+    commit_sink_output,
+    committed_files,
+    finalize_sink,
+    prepare_sink,
+    stage_sink_output,
+)
+from tailguard.agent.executor.storage import Storage
 from tailguard.cluster.local import ClusterError, find_java
 from tailguard.codec import codec_for
 from tailguard.examples import sales_by_region
@@ -146,6 +155,67 @@ def test_background_uploads_follow_the_writer(
         seen = payloads(location)  # whatever the background uploads have sent so far
         assert seen == [f"record {i}".encode() for i in range(len(seen))]
     assert payloads(location) == [f"record {i}".encode() for i in range(50)]
+
+
+# ---------------------------------------------------------------------- sink commits on S3
+
+
+class FailingReader:
+    """A staged file whose read fails after its first chunk (a lost disk, a network error)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.reads = 0
+
+    def __enter__(self) -> FailingReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.close()
+
+    def read(self, n: int) -> bytes:
+        self.reads += 1
+        if self.reads > 1:
+            raise OSError("the staged file became unreadable")
+        return bytes(self.inner.read(n))
+
+
+def test_a_part_published_to_s3_appears_whole_or_not_at_all(
+    s3_settings: dict[str, str], bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    filesystems.configure_from(s3_settings)
+    fs = admin(s3_settings)
+    staging = Storage(str(tmp_path / "store"))  # the usual cluster case: staged elsewhere
+    sink = f"s3a://{bucket}/out"
+    prepare_sink(sink)
+    table = pa.table({"i": list(range(5_000)), "s": [f"row {i}" for i in range(5_000)]})
+    staged = stage_sink_output(staging, "job-1", "sink", 0, 0, table)
+
+    # The copy to S3 fails half-way: closing the upload would publish a truncated part.
+    monkeypatch.setattr(sinks, "_COPY_CHUNK_BYTES", 1024)
+    real_open = Storage.open_input
+    monkeypatch.setattr(
+        Storage, "open_input", lambda self, path: FailingReader(real_open(self, path))
+    )
+    with pytest.raises(OSError, match="became unreadable"):
+        commit_sink_output(staging, staged, sink)
+    assert fs.get_file_info(f"{bucket}/out/part-00000.parquet").type == pafs.FileType.NotFound
+    monkeypatch.setattr(Storage, "open_input", real_open)
+
+    commit_sink_output(staging, staged, sink)
+    # On the same store, a part over CopyObject's limit is streamed instead of copied.
+    on_s3 = Storage(f"s3://{bucket}/storage")
+    monkeypatch.setattr(sinks, "_SERVER_SIDE_COPY_MAX_BYTES", 0)
+    big = stage_sink_output(on_s3, "job-1", "sink", 1, 3, table)
+    commit_sink_output(on_s3, big, sink)
+    assert not on_s3.exists(big.path)
+    finalize_sink(sink)
+    assert committed_files(sink) == {
+        "part-00000.parquet": staged.bytes,
+        "part-00001.parquet": big.bytes,
+    }
+    for name in ("part-00000.parquet", "part-00001.parquet"):
+        assert pq.read_table(f"{bucket}/out/{name}", filesystem=fs).equals(table)
 
 
 # ---------------------------------------------------------------------- a job on S3

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import fastavro
+import pyarrow.fs as pafs
 import pytest
 
+from tailguard import filesystems
 from tailguard.codec import codec_for
-from tailguard.log.archive import ArchiveError, ArchiveReader, ArchiveWriter, Direction, Envelope
+from tailguard.log.archive import (
+    PARTS_SUFFIX,
+    ArchiveError,
+    ArchiveReader,
+    ArchiveWriter,
+    Direction,
+    Envelope,
+)
 from tailguard.model.config import Settings
 from tailguard.model.records import Tick
 
@@ -115,3 +125,77 @@ def test_records_decodes_payloads(tmp_path: Path) -> None:
     pairs = list(ArchiveReader(tmp_path / "a.avro").records(codec))
     assert [record for _, record in pairs] == ticks
     assert all(env.direction is Direction.PUBLISHED for env, _ in pairs)
+
+
+# ---------------------------------------------------------------------- at a URI
+# pyarrow's in-memory mock:// filesystem stands in for a store; against a real S3-protocol
+# server, see tests/integration/test_s3.py.
+
+
+def remote_archive(tmp_path: Path, name: str, **kwargs: Any) -> tuple[str, ArchiveWriter]:
+    location = f"mock:///archives/{name}.avro"
+    kwargs.setdefault("upload_interval_s", 3600)
+    return location, ArchiveWriter(location, spool_dir=tmp_path / "spool", **kwargs)
+
+
+def test_a_remote_archive_is_read_from_its_parts_until_closed(tmp_path: Path) -> None:
+    location, writer = remote_archive(tmp_path, "parts", flush_every=10)
+    items = envelopes(35)
+    write(writer, items[:20])
+    writer.sync()
+    write(writer, items[20:30])
+    writer.sync()
+    write(writer, items[30:])  # flushed by nobody yet
+    assert list(ArchiveReader(location)) == items[:30]
+    fs, inner = filesystems.open_location(location)
+    parts = fs.get_file_info(pafs.FileSelector(inner + PARTS_SUFFIX))
+    assert len(parts) == 3  # the header, then one part per sync
+    writer.close()
+    assert list(ArchiveReader(location)) == items
+    assert fs.get_file_info(inner + PARTS_SUFFIX).type == pafs.FileType.NotFound
+
+
+def test_parts_already_inside_the_object_are_skipped_and_a_gap_is_an_error(
+    tmp_path: Path,
+) -> None:
+    location, writer = remote_archive(tmp_path, "gap", flush_every=5)
+    items = envelopes(15)
+    write(writer, items)
+    writer.close()
+    fs, inner = filesystems.open_location(location)
+    whole = fs.open_input_stream(inner).read()
+    # A writer that closed after a reader listed its parts: the parts lie inside the object.
+    filesystems.put(fs, f"{inner}{PARTS_SUFFIX}/{0:020d}", whole[:100])
+    assert list(ArchiveReader(location)) == items
+    # A part that does not follow what came before: bytes are missing, which is damage.
+    filesystems.put(fs, f"{inner}{PARTS_SUFFIX}/{len(whole) + 10:020d}", b"x")
+    with pytest.raises(ArchiveError, match=r"bytes \d+ to \d+ are missing"):
+        list(ArchiveReader(location))
+
+
+def test_a_failed_part_upload_is_retried_from_the_same_offset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    location, writer = remote_archive(tmp_path, "retry", flush_every=5)
+    items = envelopes(10)
+    real_put = filesystems.put
+    failures = [OSError("the store is unreachable")]
+
+    def flaky_put(fs: Any, path: str, data: bytes) -> None:
+        if failures and PARTS_SUFFIX in path:
+            raise failures.pop()
+        real_put(fs, path, data)
+
+    monkeypatch.setattr(filesystems, "put", flaky_put)
+    write(writer, items[:5])
+    writer.flush()
+    writer._remote.upload(writer.path, writer._file.tell())  # type: ignore[union-attr]
+    write(writer, items[5:])
+    writer.sync()  # the bytes of the failed part go up with these
+    assert list(ArchiveReader(location)) == items
+    writer.close()
+
+
+def test_remote_writer_fails_at_once_where_it_cannot_write(tmp_path: Path) -> None:
+    with pytest.raises(ArchiveError, match=r"nosuch://bucket/a\.avro"):
+        ArchiveWriter("nosuch://bucket/a.avro", spool_dir=tmp_path)
