@@ -27,7 +27,6 @@ from confluent_kafka import Producer
 from tailguard import stack
 from tailguard.agent.driver.driver import JobDriver, RunOptions
 from tailguard.agent.driver.ports import CommandReceived
-from tailguard.cluster.local import ClusterError, find_java
 from tailguard.codec import codec_for
 from tailguard.examples import sales_by_region as example
 from tailguard.log.archive import ArchiveReader, ArchiveWriter
@@ -40,17 +39,8 @@ from tailguard.replay.engine import replay
 from tailguard.replay.inputs import read_archive
 from tailguard.settings_file import load_settings
 
-try:
-    find_java()
-    JAVA_MISSING = ""
-except ClusterError as exc:
-    JAVA_MISSING = str(exc)
-
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.slow,
-    pytest.mark.skipif(bool(JAVA_MISSING), reason=JAVA_MISSING or "java found"),
-]
+# Skipped with the reason where there is no JDK (tests/conftest.py).
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 SIGNING_KEY = "forged-commands-test-key-0123456789abcdef"
 POLICY = {
