@@ -199,3 +199,12 @@ def test_a_failed_part_upload_is_retried_from_the_same_offset(
 def test_remote_writer_fails_at_once_where_it_cannot_write(tmp_path: Path) -> None:
     with pytest.raises(ArchiveError, match=r"nosuch://bucket/a\.avro"):
         ArchiveWriter("nosuch://bucket/a.avro", spool_dir=tmp_path)
+
+
+def test_remote_writer_refuses_a_foreign_object_and_leaves_it(tmp_path: Path) -> None:
+    fs, inner = filesystems.open_location("mock:///archives/foreign.avro")
+    filesystems.put(fs, inner, b"not an archive")
+    with pytest.raises(ArchiveError, match=r"mock:///archives/foreign\.avro holds no tailguard"):
+        ArchiveWriter("mock:///archives/foreign.avro", spool_dir=tmp_path)
+    assert fs.open_input_stream(inner).read() == b"not an archive"
+    assert list(tmp_path.iterdir()) == []

@@ -143,7 +143,7 @@ class ArchiveWriter:
             self._remote = _RemoteCopy(self.location, upload_interval_s)
             self.path = self._remote.start(spool_dir)
         existing = self.path.exists() and self.path.stat().st_size > 0
-        if existing:
+        if existing and self._remote is None:
             # Validate before fastavro appends to it, for a clear error on a foreign file.
             ArchiveReader(self.path)
         self._file: IO[bytes] = self.path.open("a+b" if existing else "wb")
@@ -156,6 +156,8 @@ class ArchiveWriter:
                 self._remote.upload(self.path, self._file.tell(), wait=True)
         except Exception:
             self._file.close()
+            if self._remote is not None:
+                self._remote.abandon(self.path)
             raise
         self._unflushed = 0
 
@@ -228,6 +230,11 @@ class _RemoteCopy:
         existing = _remote_bytes(self.fs, self.inner, self.location) or b""
         spool.write_bytes(existing)
         if existing:
+            try:
+                ArchiveReader(spool)  # before anything is written there
+            except ArchiveError as err:
+                self.abandon(spool)
+                raise ArchiveError(f"{self.location} holds no tailguard archive: {err}") from None
             filesystems.put(self.fs, self.inner, existing)
             _delete_parts(self.fs, self.inner)
             self._uploaded = len(existing)
@@ -249,6 +256,12 @@ class _RemoteCopy:
             pending = self._pending
         if wait:
             pending.result()
+
+    def abandon(self, spool: Path) -> None:
+        """Give up a copy that never started (the location is not writable): what the spool
+        holds is the header, or what the location already holds."""
+        self._uploads.shutdown()
+        spool.unlink(missing_ok=True)
 
     def _upload_part(self, spool: Path, end: int, must: bool) -> None:
         start = self._uploaded
