@@ -52,6 +52,7 @@ _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # `pathlib.Path("s3://b/k")` is "s3:/b/k": a URI that lost a slash, easy to pass by mistake.
 _LOST_SLASH = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/(?!/)")
 _REMOTE_SCHEMES = ("s3", "s3a", "s3n", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
+_USER_PART = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:/{1,2})[^/@]*@")
 # A path segment no real location uses: opening `<scheme>://<authority>/<probe>` once tells how
 # that filesystem spells the paths under the authority (bucket/key, container/path, /path).
 _PROBE = "__tailguard_probe__"
@@ -64,6 +65,11 @@ class LocationError(ValueError):
 # ---------------------------------------------------------------------- locations
 
 
+def _shown(text: str) -> str:
+    """`text` as an error message may show it: without a URI's user part (a credential)."""
+    return _USER_PART.sub(r"\1", text)
+
+
 def normalise(location: str | os.PathLike[str]) -> str:
     """The canonical form of `location`: an absolute local path, or a URI with its scheme."""
     text = os.fspath(location).strip()
@@ -74,7 +80,7 @@ def normalise(location: str | os.PathLike[str]) -> str:
         lost = _LOST_SLASH.match(text)
         if lost and lost.group(1).lower() in _REMOTE_SCHEMES:
             raise LocationError(
-                f"storage location {text!r} looks like a URI that lost a slash "
+                f"storage location {_shown(text)!r} looks like a URI that lost a slash "
                 f"({lost.group(1)}:/ instead of {lost.group(1)}://), as pathlib.Path does to "
                 "URIs: pass the URI as a string"
             )
@@ -87,7 +93,9 @@ def normalise(location: str | os.PathLike[str]) -> str:
     scheme = _SCHEME_ALIASES.get(scheme, scheme)
     parts = urlsplit(f"{scheme}://{text[match.end() :]}")
     if parts.fragment:
-        raise LocationError(f"storage location {text!r} has a fragment ('#...'), not a path")
+        raise LocationError(
+            f"storage location {_shown(text)!r} has a fragment ('#...'), not a path"
+        )
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise LocationError(

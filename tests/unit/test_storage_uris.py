@@ -97,10 +97,12 @@ def test_bad_locations_are_refused_naming_them(given: str, message: str):
         "s3://AKIAEXAMPLE@bucket/x",
         f"gs://user:{SECRET}@bucket/x",
         f"hdfs://user:{SECRET}@namenode:8020/x",
+        f"s3:/AKIAEXAMPLE:{SECRET}@bucket/x",  # lost a slash too
+        f"s3://AKIAEXAMPLE:{SECRET}@bucket/x#fragment",
     ],
 )
 def test_credentials_in_a_uri_are_refused_without_repeating_them(given: str):
-    with pytest.raises(LocationError, match="credentials") as err:
+    with pytest.raises(LocationError) as err:
         normalise(given)
     assert SECRET not in str(err.value) and "AKIAEXAMPLE" not in str(err.value)
 
