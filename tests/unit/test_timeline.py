@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import shutil
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -19,10 +21,12 @@ from tests.unit.inspect_records import (
     JobLog,
 )
 
+from tailguard.cli import main
 from tailguard.inspect.history import HistoryError, history_of
 from tailguard.inspect.page import render_page
 from tailguard.inspect.reading import archived
 from tailguard.inspect.timeline import Bar, Outcome, Timeline, as_data, build_timeline
+from tailguard.inspect.timeline_cli import default_output
 from tailguard.inspect.trace import SPANS_TID, trace_events
 from tailguard.model import records as r
 from tailguard.model.config import Settings
@@ -284,3 +288,11 @@ def test_placement_never_overlaps_and_keeps_each_bar_on_its_host(records: list) 
     for host in timeline.hosts:
         # Lanes beyond the announced slots only when more attempts ran there at once.
         assert len(host.lanes) >= announced[host.name]
+
+
+def test_timeline_written_next_to_a_local_archive_or_here_for_a_uri(tmp_path: Path) -> None:
+    archive = tmp_path / "job.avro"
+    shutil.copy(DEMO_ARCHIVE, archive)
+    assert main(["timeline", archive.as_uri()]) == 0  # file:///.../job.avro
+    assert (tmp_path / "job.html").read_text().startswith("<!DOCTYPE html>")
+    assert default_output("s3://bucket/archive/job.avro", "trace") == Path("job.trace.json")

@@ -14,11 +14,17 @@ from pathlib import Path
 
 from tailguard.inspect.export import FORMATS, write_jsonl, write_parquet
 from tailguard.inspect.history import Archived
-from tailguard.inspect.reading import InspectError, archived, fail, settings_of
+from tailguard.inspect.reading import (
+    InspectError,
+    add_archive_arguments,
+    archived,
+    fail,
+    settings_of,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("archive", metavar="ARCHIVE", help="a per-job Avro archive")
+    add_archive_arguments(parser)
     parser.add_argument("--format", choices=FORMATS, default="jsonl", help="default jsonl")
     parser.add_argument(
         "-o", "--output", metavar="FILE", required=True, help="the file to write; - for stdout"
@@ -30,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
         return fail("export", ValueError(f"{args.format} cannot go to standard output; give -o"))
     output = Path(args.output)
     try:
-        entries = archived(args.archive, settings_of(args))
+        everything = archived(args.archive, settings_of(args))
+        entries = (e for e in everything if args.job in (None, e.record.job_id))
         if args.output == "-":
             return _to_stdout(entries)
         # The rows go to a temporary file first, so a failure leaves no half-written export.

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Iterator
 
+from tailguard import filesystems
 from tailguard.codec import DecodeError, codec_for
 from tailguard.inspect.history import Archived, History, HistoryError, history_of
 from tailguard.log.archive import ArchiveError, ArchiveReader
@@ -17,24 +18,28 @@ class InspectError(Exception):
     """The archive cannot be read, or does not hold what was asked for."""
 
 
-def archived(path: str, settings: Settings) -> Iterator[Archived]:
-    """Every entry of the archive at `path`, decoded, in the order it was appended."""
+def archived(location: str, settings: Settings) -> Iterator[Archived]:
+    """Every entry of the archive at `location` (a path, or a `pyarrow.fs` URI reached with the
+    `s3.*` settings as `tailguard replay` does), decoded, in the order it was appended."""
     codec = codec_for(settings)
     try:
-        for n, envelope in enumerate(ArchiveReader(path)):
+        filesystems.configure_from(settings)
+        for n, envelope in enumerate(ArchiveReader(location)):
             try:
                 record = codec.decode(envelope.payload)
             except DecodeError as err:
-                raise InspectError(f"{path}: entry {n} does not decode: {err}") from None
+                raise InspectError(f"{location}: entry {n} does not decode: {err}") from None
             yield Archived(record, envelope.direction.value, envelope.ts)
-    except ArchiveError as err:
+    except (ArchiveError, filesystems.LocationError) as err:
         raise InspectError(str(err)) from None
     except OSError as err:
-        raise InspectError(f"cannot read {path}: {err.strerror or err}") from None
+        raise InspectError(f"cannot read {location}: {err.strerror or err}") from None
 
 
 def add_archive_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("archive", metavar="ARCHIVE", help="a per-job Avro archive")
+    parser.add_argument(
+        "archive", metavar="ARCHIVE", help="a per-job Avro archive: a path or a URI (s3://...)"
+    )
     parser.add_argument("--job", help="the job to show, when the archive holds several")
 
 

@@ -10,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+from tailguard import filesystems
 from tailguard.inspect.page import render_page
 from tailguard.inspect.reading import (
     InspectError,
@@ -31,9 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-o",
         "--output",
         metavar="FILE",
-        help="where to write (default: next to the archive, with .html or .trace.json)",
+        help="where to write (default: next to a local archive, with .html or .trace.json)",
     )
     parser.add_argument("--format", choices=sorted(SUFFIXES), default="html")
+
+
+def default_output(archive: str, form: str) -> Path:
+    """Next to a local archive; in the current directory for an archive at a URI."""
+    location = filesystems.normalise(archive)
+    path = Path(location) if filesystems.is_local(location) else Path(location.rsplit("/", 1)[-1])
+    return path.with_suffix(SUFFIXES[form])
 
 
 def write_timeline(
@@ -44,8 +52,8 @@ def write_timeline(
     job: str | None = None,
 ) -> Path:
     """Draw the job in `archive` into `output` (default: next to the archive); its path."""
-    path = Path(output) if output else Path(archive).with_suffix(SUFFIXES[form])
     timeline = build_timeline(load_history(archive, settings, job))
+    path = Path(output) if output else default_output(archive, form)
     if form == "trace":
         text = json.dumps(trace_events(timeline), ensure_ascii=False)
     else:
