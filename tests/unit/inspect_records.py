@@ -57,28 +57,31 @@ class JobLog:
         )
         return initialized
 
-    def deploy(
-        self, at: int, vertex: str, subtask: int, attempt: int, host: str, **fields: Any
-    ) -> r.AttemptDeploying:
-        deploying: r.AttemptDeploying = self.add(
-            r.AttemptDeploying,
-            at,
-            vertex=vertex,
-            subtask=subtask,
-            attempt=attempt,
-            host=host,
-            **fields,
-        )
-        return deploying
+    def attempt(
+        self,
+        cls: type[r.Record],
+        at: int,
+        vertex: str,
+        subtask: int,
+        attempt: int,
+        host: str,
+        **fields: Any,
+    ) -> Any:
+        """An event of one attempt (deploying, progress, finished, failed, cancelled)."""
+        key = {"vertex": vertex, "subtask": subtask, "attempt": attempt, "host": host}
+        return self.add(cls, at, **key, **fields)
+
+    def deploy(self, at: int, vertex: str, subtask: int, attempt: int, host: str, **f: Any) -> Any:
+        return self.attempt(r.AttemptDeploying, at, vertex, subtask, attempt, host, **f)
 
     def finish(self, at: int, vertex: str, subtask: int, attempt: int, host: str) -> Any:
-        return self.add(
+        return self.attempt(
             r.AttemptFinished,
             at,
-            vertex=vertex,
-            subtask=subtask,
-            attempt=attempt,
-            host=host,
+            vertex,
+            subtask,
+            attempt,
+            host,
             input_bytes=1000,
             records=10,
             bytes_per_subpartition=(300, 200),

@@ -117,23 +117,15 @@ def test_links_the_records_imply() -> None:
     log.deploy(2, "src", 0, 0, "h1")
     log.deploy(3, "src", 0, 1, "h2", speculative=True, command_id="test-1")
     won = log.finish(5, "src", 0, 1, "h2")
-    lost = log.add(
-        r.AttemptCanceled,
-        5,
-        vertex="src",
-        subtask=0,
-        attempt=0,
-        host="h1",
-        reason=r.CancelReason.LOST_RACE,
-    )
+    lost = log.attempt(r.AttemptCanceled, 5, "src", 0, 0, "h1", reason=r.CancelReason.LOST_RACE)
     log.deploy(6, "sink", 0, 0, "h1")
-    failed = log.add(
+    failed = log.attempt(
         r.AttemptFailed,
         7,
-        vertex="sink",
-        subtask=0,
-        attempt=0,
-        host="h1",
+        "sink",
+        0,
+        0,
+        "h1",
         error=r.ErrorKind.PARTITION_MISSING,
         message="gone",
         missing_partition=r.PartitionRef("src", 0, 1),

@@ -125,22 +125,16 @@ def test_slots_are_reused_and_overflow_opens_a_lane() -> None:
     assert all(b.end_ms == 25 for b in timeline.bars if b.outcome is Outcome.RUNNING)
 
 
+USER = r.ErrorKind.USER
+
+
 def test_failure_restart_and_cancellation() -> None:
     log = JobLog()
     log.submitted()
     log.add(r.NodeAdded, 1, host="h1", slots=1)
     log.initialized(2, "src", 1)
     log.deploy(10, "src", 0, 0, "h1")
-    failed = log.add(
-        r.AttemptFailed,
-        15,
-        vertex="src",
-        subtask=0,
-        attempt=0,
-        host="h1",
-        error=r.ErrorKind.USER,
-        message="boom",
-    )
+    failed = log.attempt(r.AttemptFailed, 15, "src", 0, 0, "h1", error=USER, message="boom")
     restart = log.add(
         r.RestartTasks,
         15,
@@ -152,15 +146,7 @@ def test_failure_restart_and_cancellation() -> None:
     )
     log.add(r.CommandApplied, 16, command_id=restart.id, command_type="RestartTasks")
     log.deploy(17, "src", 0, 1, "h1")
-    log.add(
-        r.AttemptCanceled,
-        30,
-        vertex="src",
-        subtask=0,
-        attempt=1,
-        host="h1",
-        reason=r.CancelReason.JOB_CANCELED,
-    )
+    log.attempt(r.AttemptCanceled, 30, "src", 0, 1, "h1", reason=r.CancelReason.JOB_CANCELED)
     log.add(r.JobFinished, 31, status=r.JobStatus.CANCELED)
     timeline = build_timeline(history_of(log.records))
     first, second = timeline.bars
