@@ -274,3 +274,10 @@ def test_archive_on_another_scheme_round_trips(tmp_path):
         ArchiveReader("mock:///archive/other.avro")
     with pytest.raises(ArchiveError, match="lost a slash"):
         ArchiveReader("s3:/bucket/a.avro")
+
+
+def test_an_unreachable_archive_location_fails_at_once_naming_it(tmp_path):
+    filesystems.configure(S3Options(endpoint="http://127.0.0.1:1", region="us-east-1"))
+    with pytest.raises(ArchiveError, match=r"cannot reach the archive at s3://bucket/a\.avro"):
+        ArchiveWriter("s3a://bucket/a.avro", spool_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []

@@ -227,7 +227,11 @@ class _RemoteCopy:
         directory.mkdir(parents=True, exist_ok=True)
         name = self.inner.rsplit("/", 1)[-1]
         spool = directory / f"{name}.{uuid.uuid4().hex[:12]}.spool"
-        existing = _remote_bytes(self.fs, self.inner, self.location) or b""
+        try:
+            existing = _remote_bytes(self.fs, self.inner, self.location) or b""
+        except OSError as err:
+            self.abandon(spool)
+            raise ArchiveError(f"cannot reach the archive at {self.location}: {err}") from None
         spool.write_bytes(existing)
         if existing:
             try:
