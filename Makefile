@@ -6,13 +6,14 @@ STAMP  := $(VENV)/.installed
 VENV35  := .venv-spark35
 STAMP35 := $(VENV35)/.installed
 
-.PHONY: help venv test test-default test-spark35 test-packaging lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim clean
+.PHONY: help venv test test-default test-spark35 test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
 	@echo "make test   lint, type-check, the whole test suite, and the Spark tests again on PySpark 3.5"
 	@echo "make test-spark35   only the Spark integration and e2e tests, in $(VENV35) (PySpark 3.5)"
 	@echo "make test-packaging fresh venvs: '.[services]' pulls no pyspark and its services come up"
+	@echo "make test-multihost the multi-host test (network namespaces, root; minutes, not in make test)"
 	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim)"
 
 $(STAMP): pyproject.toml
@@ -50,6 +51,12 @@ test-spark35: $(STAMP35)
 # Slow (fresh venvs, a wheel build, installs): not part of `make test`.
 test-packaging: $(STAMP)
 	$(BIN)/python -m pytest -q -m packaging tests/packaging
+
+# Driver, broker, services and Spark workers each in a network namespace of their own, the
+# executors on a shipped (venv-packed) environment. Long, so not part of `make test`: the first
+# run packs the environment (~3.5 min), later runs reuse it from work/multihost/env (~1.5 min).
+test-multihost: $(STAMP)
+	TAILGUARD_MULTIHOST=1 $(BIN)/python -m pytest -q tests/integration/test_multihost.py
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tailguard.cluster import procs, slowness
+from tailguard.cluster.netns import NetnsHost
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -39,6 +40,30 @@ DEFAULT_WORK_DIR = Path("work") / "cluster"
 
 ThrottleMode = Literal["cpu", "io"]
 THROTTLE_MODES: tuple[ThrottleMode, ...] = ("cpu", "io")
+
+
+# Spark's own default ports: a node with a network of its own (a namespace host) has them free.
+DEFAULT_MASTER_PORT = 7077
+DEFAULT_MASTER_UI_PORT = 8080
+DEFAULT_WORKER_UI_PORT = 8081
+
+
+@dataclass(frozen=True)
+class Node:
+    """Where one Spark daemon runs: its address, and the command prefix that starts a process
+    there (none: this machine). A node with `own_network` has a port space of its own, so
+    Spark's default ports are used; on this machine's network free ports are picked."""
+
+    address: str
+    prefix: tuple[str, ...] = ()
+    own_network: bool = False
+
+    @classmethod
+    def in_namespace(cls, host: NetnsHost) -> Node:
+        return cls(host.address, tuple(host.command([])), own_network=True)
+
+    def port(self, default: int) -> int:
+        return default if self.own_network else free_port(self.address)
 
 
 class ClusterError(RuntimeError):
@@ -173,9 +198,19 @@ class LocalCluster:
         master_port: int | None = None,
         start_timeout_s: float = 90.0,
         progress: Callable[[str], None] | None = None,
+        master_node: Node | None = None,
+        worker_nodes: list[Node] | None = None,
     ) -> None:
+        """`workers` loopback workers (127.0.0.2, ...) and a master on 127.0.0.1, or the
+        daemons on the given nodes (`worker_nodes` overrides `workers`): hosts of a
+        `NamespaceNetwork` for a cluster whose executors reach the driver only over a network
+        (tests/integration/test_multihost.py)."""
+        if worker_nodes is not None:
+            workers = len(worker_nodes)
         if workers < 1:
             raise ValueError("a cluster needs at least one worker")
+        self.master_node = master_node or Node("127.0.0.1")
+        self.worker_nodes = worker_nodes or [Node(worker_host(i)) for i in range(workers)]
         self.workers = workers
         self.cores = cores
         self.memory = memory
@@ -235,7 +270,7 @@ class LocalCluster:
         """The worker addresses, in worker order."""
         if self.state is not None:
             return [w.host for w in self.state.workers]
-        return [worker_host(i) for i in range(self.workers)]
+        return [node.address for node in self.worker_nodes]
 
     def _require_state(self) -> ClusterState:
         if self.state is None:
@@ -334,38 +369,43 @@ class LocalCluster:
             **os.environ,
             "SPARK_HOME": str(home),
             "JAVA_HOME": os.environ.get("JAVA_HOME") or str(Path(java).resolve().parents[1]),
-            # Executors start Python workers with this interpreter, so they can import tailguard.
-            "PYSPARK_PYTHON": sys.executable,
             "SPARK_LOG_DIR": str(logs),
             # Keep Spark's default conf dir from leaking a user's spark-defaults into tests.
             "SPARK_CONF_DIR": str(self.work_dir / "conf"),
         }
+        if not self.master_node.own_network:
+            # This machine's cluster: executors may run this interpreter, which has tailguard.
+            # Nodes with a network of their own stand for other machines: their executors get
+            # Python from the job (a shipped environment), as they would there.
+            base_env["PYSPARK_PYTHON"] = sys.executable
         (self.work_dir / "conf").mkdir(exist_ok=True)
-        master_port = self.master_port or free_port()
-        webui_port = free_port()
-        master_url = f"spark://127.0.0.1:{master_port}"
-        web_ui = f"http://127.0.0.1:{webui_port}"
+        master = self.master_node
+        master_port = self.master_port or master.port(DEFAULT_MASTER_PORT)
+        webui_port = master.port(DEFAULT_MASTER_UI_PORT)
+        master_url = f"spark://{master.address}:{master_port}"
+        web_ui = f"http://{master.address}:{webui_port}"
 
         self._progress(f"starting Spark master at {master_url} (web UI {web_ui})")
-        master = self._spawn(
+        master_proc = self._spawn(
             [
+                *master.prefix,
                 str(spark_class),
                 MASTER_CLASS,
                 "--host",
-                "127.0.0.1",
+                master.address,
                 "--port",
                 str(master_port),
                 "--webui-port",
                 str(webui_port),
             ],
-            {**base_env, "SPARK_LOCAL_IP": "127.0.0.1"},
+            {**base_env, "SPARK_LOCAL_IP": master.address},
             logs / "master.log",
         )
-        self._children = [master]
+        self._children = [master_proc]
         self.state = ClusterState(
             master_url=master_url,
             web_ui=web_ui,
-            master_pid=master.pid,
+            master_pid=master_proc.pid,
             workers=[],
             cores=self.cores,
             memory=self.memory,
@@ -375,14 +415,15 @@ class LocalCluster:
         self._write_state()  # from here on, `down` can clean up even a half-started cluster
         try:
             self._await(lambda: master_status(web_ui, 1.0) is not None, "the master's web UI")
-            for i in range(self.workers):
-                host = worker_host(i)
+            for i, node in enumerate(self.worker_nodes):
+                host = node.address
                 worker_dir = self.work_dir / f"worker-{i + 2}"
                 worker_dir.mkdir(parents=True, exist_ok=True)
-                port = free_port(host)
+                port = node.port(DEFAULT_WORKER_UI_PORT)
                 self._progress(f"starting worker {host} ({self.cores} cores, {self.memory})")
                 proc = self._spawn(
                     [
+                        *node.prefix,
                         str(spark_class),
                         WORKER_CLASS,
                         "--host",
