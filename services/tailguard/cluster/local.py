@@ -8,6 +8,10 @@ status|down|throttle`) can find and manage the cluster.
 
 Spark 4 needs a full JDK 17 (it uses the `jdk.incubator.vector` module; a jlinked minimal JRE
 fails), found through `JAVA_HOME` or `PATH`.
+
+The same launcher starts the daemons on other nodes when given them (`master_node`,
+`worker_nodes`): hosts of a `tailguard.cluster.netns.NamespaceNetwork`, for a cluster whose
+executors share no loopback with the driver (docs/cluster.md, "Hosts in network namespaces").
 """
 
 from __future__ import annotations
