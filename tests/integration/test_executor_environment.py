@@ -15,22 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tailguard.cluster.local import ClusterError, find_java
 from tailguard.examples import sales_by_region
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.replay.inputs import read_archive
 
-try:
-    find_java()
-    JAVA_MISSING = ""
-except ClusterError as exc:
-    JAVA_MISSING = str(exc)
-
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.skipif(bool(JAVA_MISSING), reason=JAVA_MISSING or "java found"),
-]
+pytestmark = pytest.mark.spark  # skipped with the reason where no JDK is found (conftest)
 
 
 def test_executors_without_tailguard_fail_the_job_at_once(

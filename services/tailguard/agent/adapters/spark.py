@@ -226,7 +226,7 @@ class SparkRuntime:
         shipped by value so it runs even where tailguard is missing); raises
         `ExecutorEnvironmentError` naming every problem and the fix, or returns when every
         answer matches this driver. Cost: one Spark job at job start; its Python workers are
-        then reused by the runners (measured below in docs/deploy.md)."""
+        then reused by the runners (docs/deploy.md: 0.3 s once the workers are up)."""
         cloudpickle.register_pickle_by_value(environment)  # type: ignore[no-untyped-call]
         tasks = max(1, sum(self.executors().values()))
         group = f"tailguard-{self._job_id}-environment"
