@@ -48,7 +48,9 @@ def test_session_builder_leaves_the_driver_address_and_python_to_the_user_off_th
     pytest.importorskip("pyspark")
     from tailguard.agent.adapters import spark
 
-    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    # Set, then removed: the undo then restores whatever was there, even nothing.
+    monkeypatch.setenv("PYSPARK_PYTHON", "placeholder")
+    monkeypatch.delenv("PYSPARK_PYTHON")
     remote = spark.session_builder("spark://10.147.0.2:7077")._options
     assert "spark.driver.host" not in remote and "spark.driver.bindAddress" not in remote
     assert "PYSPARK_PYTHON" not in os.environ
