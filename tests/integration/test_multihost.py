@@ -18,9 +18,10 @@ What is not as on separate machines, and why:
   forwarding to the broker host. Kafka traffic crosses the namespace network; only its
   advertised address is a loopback one. A real Kafka cluster needs no relay.
 
-Long (a cold run packs the environment: ~3.5 min on a loaded 2-core machine, then cached under
-work/multihost/env keyed by the packages and the tailguard build; a warm run ~1.5 min), so it
-runs with `make test-multihost` (TAILGUARD_MULTIHOST=1). The first test, the namespace network
+Long (a cold run packs the environment: ~3.6 min on a loaded 2-core machine, then cached under
+work/multihost/env keyed by the packages and the tailguard build, and a code change repacks in
+~40 s; a warm run takes ~85 s, and a fresh clone is always cold), so it runs with
+`make test-multihost` (TAILGUARD_MULTIHOST=1). The first test, the namespace network
 alone (~1 s), runs in the default suite. Everything skips with the reason where namespaces
 cannot be created (not root, no `ip`, no CAP_NET_ADMIN).
 """
