@@ -1,5 +1,6 @@
 """A session built the usual way whose executors run a Python without tailguard: the job fails
-at once, before any attempt, with a message that names the fix (issue 10).
+at once, before any attempt, with a message that names the fix (issue 10). And a job whose own
+code cannot be imported on the executors fails at its first failure, without restarts.
 
 Before the check, every runner died unpickling its task (`No module named 'tailguard'`) and the
 job failed only when the runners' start timeout ran out (60 s on local[2]; in an older version
@@ -12,9 +13,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tailguard.agent.graph.api import Job
 from tailguard.examples import sales_by_region
 from tailguard.model import records as r
 from tailguard.model.config import Settings
@@ -63,3 +66,52 @@ def test_executors_without_tailguard_fail_the_job_at_once(
     assert not any(isinstance(x, r.AttemptDeploying | r.NodeAdded) for x in log)
     (finished,) = [x for x in log if isinstance(x, r.JobFinished)]
     assert finished.status is r.JobStatus.FAILED and finished.message == result.message
+
+
+def defined_here(table: Any) -> Any:
+    """Pickled by reference to this test module, which the executors' Python cannot import."""
+    return table
+
+
+def test_an_import_error_of_the_jobs_code_fails_the_job_without_a_restart(tmp_path: Path) -> None:
+    """The executors run tailguard, but the job's own code needs a module they lack, either to
+    load the operator or when it runs: the first failure ends the job (the restart strategy
+    would retry it 3 times, to the same end)."""
+    from tailguard.agent.adapters.spark import session_builder
+    from tailguard.agent.entry import run
+
+    data = sales_by_region.generate(tmp_path / "data", files=1, rows_per_file=200)
+    settings = Settings(
+        {
+            "tailguard.work-dir": str(tmp_path / "work"),
+            "tailguard.archive-dir": str(tmp_path),
+            "restart-strategy.type": "fixed-delay",
+            "restart-strategy.fixed-delay.attempts": "3",
+            "restart-strategy.fixed-delay.delay": "0 ms",
+        }
+    )
+    operators = {
+        # A lambda travels by value; the module it imports is missing when it runs.
+        "tailguard_no_such_module": lambda t: __import__("tailguard_no_such_module") and t,
+        "cannot load the attempt: ModuleNotFoundError": defined_here,
+    }
+    spark = session_builder("local[2]", app_name="tailguard-import-error").getOrCreate()
+    try:
+        for n, (expected, operator) in enumerate(operators.items()):
+            job = Job(f"needs-a-module-{n}")
+            job.read_parquet(str(data), name="sales").map(operator, name="use").write_parquet(
+                str(tmp_path / f"out{n}"), name="sink"
+            )
+            result = run(
+                job, spark, log_mode="archive", services=False, settings=settings, progress=False
+            )
+            assert not result.ok
+            assert "not recoverable" in result.message and expected in result.message
+            log = [item.record for item in read_archive(Path(result.archive), settings)]
+            failed = [x for x in log if isinstance(x, r.AttemptFailed)]
+            assert failed and all(f.non_recoverable for f in failed)
+            assert not any(isinstance(x, r.RestartTasks) for x in log)
+            # Only the attempts deployed before the first failure ran: none was a restart.
+            assert {x.attempt for x in log if isinstance(x, r.AttemptDeploying)} == {0}
+    finally:
+        spark.stop()

@@ -236,9 +236,12 @@ def test_an_attempt_whose_code_cannot_be_loaded_fails_as_user_and_the_runner_goe
     assert not ended.outcome.ok and ended.outcome.error is ErrorKind.USER
     assert "cannot load the attempt" in ended.outcome.message
     assert "no_such_module" in ended.outcome.message
+    # An import error recurs on every executor: the failover fails the job without a restart.
+    assert ended.outcome.non_recoverable
     task = spec(driver.tmp, 1)
     driver.send(Deploy.of(task))
-    assert driver.until_ended(task.key)[-1].outcome.ok
+    outcome = driver.until_ended(task.key)[-1].outcome
+    assert outcome.ok and not outcome.non_recoverable
     driver.send(Shutdown())
     assert driver.serve_result().startswith("shut down by the driver")
 
