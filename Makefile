@@ -12,7 +12,7 @@ help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
 	@echo "make test   lint, type-check, the whole test suite, and the Spark tests again on PySpark 3.5"
 	@echo "make test-spark35   only the Spark integration and e2e tests, in $(VENV35) (PySpark 3.5)"
-	@echo "make test-packaging fresh venvs: '.[services]' pulls no pyspark and its services come up"
+	@echo "make test-packaging a fresh venv: '.[services]' pulls no pyspark and its services come up"
 	@echo "make test-multihost the multi-host test (network namespaces, root; minutes, not in make test)"
 	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim)"
 
@@ -48,7 +48,7 @@ $(STAMP35): pyproject.toml
 test-spark35: $(STAMP35)
 	$(VENV35)/bin/python -m pytest -q -m spark tests/integration tests/e2e
 
-# Slow (fresh venvs, a wheel build, installs): not part of `make test`.
+# Slow (a fresh venv, a wheel build, an install): CI runs it after `make test`.
 test-packaging: $(STAMP)
 	$(BIN)/python -m pytest -q -m packaging tests/packaging
 
