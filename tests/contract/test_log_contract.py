@@ -161,12 +161,12 @@ def test_archive_while_consuming(
     publish(settings, codec, topic, records)
     path = tmp_path / "job-0.avro"
     writer = ArchiveWriter(path, flush_every=25)
-    seen_while_writing: list[list[bytes]] = []
+    seen_while_writing: list[list[Any]] = []
     done = threading.Event()
 
     def read_repeatedly() -> None:
         while not done.is_set():
-            seen_while_writing.append([e.payload for e in ArchiveReader(path)])
+            seen_while_writing.append([e.record for e in ArchiveReader(path)])
 
     reader = threading.Thread(target=read_repeatedly)
     reader.start()
@@ -175,21 +175,21 @@ def test_archive_while_consuming(
             got = drain(consumer, len(records))
         half = len(got) // 2
         for c in got[:half]:
-            writer.append(c.topic, Direction.RECEIVED, c.raw, c.timestamp)
+            writer.append(c.topic, Direction.RECEIVED, c.record, c.timestamp)
         writer.flush()
         # The writer is still open: a reader sees everything flushed so far.
-        assert [e.payload for e in ArchiveReader(path)] == [c.raw for c in got[:half]]
+        assert [e.record for e in ArchiveReader(path)] == [c.record for c in got[:half]]
         for c in got[half:]:
-            writer.append(c.topic, Direction.RECEIVED, c.raw, c.timestamp)
+            writer.append(c.topic, Direction.RECEIVED, c.record, c.timestamp)
         writer.close()
     finally:
         done.set()
         reader.join()
 
-    archived = list(ArchiveReader(path).records(codec))
-    assert [rec for _, rec in archived] == records
-    assert all(env.topic == topic and env.direction is Direction.RECEIVED for env, _ in archived)
-    full = [c.raw for c in got]
+    archived = list(ArchiveReader(path))
+    assert [env.record for env in archived] == records
+    assert all(env.topic == topic and env.direction is Direction.RECEIVED for env in archived)
+    full = [c.record for c in got]
     # Every read during writing saw a prefix, in order: never a torn or reordered record.
     assert seen_while_writing
     assert all(seen == full[: len(seen)] for seen in seen_while_writing)

@@ -11,7 +11,7 @@ import pytest
 from tests.unit.inspect_records import DEMO_ARCHIVE, DEMO_HEAD, DEMO_LAUNCH, JobLog
 
 from tailguard.cli import main
-from tailguard.codec import SingleObjectCodec, current_schemas, from_avro
+from tailguard.codec import current_schemas, from_avro
 from tailguard.inspect.describe import COMMON_FIELDS
 from tailguard.inspect.export import arrow_schema
 from tailguard.inspect.reading import archived
@@ -87,10 +87,9 @@ def test_secrets_in_an_old_jobs_config_are_not_exported(tmp_path: Path) -> None:
     log = JobLog()
     log.submitted({"kafka.sasl.password": "hunter2", "blocklist.min-slow-attempts": "1"})
     archive = tmp_path / "old.avro"
-    codec = SingleObjectCodec()
     with ArchiveWriter(archive) as writer:
         for record in log.records:
-            writer.append(record.TOPIC, Direction.PUBLISHED, codec.encode(record), record.ts)
+            writer.append(record.TOPIC, Direction.PUBLISHED, record, record.ts)
     for form in ("jsonl", "parquet"):
         out = tmp_path / f"old.{form}"
         assert main(["export", str(archive), "--format", form, "-o", str(out)]) == 0

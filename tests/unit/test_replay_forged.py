@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from tailguard.codec import codec_for
 from tailguard.decider.policy import ParallelismDecider
 from tailguard.log.archive import ArchiveWriter
 from tailguard.model import records as r
@@ -175,11 +174,10 @@ def test_the_cli_prints_the_rejected_commands_and_passes_the_audit(
         Recorded(r.EVENTS_TOPIC, answer(forged, UNSIGNED)),
     ]
     archive = tmp_path / "job.avro"
-    codec = codec_for(SETTINGS)
     with ArchiveWriter(archive) as writer:
         for item in log:
             direction = "published" if item.topic == r.EVENTS_TOPIC else "received"
-            writer.append(item.topic, direction, codec.encode(item.record), item.record.ts)
+            writer.append(item.topic, direction, item.record, item.record.ts)
     parser = cli.argparse.ArgumentParser()
     cli.add_arguments(parser)
     args = parser.parse_args([str(archive)])

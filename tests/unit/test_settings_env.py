@@ -179,7 +179,6 @@ def test_replay_what_if_never_prints_a_secret(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     from tailguard.cli import main
-    from tailguard.codec import SingleObjectCodec
     from tailguard.log.archive import ArchiveWriter
     from tailguard.model import records as r
 
@@ -187,12 +186,12 @@ def test_replay_what_if_never_prints_a_secret(
     writer = ArchiveWriter(archive)
     graph = r.JobGraphSpec(vertices=(), edges=())
     submitted = r.JobSubmitted(job_id="j", ts=1, id="e1", name="j", graph=graph, config={})
-    writer.append(r.EVENTS_TOPIC, "published", SingleObjectCodec().encode(submitted), 1)
+    writer.append(r.EVENTS_TOPIC, "published", submitted, 1)
     writer.close()
     what_if = tmp_path / "what-if.toml"
     what_if.write_text('"kafka.sasl.password" = "what-if-pw-5e1"\n"decider.timeout" = "2 s"\n')
     monkeypatch.setenv("TAILGUARD_KAFKA_SASL_PASSWORD", "live-pw-0b7")
-    assert main(["replay", str(archive), "--config", str(what_if)]) == 0
+    assert main(["replay", str(archive), "--what-if", str(what_if)]) == 0
     shown = capsys.readouterr().out
     assert "what-if decider.timeout: 10 s -> 2 s" in shown
     assert "what-if kafka.sasl.password: <redacted> -> <redacted>" in shown

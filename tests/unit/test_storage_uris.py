@@ -28,6 +28,7 @@ from tailguard.agent.executor.storage import Storage
 from tailguard.filesystems import LocationError, S3Options, normalise
 from tailguard.log.archive import ArchiveError, ArchiveReader, ArchiveWriter, Direction
 from tailguard.model.config import ConfigError
+from tailguard.model.records import Tick
 
 SECRET = "wJalrXUtnFEMI-not-a-real-secret"
 
@@ -265,9 +266,9 @@ def test_archive_on_another_scheme_round_trips(tmp_path):
     location = "mock:///archive/job-1.avro"
     with ArchiveWriter(location, spool_dir=tmp_path, upload_interval_s=0) as writer:
         for i in range(30):
-            writer.append("t", Direction.PUBLISHED, f"r{i}".encode(), i)
-    assert [e.payload for e in ArchiveReader("mock:///archive/job-1.avro")] == [
-        f"r{i}".encode() for i in range(30)
+            writer.append("t", Direction.PUBLISHED, Tick(job_id="job-1", ts=i, id=f"r{i}"), i)
+    assert [e.record.id for e in ArchiveReader("mock:///archive/job-1.avro")] == [
+        f"r{i}" for i in range(30)
     ]
     assert list(tmp_path.iterdir()) == []  # the spool is gone once uploaded whole
     with pytest.raises(ArchiveError, match=r"no archive at mock:///archive/other\.avro"):

@@ -32,10 +32,13 @@ class Archived:
     direction: str = "published"
     # When the agent archived it (ms since the epoch); the record's own time is `record.ts`.
     archived_ts: int = 0
+    # The topic it travelled on, as archived: `tailguard.commands.unauthenticated` for a command
+    # whose signature did not check out; None: its record type's topic.
+    archived_topic: str | None = None
 
     @property
     def topic(self) -> str:
-        return self.record.TOPIC
+        return self.archived_topic or self.record.TOPIC
 
 
 def attempt_key(event: AttemptEvent) -> AttemptKey:

@@ -7,9 +7,8 @@ import sys
 from collections.abc import Iterator
 
 from tailguard import filesystems
-from tailguard.codec import DecodeError, codec_for
 from tailguard.inspect.history import Archived, History, HistoryError, history_of
-from tailguard.log.archive import ArchiveError, ArchiveReader
+from tailguard.log.archive import ArchiveError, open_archive
 from tailguard.model.config import ConfigError, Settings
 from tailguard.settings_file import load_settings
 
@@ -20,16 +19,11 @@ class InspectError(Exception):
 
 def archived(location: str, settings: Settings) -> Iterator[Archived]:
     """Every entry of the archive at `location` (a path, or a `pyarrow.fs` URI reached with the
-    `s3.*` settings as `tailguard replay` does), decoded, in the order it was appended."""
-    codec = codec_for(settings)
+    `s3.*` settings as `tailguard replay` does), typed or of the older format (encoded records),
+    in the order it was appended."""
     try:
-        filesystems.configure_from(settings)
-        for n, envelope in enumerate(ArchiveReader(location)):
-            try:
-                record = codec.decode(envelope.payload)
-            except DecodeError as err:
-                raise InspectError(f"{location}: entry {n} does not decode: {err}") from None
-            yield Archived(record, envelope.direction.value, envelope.ts)
+        for envelope in open_archive(location, settings):
+            yield Archived(envelope.record, envelope.direction.value, envelope.ts, envelope.topic)
     except (ArchiveError, filesystems.LocationError) as err:
         raise InspectError(str(err)) from None
     except OSError as err:

@@ -1,9 +1,10 @@
 """The archive: one Avro object container file per job, the durable audit log.
 
 Every record the agent publishes or receives (and decisions it takes locally while the services
-are unreachable) is appended as an envelope holding the record's encoded bytes unchanged, so a
-replay sees exactly the bytes that crossed the log. The file is a standard Avro object container
-file: any Avro tool can read it.
+are unreachable) is appended as a typed entry (`archive_entries`): the record itself, in a union
+of every record schema, with the topic it travelled on, when and how it was archived. So the file
+is a standard Avro object container file whose records any Avro tool reads as records, not as
+opaque bytes. Archives of the older format (each record's encoded bytes) are read too.
 
 The writer flushes a block every `flush_every` records, on `flush()` and on `close()`, so a
 reader sees records while the writer still runs. A reader stops quietly at an incomplete final
@@ -22,7 +23,6 @@ Kafka topics remain the complete log (`tailguard replay --topic`).
 from __future__ import annotations
 
 import contextlib
-import enum
 import io
 import json
 import logging
@@ -33,7 +33,6 @@ import uuid
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -42,8 +41,29 @@ import pyarrow.fs as pafs
 from fastavro.write import Writer
 
 from tailguard import filesystems
+from tailguard.log.archive_entries import (
+    ArchiveError,
+    Direction,
+    EntryDecoder,
+    EntryEncoder,
+    Envelope,
+    current_entry_schema,
+    decoder_for,
+    is_current,
+    read_block,
+)
 from tailguard.log.codec_api import Codec
+from tailguard.model.config import Settings
 from tailguard.model.records import Record
+
+__all__ = [
+    "ArchiveError",
+    "ArchiveReader",
+    "ArchiveWriter",
+    "Direction",
+    "Envelope",
+    "open_archive",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,46 +71,6 @@ log = logging.getLogger(__name__)
 DEFAULT_UPLOAD_INTERVAL_S = 10.0
 PARTS_SUFFIX = ".parts"
 
-
-class Direction(enum.Enum):
-    PUBLISHED = "published"
-    RECEIVED = "received"
-    LOCAL = "local"
-
-
-ENVELOPE_SCHEMA: dict[str, Any] = {
-    "type": "record",
-    "name": "ArchiveEnvelope",
-    "namespace": "tailguard.archive",
-    "doc": "One record that crossed (or, when local, bypassed) the log, as it was encoded.",
-    "fields": [
-        {"name": "topic", "type": "string", "doc": "The topic the record belongs to."},
-        {
-            "name": "ts",
-            "type": "long",
-            "doc": "When it was archived: ms since the epoch (the record carries its own ts).",
-        },
-        {
-            "name": "direction",
-            "type": {
-                "type": "enum",
-                "name": "Direction",
-                "symbols": [d.value for d in Direction],
-                "doc": "published: sent by the archive's owner; received: read from the log; "
-                "local: decided locally without the log (e.g. services unreachable).",
-            },
-            "doc": "How the record relates to the archive's owner.",
-        },
-        {
-            "name": "payload",
-            "type": "bytes",
-            "doc": "The record's encoded bytes, exactly as on the log (single-object encoding).",
-        },
-    ],
-}
-_PARSED_SCHEMA = fastavro.parse_schema(ENVELOPE_SCHEMA)
-_ENVELOPE_NAME = "tailguard.archive.ArchiveEnvelope"
-_ENVELOPE_FIELDS = [f["name"] for f in ENVELOPE_SCHEMA["fields"]]
 
 _MAGIC = b"Obj\x01"
 _SYNC_SIZE = 16
@@ -107,22 +87,11 @@ _HEADER_SCHEMA = fastavro.parse_schema(
 )
 
 
-class ArchiveError(Exception):
-    """The path is missing, is not an archive, or the archive is damaged."""
-
-
-@dataclass(frozen=True, slots=True)
-class Envelope:
-    topic: str
-    ts: int
-    direction: Direction
-    payload: bytes
-
-
 class ArchiveWriter:
-    """Appends envelopes to the archive at `location` (created, or continued if it exists): a
-    local path, or a `pyarrow.fs` URI kept as a remote copy of a local spool file (module
-    docstring), uploaded every `upload_interval_s` and at close."""
+    """Appends typed entries to the archive at `location` (created, or continued if it exists
+    and was written with today's schemas): a local path, or a `pyarrow.fs` URI kept as a remote
+    copy of a local spool file (module docstring), uploaded every `upload_interval_s` and at
+    close."""
 
     def __init__(
         self,
@@ -144,11 +113,12 @@ class ArchiveWriter:
             self.path = self._remote.start(spool_dir)
         existing = self.path.exists() and self.path.stat().st_size > 0
         if existing and self._remote is None:
-            # Validate before fastavro appends to it, for a clear error on a foreign file.
-            ArchiveReader(self.path)
+            # Checked before fastavro appends to it, for a clear error on a foreign file.
+            ArchiveReader(self.path).check_continuable()
+        self._entries = EntryEncoder()
         self._file: IO[bytes] = self.path.open("a+b" if existing else "wb")
         try:
-            self._writer = Writer(self._file, _PARSED_SCHEMA, codec=codec)
+            self._writer = Writer(self._file, current_entry_schema(), codec=codec)
             # The header goes out now, so a reader can open the archive before the first flush
             # (remote: uploaded at once, which also proves the location is writable).
             self._file.flush()
@@ -161,10 +131,9 @@ class ArchiveWriter:
             raise
         self._unflushed = 0
 
-    def append(self, topic: str, direction: Direction | str, payload: bytes, ts: int) -> None:
-        self._writer.write(
-            {"topic": topic, "ts": ts, "direction": Direction(direction).value, "payload": payload}
-        )
+    def append(self, topic: str, direction: Direction | str, record: Record, ts: int) -> None:
+        """Archive `record` as it travelled on `topic`; `ts` is when (ms since the epoch)."""
+        self._writer.write(self._entries.datum(topic, direction, record, ts))
         self._unflushed += 1
         if self._unflushed >= self.flush_every or (self._remote is not None and self._remote.due()):
             self.flush()
@@ -235,7 +204,7 @@ class _RemoteCopy:
         spool.write_bytes(existing)
         if existing:
             try:
-                ArchiveReader(spool)  # before anything is written there
+                ArchiveReader(spool).check_continuable()  # before anything is written there
             except ArchiveError as err:
                 self.abandon(spool)
                 raise ArchiveError(f"{self.location} holds no tailguard archive: {err}") from None
@@ -365,17 +334,31 @@ def _location(location: str | Path) -> str:
 
 
 class ArchiveReader:
-    """Iterates the envelopes of an archive (a local path or a URI) in the order they were
-    appended.
+    """Iterates the entries of an archive (a local path or a URI) in the order they were
+    appended, each with its record.
 
     Each iteration reads the archive afresh, up to its last complete block, so iterating again
     picks up what a running writer has flushed (locally) or uploaded (remotely) since.
+
+    Archives of the older format hold encoded records: `legacy_codec` decodes them (default: the
+    embedded default, single-object encoding; one written through a schema registry needs
+    `codec_for(settings)`). A record that does not decode, or whose type this version does not
+    know, raises ArchiveError naming the entry.
     """
 
-    def __init__(self, location: str | Path) -> None:
+    def __init__(self, location: str | Path, legacy_codec: Codec | None = None) -> None:
         self.location = _location(location)
+        self._legacy_codec = legacy_codec
         with self._open() as handle:
-            self._read_header(handle)
+            self._schema = self._read_header(handle)[0]
+
+    def check_continuable(self) -> None:
+        """ArchiveError unless today's writer can append to this archive (same entry schema)."""
+        if not is_current(self._schema):
+            raise ArchiveError(
+                f"{self.location} was written by another version of tailguard (with other "
+                "record schemas): appending to it would mix two formats; write a new archive"
+            )
 
     def _open(self) -> IO[bytes]:
         if filesystems.is_local(self.location):
@@ -395,7 +378,7 @@ class ArchiveReader:
             raise ArchiveError(f"no archive at {self.location}")
         return io.BytesIO(data)
 
-    def _read_header(self, handle: IO[bytes]) -> tuple[dict[str, Any], str, bytes]:
+    def _read_header(self, handle: IO[bytes]) -> tuple[dict[str, Any], EntryDecoder, str, bytes]:
         if handle.read(4) != _MAGIC:
             raise ArchiveError(f"{self.location} is not an Avro object container file (bad magic)")
         handle.seek(0)
@@ -412,22 +395,26 @@ class ArchiveReader:
         if not isinstance(parsed, dict):
             raise ArchiveError(f"{self.location} is an Avro file but not a tailguard archive")
         schema: dict[str, Any] = parsed
-        fields = [f["name"] for f in schema.get("fields", [])]
-        if schema.get("name") != _ENVELOPE_NAME or fields != _ENVELOPE_FIELDS:
-            raise ArchiveError(
-                f"{self.location} is an Avro file but not a tailguard archive "
-                f"(schema {schema.get('name')!r})"
-            )
+        decoder = decoder_for(schema, self.location, self._legacy())
         if codec not in ("null", "deflate"):
             raise ArchiveError(f"{self.location}: unsupported Avro codec {codec!r}")
-        return schema, codec, header["sync"]
+        return schema, decoder, codec, header["sync"]
+
+    def _legacy(self) -> Codec:
+        if self._legacy_codec is None:
+            from tailguard.codec import SingleObjectCodec
+
+            self._legacy_codec = SingleObjectCodec()
+        return self._legacy_codec
 
     def __iter__(self) -> Iterator[Envelope]:
         with self._open() as handle:
-            schema, codec, sync = self._read_header(handle)
+            _, decoder, codec, sync = self._read_header(handle)
+            read = 0
             for count, block in self._blocks(handle, sync):
                 data = zlib.decompress(block, -15) if codec == "deflate" else block
-                yield from self._envelopes(data, count, schema)
+                yield from read_block(decoder, data, count, read)
+                read += count
 
     def _blocks(self, handle: IO[bytes], sync: bytes) -> Iterator[tuple[int, bytes]]:
         while True:
@@ -444,18 +431,15 @@ class ArchiveReader:
                 raise ArchiveError(f"{self.location}: damaged block at byte {start}")
             yield count, data
 
-    @staticmethod
-    def _envelopes(data: bytes, count: int, schema: dict[str, Any]) -> Iterator[Envelope]:
-        buffer = io.BytesIO(data)
-        for _ in range(count):
-            raw = fastavro.schemaless_reader(buffer, schema, None)
-            assert isinstance(raw, dict)
-            yield Envelope(raw["topic"], raw["ts"], Direction(raw["direction"]), raw["payload"])
 
-    def records(self, codec: Codec) -> Iterator[tuple[Envelope, Record]]:
-        """Each envelope with its payload decoded."""
-        for envelope in self:
-            yield envelope, codec.decode(envelope.payload)
+def open_archive(location: str | Path, settings: Settings) -> ArchiveReader:
+    """The archive at `location` as a deployment with `settings` reaches it: a URI through the
+    `s3.*` settings (or the AWS default chain), entries of the older format decoded with the
+    deployment's codec (a schema registry's, if one is set)."""
+    from tailguard.codec import codec_for
+
+    filesystems.configure_from(settings)
+    return ArchiveReader(location, legacy_codec=codec_for(settings))
 
 
 def _read_long(handle: IO[bytes]) -> int | None:

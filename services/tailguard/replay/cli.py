@@ -1,8 +1,13 @@
 """`tailguard replay`: audit the decisions in a recorded log, or ask what other settings would do.
 
-tailguard replay work/archive/JOB.avro              # audit: exit 1 on any difference
+tailguard replay work/archive/JOB.avro              # audit
 tailguard replay --topic                            # the same, reading the Kafka topics
-tailguard replay ARCHIVE --config what-if.toml      # what-if: how decisions would differ
+tailguard replay ARCHIVE --what-if what-if.toml     # how decisions would differ under these
+tailguard --config deploy.toml replay ARCHIVE       # the deployment settings: before the command
+
+Exit status, the same for an audit and a what-if, so a CI step can rely on it: 0 every decision
+reproduced (no difference), 1 at least one difference, 2 a usage or input error (no log, an
+unreadable archive, bad settings, nothing of the job in the log).
 """
 
 from __future__ import annotations
@@ -16,6 +21,15 @@ from tailguard.replay.inputs import LogReadError, read_archive, read_topics
 from tailguard.settings_file import load_settings, read_toml
 
 SHOW_DIFFERENCES = 5
+NO_DIFFERENCE, DIFFERENCES, USAGE_ERROR = 0, 1, 2
+
+# Before --what-if existed, `replay --config FILE` was the what-if file, while the top-level
+# `--config` is the deployment's: the same flag with two meanings let a CI audit that meant the
+# latter silently become a what-if (which then exited 0). It is now refused, naming both.
+MISPLACED_CONFIG = (
+    "--config after `replay` is no longer the what-if file: use --what-if FILE; the deployment "
+    "settings go before the command (tailguard --config FILE replay ...)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,24 +45,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--job", help="only this job id")
     parser.add_argument(
-        "--config",
-        dest="what_if",
+        "--what-if",
         metavar="FILE",
-        help="what-if: replay with these policy settings and report how decisions would differ",
+        help="replay with these policy settings (TOML) and report how decisions would differ",
     )
+    parser.add_argument("--config", dest="misplaced_config", help=argparse.SUPPRESS)
     parser.add_argument("--show", type=int, default=SHOW_DIFFERENCES, help="differences to print")
 
 
+def _usage_error(message: str) -> int:
+    print(f"tailguard replay: {message}", file=sys.stderr)
+    return USAGE_ERROR
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "misplaced_config", None):
+        return _usage_error(MISPLACED_CONFIG)
     try:
         settings = load_settings(getattr(args, "config", None))
         what_if = read_toml(args.what_if) if args.what_if else {}
     except ConfigError as err:
-        print(f"tailguard replay: {err}", file=sys.stderr)
-        return 2
+        return _usage_error(str(err))
     if bool(args.archive) == bool(args.topic):
-        print("tailguard replay: give an ARCHIVE file or --topic (one of them)", file=sys.stderr)
-        return 2
+        return _usage_error("give an ARCHIVE file or --topic (one of them)")
     try:
         if args.archive:
             log = read_archive(args.archive, settings)
@@ -63,8 +82,11 @@ def run(args: argparse.Namespace) -> int:
             job=args.job,
         )
     except LogReadError as err:
-        print(f"tailguard replay: {err}", file=sys.stderr)
-        return 2
+        return _usage_error(str(err))
+    if not report.jobs:
+        # Nothing was audited: passing would let an audit of the wrong log or job go unnoticed.
+        of_job = f" of job {args.job}" if args.job else ""
+        return _usage_error(f"no events{of_job} in {source}: nothing to replay")
     print(f"replayed {report.events} events of {len(report.jobs)} job(s) from {source}")
     if what_if:
         for key, (old, new) in settings_diff(settings, what_if).items():
@@ -72,9 +94,7 @@ def run(args: argparse.Namespace) -> int:
             shown = (REDACTED, REDACTED) if is_secret(key) else (old, new)
             print(f"  what-if {key}: {shown[0]} -> {shown[1]}")
     _print(report, args.show, bool(what_if))
-    if what_if:
-        return 0
-    return 1 if report.differences else 0
+    return DIFFERENCES if report.differences else NO_DIFFERENCE
 
 
 def _print(report: ReplayReport, show: int, what_if: bool) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tailguard import filesystems
 from tailguard.codec import DecodeError, codec_for
-from tailguard.log.archive import ArchiveError, ArchiveReader
+from tailguard.log.archive import ArchiveError, open_archive
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.replay.engine import Recorded
@@ -23,19 +23,14 @@ def read_archive(location: str | Path, settings: Settings) -> Iterator[Recorded]
 
     The agent archives what it published (events), what it received (findings and service
     commands) and the decisions it made itself as fallbacks (`local`); all of them are inputs or
-    outputs of some core, so all are returned. A remote archive is reached with the `s3.*`
-    settings, or the AWS default chain when none is set.
+    outputs of some core, so all are returned, each with the topic it travelled on (a command
+    whose signature did not check out under `tailguard.commands.unauthenticated`). Typed archives
+    and those of the older format (encoded records) are both read. A remote archive is reached
+    with the `s3.*` settings, or the AWS default chain when none is set.
     """
-    codec = codec_for(settings)
     try:
-        filesystems.configure_from(settings)
-        reader = ArchiveReader(location)
-        for n, envelope in enumerate(reader):
-            try:
-                record = codec.decode(envelope.payload)
-            except DecodeError as err:
-                raise LogReadError(f"{reader.location}: entry {n} does not decode: {err}") from None
-            yield Recorded(envelope.topic, record)
+        for envelope in open_archive(location, settings):
+            yield Recorded(envelope.topic, envelope.record)
     except (ArchiveError, filesystems.LocationError) as err:
         raise LogReadError(str(err)) from None
 

@@ -41,9 +41,8 @@ class ArchivePublisher:
         self._lock = threading.Lock()
 
     def _append(self, record: r.Record, direction: str, topic: str | None = None) -> None:
-        payload = self.codec.encode(record)
         with self._lock:
-            self._archive.append(topic or type(record).TOPIC, direction, payload, record.ts)
+            self._archive.append(topic or type(record).TOPIC, direction, record, record.ts)
 
     def publish(self, record: r.Record) -> None:
         self._append(record, "published")
