@@ -1,0 +1,147 @@
+"""The tailguard pytest plugin: fixtures for the embedded broker, a local Spark cluster with
+optional slow hosts, a local Spark session and the five services (docs/testing.md).
+
+Registered as a `pytest11` entry point, so any pytest run in an environment with tailguard
+installed has it. It imports nothing heavy until a fixture is used.
+
+| fixture                 | scope    | gives                               | first use costs     |
+|-------------------------|----------|-------------------------------------|---------------------|
+| `tailguard_harness`     | session  | the `Harness` (for module fixtures) | nothing             |
+| `tailguard_broker`      | session  | `Broker` (`.bootstrap`)             | ~1 s                |
+| `tailguard_cluster`     | function | `LocalCluster`, slow hosts applied  | ~10-15 s per shape  |
+| `tailguard_spark`       | function | `SparkSession` on that cluster      | ~5 s + registration |
+| `tailguard_local_spark` | function | `SparkSession` on `local[2]`        | ~5 s                |
+| `tailguard_services`    | function | `Services` (`.settings`, `.kill()`) | ~10 s per settings  |
+
+The function-scoped ones are cheap after the first use: they hand out the session's shared
+resources, shaped by the closest `tailguard_cluster`, `tailguard_spark` and
+`tailguard_services` markers (test, class or module `pytestmark`). A module-scoped fixture of
+your own gets the same from the harness: `tailguard_harness.spark_of(request.node)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tailguard.testing.harness import Broker, Harness, Services
+from tailguard.testing.markers import HarnessUsageError, read_defaults
+
+OPTIONS = {
+    "tailguard_workers": "workers of the local cluster (default 3)",
+    "tailguard_worker_cores": "cores per worker (default 1)",
+    "tailguard_worker_memory": "memory per worker (default 1g)",
+    "tailguard_slow_mode": "how slow hosts are slowed: cpu (pause the worker) or io (default cpu)",
+    "tailguard_local_master": "the master of tailguard_local_spark (default local[2])",
+    "tailguard_work_dir": (
+        "where the broker, cluster and services keep their state (default: a temporary dir); "
+        "what is already running there is reused and left running"
+    ),
+}
+MARKERS = (
+    "tailguard_cluster(workers=3, cores=1, memory='1g', slow={host: factor}, slow_mode='cpu'): "
+    "the local cluster the tailguard_cluster and tailguard_spark fixtures give",
+    "tailguard_spark(conf={...}): extra Spark settings for tailguard_spark/tailguard_local_spark",
+    "tailguard_services(settings={...}, names=[...]): the services' settings (policy) and which "
+    "services run",
+)
+HARNESS = pytest.StashKey[Harness]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("tailguard", "tailguard test harness")
+    for name, help_text in OPTIONS.items():
+        parser.addini(name, help_text, default=None)
+        group.addoption(f"--{name.replace('_', '-')}", dest=name, default=None, help=help_text)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+
+
+def _setting(config: pytest.Config, name: str) -> str | None:
+    value = config.getoption(name)
+    if value is None:
+        value = config.getini(name)
+    return None if value is None else str(value)
+
+
+def _usage(call: Any, *args: Any) -> Any:
+    """Call into the harness; a misused marker fails the test with just its message."""
+    try:
+        return call(*args)
+    except HarnessUsageError as err:
+        pytest.fail(str(err), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def tailguard_harness(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Harness]:
+    """The session's shared broker, cluster, Spark session and services."""
+    config = request.config
+    try:
+        defaults = read_defaults({name: _setting(config, name) for name in OPTIONS})
+    except HarnessUsageError as err:
+        raise pytest.UsageError(str(err)) from None
+    configured = _setting(config, "tailguard_work_dir")
+    root = Path(configured) if configured else tmp_path_factory.mktemp("tailguard")
+    harness = Harness(root, defaults, java_missing=pytest.skip)
+    config.stash[HARNESS] = harness
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+@pytest.fixture(scope="session")
+def tailguard_broker(tailguard_harness: Harness) -> Broker:
+    """The embedded broker (`.bootstrap` is its address)."""
+    return tailguard_harness.broker()
+
+
+@pytest.fixture
+def tailguard_cluster(tailguard_harness: Harness, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The local cluster the `tailguard_cluster` marker asks for, its slow hosts slowed for
+    the test."""
+    cluster = _usage(tailguard_harness.cluster_of, request.node)
+    with _usage(tailguard_harness.slow_hosts_of, request.node):
+        yield cluster
+
+
+@pytest.fixture
+def tailguard_spark(
+    tailguard_harness: Harness, tailguard_cluster: Any, request: pytest.FixtureRequest
+) -> Any:
+    """A Spark session on `tailguard_cluster`, every worker's executor registered."""
+    return _usage(tailguard_harness.spark_of, request.node)
+
+
+@pytest.fixture
+def tailguard_local_spark(tailguard_harness: Harness, request: pytest.FixtureRequest) -> Any:
+    """A Spark session on the local master (`local[2]`: one host, two slots)."""
+    return _usage(tailguard_harness.local_spark_of, request.node)
+
+
+@pytest.fixture
+def tailguard_services(
+    tailguard_harness: Harness, tailguard_broker: Broker, request: pytest.FixtureRequest
+) -> Services:
+    """The services the `tailguard_services` marker asks for, running on the broker; pass it
+    to `run_job(..., services=)`."""
+    return _usage(tailguard_harness.services_of, request.node)  # type: ignore[no-any-return]
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    harness = config.stash.get(HARNESS, None)
+    if harness is None or not harness.costs:
+        return
+    terminalreporter.write_sep("-", "tailguard harness: what it started")
+    for cost in harness.costs:
+        terminalreporter.write_line(f"{cost.seconds:6.1f} s  {cost.what}")
+    total = sum(c.seconds for c in harness.costs)
+    terminalreporter.write_line(f"{total:6.1f} s  in all ({len(harness.costs)} starts)")
