@@ -41,8 +41,9 @@ def gone(pid: int, timeout_s: float = 10.0) -> bool:
 
 def test_cli_start_status_stop(tmp_path: Path) -> None:
     work = tmp_path / "w"
-    started = tailguard("broker", "--work-dir", str(work), cwd=tmp_path)
+    started = tailguard("broker", "up", "--work-dir", str(work), cwd=tmp_path)
     assert started.returncode == 0, started.stderr
+    assert "deprecated" not in started.stderr
     state = json.loads((work / "broker.json").read_text())
     assert set(state) == {"pid", "bootstrap", "started_at"}
     try:
@@ -50,28 +51,38 @@ def test_cli_start_status_stop(tmp_path: Path) -> None:
         assert "in memory" in started.stdout and "lost" in started.stdout
         assert is_broker_process(state["pid"])
 
+        # The spelling from before the verbs still starts (here: finds) it, and says so.
         again = tailguard("broker", "--work-dir", str(work), cwd=tmp_path)
         assert again.returncode == 0 and "already running" in again.stdout
+        assert "use `tailguard broker up`" in again.stderr
         assert json.loads((work / "broker.json").read_text())["pid"] == state["pid"]
 
-        status = tailguard("broker", "--status", "--work-dir", str(work), cwd=tmp_path)
+        status = tailguard("broker", "status", "--work-dir", str(work), cwd=tmp_path)
         assert status.returncode == 0
         assert str(state["pid"]) in status.stdout and state["bootstrap"] in status.stdout
+        old_status = tailguard("broker", "--status", "--work-dir", str(work), cwd=tmp_path)
+        assert old_status.returncode == 0 and old_status.stdout == status.stdout
+        assert "use `tailguard broker status`" in old_status.stderr
     finally:
-        stopped = tailguard("broker", "--stop", "--work-dir", str(work), cwd=tmp_path)
+        stopped = tailguard("broker", "down", "--work-dir", str(work), cwd=tmp_path)
     assert stopped.returncode == 0, stopped.stderr
     assert gone(state["pid"])
     assert not (work / "broker.json").exists()
-    status = tailguard("broker", "--status", "--work-dir", str(work), cwd=tmp_path)
+    status = tailguard("broker", "status", "--work-dir", str(work), cwd=tmp_path)
     assert status.returncode == 1 and "no embedded broker" in status.stdout
+    old_stop = tailguard("broker", "--stop", "--work-dir", str(work), cwd=tmp_path)
+    assert old_stop.returncode == 0 and "no embedded broker running" in old_stop.stdout
+    assert "use `tailguard broker down`" in old_stop.stderr
+    both = tailguard("broker", "down", "--stop", "--work-dir", str(work), cwd=tmp_path)
+    assert both.returncode == 2 and "give one of up, down, status" in both.stderr
 
 
 def test_cli_reads_work_dir_from_settings(tmp_path: Path) -> None:
     (tmp_path / "tailguard.toml").write_text('[tailguard]\nwork-dir = "from-toml"\n')
-    started = tailguard("broker", cwd=tmp_path)
+    started = tailguard("broker", "up", cwd=tmp_path)
     assert started.returncode == 0, started.stderr
     pid = json.loads((tmp_path / "from-toml" / "broker.json").read_text())["pid"]
-    stopped = tailguard("broker", "--stop", cwd=tmp_path)
+    stopped = tailguard("broker", "down", cwd=tmp_path)
     assert stopped.returncode == 0 and gone(pid)
 
 
@@ -132,7 +143,16 @@ def test_bootstrap_servers_setting_wins(tmp_path: Path) -> None:
 def test_cli_foreground_until_interrupted(tmp_path: Path) -> None:
     work = tmp_path / "fg"
     process = subprocess.Popen(
-        [sys.executable, "-m", "tailguard.cli", "broker", "--foreground", "--work-dir", str(work)],
+        [
+            sys.executable,
+            "-m",
+            "tailguard.cli",
+            "broker",
+            "up",
+            "--foreground",
+            "--work-dir",
+            str(work),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -164,6 +164,6 @@ def resolve_bootstrap(settings: Mapping[str, str]) -> str:
         raise BrokerError(
             f"no Kafka broker: bootstrap.servers is not set and no embedded broker is running "
             f"under {work_dir!r} (no live {state_path(work_dir)}). Start one with "
-            f"`tailguard broker` or set bootstrap.servers."
+            f"`tailguard broker up` or set bootstrap.servers."
         )
     return state.bootstrap

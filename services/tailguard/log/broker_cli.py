@@ -1,9 +1,16 @@
-"""`tailguard broker`: start, inspect or stop the embedded Kafka-protocol broker."""
+"""`tailguard broker up|down|status`: the embedded Kafka-protocol broker.
+
+The same verbs as `tailguard cluster` and `tailguard services`: `up` starts it in the background
+(`--foreground`: in this terminal until Ctrl-C), `down` stops it, `status` exits 0 while it runs
+and 1 otherwise. The spellings from before (`tailguard broker`, `--stop`, `--status`) still work
+and say what replaces them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,34 +27,64 @@ IN_MEMORY_NOTE = (
 )
 
 
+ACTIONS = ("up", "down", "status")
+# The spellings before the verbs, and the verb each one means now.
+_OLD_FLAGS = {"stop": "down", "status": "status"}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--stop", action="store_true", help="stop the running broker")
-    mode.add_argument("--status", action="store_true", help="show whether a broker is running")
-    mode.add_argument(
-        "--foreground", action="store_true", help="run the broker in this process until Ctrl-C"
+    parser.add_argument(
+        "action",
+        nargs="?",
+        choices=ACTIONS,
+        help="up: start in the background (or in this terminal with --foreground); down: stop "
+        "it; status: exit 0 while it runs, 1 otherwise",
+    )
+    parser.add_argument(
+        "--foreground", action="store_true", help="with up: run in this terminal until Ctrl-C"
     )
     parser.add_argument(
         "--work-dir",
         metavar="DIR",
         help="where the state file broker.json lives (default: setting tailguard.work-dir)",
     )
+    for flag in _OLD_FLAGS:
+        parser.add_argument(f"--{flag}", action="store_true", help=argparse.SUPPRESS)
+
+
+def _action(args: argparse.Namespace) -> str:
+    """The verb asked for, saying so where it was asked for the old way."""
+    old = [flag for flag in _OLD_FLAGS if getattr(args, flag)]
+    if args.action is not None and not old:
+        return str(args.action)
+    if len(old) > 1 or (old and args.action is not None):
+        print("tailguard broker: give one of up, down, status", file=sys.stderr)
+        raise SystemExit(2)  # a usage error, as argparse exits for one
+    action = _OLD_FLAGS[old[0]] if old else "up"
+    given = f"--{old[0]}" if old else "no action"
+    instead = f"{action} --foreground" if args.foreground else action
+    print(
+        f"note: `tailguard broker` with {given} is deprecated: use `tailguard broker {instead}`",
+        file=sys.stderr,
+    )
+    return action
 
 
 def run(args: argparse.Namespace) -> int:
+    action = _action(args)
     settings = load_settings(getattr(args, "config", None))
     work_dir = Path(args.work_dir or settings.get("tailguard.work-dir", "") or "work")
     configured = settings.get("bootstrap.servers", "").strip()
-    if configured and not (args.stop or args.status):
+    if configured and action == "up":
         print(
             f"note: bootstrap.servers is set ({configured}): tailguard's clients use that "
             "cluster, not the embedded broker"
         )
     broker = EmbeddedBroker(work_dir)
     try:
-        if args.status:
+        if action == "status":
             return _status(broker)
-        if args.stop:
+        if action == "down":
             state = broker.status()
             if broker.stop():
                 print(
@@ -67,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"embedded broker {verb} (pid {pid}), state file {broker.state_file}")
         print(bootstrap)
         print(IN_MEMORY_NOTE)
-        print("stop it with: tailguard broker --stop")
+        print("stop it with: tailguard broker down")
         return 0
     except BrokerError as err:
         print(f"error: {err}")

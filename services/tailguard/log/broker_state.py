@@ -81,7 +81,7 @@ BROKER_MODULE = "tailguard.log.broker_process"
 def is_broker_process(pid: int) -> bool:
     """Whether `pid` is alive and is an embedded broker process. Checking the command line
     guards against a recycled pid: we must never signal a process that is not our broker.
-    A broker runs either as `BROKER_MODULE` or inside `tailguard broker --foreground`."""
+    A broker runs either as `BROKER_MODULE` or inside `tailguard broker up --foreground`."""
     if not pid_alive(pid):
         return False
     try:
