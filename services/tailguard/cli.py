@@ -12,20 +12,24 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from tailguard import __version__
 from tailguard.extras import missing_extra
 from tailguard.model.config import ConfigError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "broker": ("tailguard.log.broker_cli", "run the embedded Kafka-protocol broker"),
-    "services": ("tailguard.shell.services_cli", "start, stop or list the five services"),
+    "broker": ("tailguard.log.broker_cli", "the embedded Kafka-protocol broker: up, down, status"),
+    "services": (
+        "tailguard.shell.services_cli",
+        "the five services: up, down, status, or run one in the foreground",
+    ),
     "run": (
         "tailguard.agent.run_cli",
         "run a job file (main(params) -> Job) under the control plane",
     ),
     "demo": ("tailguard.demo", "the end-to-end demo: broker, 3-node cluster, services, a job"),
     "replay": ("tailguard.replay.cli", "re-run the decision cores over a recorded log and compare"),
-    "cluster": ("tailguard.cluster.cluster_cli", "local Spark cluster: up, status, down, throttle"),
+    "cluster": ("tailguard.cluster.cluster_cli", "local Spark cluster: up, down, status, throttle"),
     "bench": ("tailguard.bench.bench_cli", "tailguard vs Spark's speculation on a local cluster"),
 }
 
@@ -44,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tailguard",
         description="Event-sourced control plane for PySpark batch jobs.",
     )
+    parser.add_argument("--version", action="version", version=f"tailguard {__version__}")
     parser.add_argument(
         "--config",
         metavar="FILE",
