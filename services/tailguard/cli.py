@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 from tailguard import __version__
 from tailguard.extras import missing_extra
+from tailguard.logs import add_format_argument
+from tailguard.logs import configure as configure_logs
 from tailguard.model.config import ConfigError
 
 # name -> (module, one-line help)
@@ -55,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="TOML settings file (default: ./tailguard.toml if present); any setting can also "
         "come from the environment (TAILGUARD_<KEY>, see docs/configuration.md)",
     )
+    # How the command (and the services `services up` starts) log: tailguard.logs.
+    add_format_argument(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module_name, help_text) in SUBCOMMANDS.items():
@@ -91,6 +95,8 @@ def _dispatch(argv: list[str]) -> int:
         sub_action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         module.add_arguments(sub_action.choices[chosen])
     args = parser.parse_args(argv)
+    if args.log_format:
+        configure_logs(args.log_format)
     module = importlib.import_module(args._module)
     try:
         return int(module.run(args) or 0)

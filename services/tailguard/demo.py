@@ -88,10 +88,12 @@ def _service_metrics(work_dir: Path) -> list[str]:
         values = speculator.metrics()
     except OSError as err:
         return [f"speculator metrics unavailable: {err}"]
+    effective = values.get("tailguard_effective_speculative_executions_total", 0)
+    slow = values.get("tailguard_slow_execution_vertices", 0)
     return [
         "speculator metrics: "
-        f"numEffectiveSpeculativeExecutions={values.get('numEffectiveSpeculativeExecutions', 0):g}"
-        f", numSlowExecutionVertices={values.get('numSlowExecutionVertices', 0):g}"
+        f"tailguard_effective_speculative_executions_total={effective:g}"
+        f", tailguard_slow_execution_vertices={slow:g}"
     ]
 
 

@@ -15,7 +15,8 @@ import sys
 # extra -> the top-level modules it installs that tailguard imports
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "services": ("faust", "prometheus_client"),
-    "spark": ("pyspark", "py4j", "pandas", "tqdm"),
+    # prometheus_client is in both: the agent's per-job metrics.
+    "spark": ("pyspark", "py4j", "pandas", "tqdm", "prometheus_client"),
 }
 
 

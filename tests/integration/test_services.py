@@ -151,13 +151,16 @@ def test_decider_service_decides_dead_letters_and_reports(work: Path) -> None:
     assert [(d.topic, d.value) for d in letters] == [(r.EVENTS_TOPIC, b"\x00not an avro record")]
     assert letters[0].error  # names what was wrong
 
+    processed = "tailguard_service_records_processed_total"
     metrics = poll(
-        lambda: (m := services["decider"].metrics())["records_processed"] >= len(events) + 1 and m,
+        lambda: (m := services["decider"].metrics())[processed] >= len(events) + 1 and m,
         20,
         "the decider's metrics to count every record",
     )
-    assert metrics["dead_letters"] >= 1
-    assert metrics["decisions_emitted"] >= 2
+    assert metrics["tailguard_service_dead_letters_total"] >= 1
+    assert metrics['tailguard_service_records_emitted_total{record="SetParallelism"}'] >= 2
+    # Both decisions were answered live: their latency from the input record's timestamp.
+    assert metrics["tailguard_service_decision_latency_seconds_count"] >= 2
 
 
 def test_kill_9_mid_job_changes_no_decision(work: Path) -> None:
@@ -171,13 +174,14 @@ def test_kill_9_mid_job_changes_no_decision(work: Path) -> None:
         producer.send(event)
     producer.flush(10)
     poll(lambda: len(commands_of(work, "job-b", 1, timeout_s=2)) >= 1, 30, "the source decision")
-    before = services["decider"].metrics()["records_rebuilt"]
+    rebuilt = "tailguard_service_records_rebuilt_total"
+    before = services["decider"].metrics()[rebuilt]
 
     os.kill(services["decider"].pid, signal.SIGKILL)
     poll(lambda: "decider" not in supervisor.running(work), 10, "the decider to die")
     restarted = supervisor.start(work, ["decider"], report=lambda _m: None)
-    rebuilt = restarted["decider"].metrics()["records_rebuilt"]
-    assert rebuilt >= before  # the topic from offset 0 to the committed offset went back in
+    # The topic from offset 0 to the committed offset went back in.
+    assert restarted["decider"].metrics()[rebuilt] >= before
 
     for event in rest:
         producer.send(event)

@@ -9,6 +9,7 @@ from typing import Protocol
 
 from tailguard.model import records as r
 from tailguard.model.config import Settings
+from tailguard.shell.core_metrics import CoreMetric
 
 
 class Core(Protocol):
@@ -22,6 +23,8 @@ class ServiceDefinition:
     name: str
     input_topic: str
     core: Callable[[Settings], Core]
+    # How each key of the core's metrics() is exported (a test checks that every key is listed).
+    metrics: tuple[CoreMetric, ...] = ()
 
     @property
     def group_id(self) -> str:

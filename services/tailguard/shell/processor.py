@@ -6,6 +6,8 @@ all go through the same code.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +17,9 @@ from tailguard.log.signing import signer_for
 from tailguard.model.config import Settings
 from tailguard.model.records import Record
 from tailguard.shell.definition import Core, ServiceDefinition
+from tailguard.shell.metrics_http import ServiceMetrics
+
+log = logging.getLogger("tailguard.service")
 
 
 @dataclass(frozen=True)
@@ -23,14 +28,8 @@ class Outgoing:
     key: bytes
     value: bytes
     headers: Sequence[tuple[str, str | bytes | None]] = ()
-
-
-@dataclass
-class Counters:
-    processed: int = 0
-    emitted: int = 0
-    dead_letters: int = 0
-    rebuilt: int = 0
+    # The event time (ms) of the input record it answers; None for a dead letter.
+    input_ts: int | None = None
 
 
 class Processor:
@@ -40,44 +39,65 @@ class Processor:
         self.definition = definition
         self.codec = codec
         self.core: Core = definition.core(settings)
-        self.counters = Counters()
+        # The core is fed on faust's event loop and read by the metrics endpoint's thread;
+        # a core's metrics() walks its job dicts, which must not change meanwhile.
+        self._lock = threading.Lock()
+        self.metrics = ServiceMetrics(definition, self._core_values)
         # Every output is signed, findings too: one rule for everything a service emits, and a
         # reader holding the key can tell who wrote any decision (the agent checks commands).
         self._signer = signer_for(settings, definition.name)
 
     def process(self, raw: bytes | None, partition: int, offset: int) -> list[Outgoing]:
         """The messages to publish for one input message (outputs, or its dead letter)."""
-        self.counters.processed += 1
+        self.metrics.processed.inc()
         topic = self.definition.input_topic
         try:
             record = self.codec.decode(raw or b"")
         except DecodeError as err:
-            self.counters.dead_letters += 1
+            self.metrics.dead_letters.inc()
+            log.warning(
+                "%s: record at %s[%d]@%d does not decode, sent to %s: %s",
+                self.definition.name,
+                topic,
+                partition,
+                offset,
+                dlq_topic(topic),
+                err,
+                extra={"topic": topic, "partition": partition, "offset": offset},
+            )
             headers = dead_letter_headers(topic, partition, offset, str(err))
             return [Outgoing(dlq_topic(topic), b"", raw or b"", headers)]
-        out = [self._outgoing(o) for o in self.core.handle(record)]
-        self.counters.emitted += len(out)
-        return out
+        with self._lock:
+            outputs = self.core.handle(record)
+        return [self._outgoing(o, record) for o in outputs]
 
-    def _outgoing(self, record: Record) -> Outgoing:
+    def _outgoing(self, record: Record, cause: Record) -> Outgoing:
         topic, value = type(record).TOPIC, self.codec.encode(record)
-        return Outgoing(topic, record.job_id.encode(), value, self._signer.headers(topic, value))
+        kind = type(record).__name__
+        self.metrics.emitted(kind)
+        caused_by = getattr(record, "caused_by", ())
+        log.info(
+            "%s: %s %s for job %s, caused by %s",
+            self.definition.name,
+            kind,
+            record.id,
+            record.job_id,
+            ", ".join(caused_by) or cause.id,
+            extra={"job_id": record.job_id, "record_id": record.id, "caused_by": list(caused_by)},
+        )
+        headers = self._signer.headers(topic, value)
+        return Outgoing(topic, record.job_id.encode(), value, headers, cause.ts)
 
     def replay(self, raw: bytes | None) -> None:
         """Feed an already processed input to rebuild state; its outputs were published before."""
-        self.counters.rebuilt += 1
+        self.metrics.rebuilt.inc()
         try:
             record = self.codec.decode(raw or b"")
         except DecodeError:
             return  # it went to the dead-letter topic the first time
-        self.core.handle(record)
+        with self._lock:
+            self.core.handle(record)
 
-    def metrics(self) -> dict[str, float]:
-        values: dict[str, float] = {
-            "records_processed": self.counters.processed,
-            "records_emitted": self.counters.emitted,
-            "dead_letters": self.counters.dead_letters,
-            "records_rebuilt": self.counters.rebuilt,
-        }
-        values.update(self.core.metrics())
-        return values
+    def _core_values(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self.core.metrics())

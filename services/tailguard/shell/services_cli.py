@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tailguard.extras import require
 from tailguard.log.kafka_config import faust_credentials, security_settings
+from tailguard.logs import add_format_argument
 from tailguard.settings_file import load_settings
 from tailguard.shell.definition import SERVICE_NAMES
 from tailguard.shell.supervisor import ServiceError, running, start, stop
@@ -23,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated subset of {','.join(SERVICE_NAMES)} (default: all five)",
     )
     parser.add_argument("--work-dir", help="default: the tailguard.work-dir setting")
+    add_format_argument(parser, default=argparse.SUPPRESS)
     parser.add_argument(
         "--foreground",
         action="store_true",
@@ -45,7 +47,13 @@ def run(args: argparse.Namespace) -> int:
             require("services")  # the workers import faust: say so here, not in their logs
             # Likewise Kafka settings their faust client cannot honour: once, here.
             faust_credentials(security_settings(settings))
-            start(work_dir, names, config=getattr(args, "config", None))
+            start(
+                work_dir,
+                names,
+                config=getattr(args, "config", None),
+                # --log-format: how the services write their log files.
+                log_format=getattr(args, "log_format", None),
+            )
             if args.foreground:
                 stopped = threading.Event()
                 signal.signal(signal.SIGTERM, lambda *_: stopped.set())

@@ -42,14 +42,20 @@ class RunningService:
             return False
 
     def metrics(self, timeout: float = 2.0) -> dict[str, float]:
+        """Its samples by name, each with its labels but `service` (the same on all of them):
+        `tailguard_service_records_emitted_total{record="SetParallelism"}`."""
+        # Here, not at the top: `services status|down` work without the services extra.
+        from prometheus_client.parser import text_string_to_metric_families
+
         with urllib.request.urlopen(f"{self.metrics_url}/metrics", timeout=timeout) as reply:
             text = reply.read().decode()
         values: dict[str, float] = {}
-        prefix = f"tailguard_{self.name}_"
-        for line in text.splitlines():
-            if line.startswith(prefix):
-                key, _, value = line.partition(" ")
-                values[key[len(prefix) :]] = float(value)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(
+                    f'{k}="{v}"' for k, v in sorted(sample.labels.items()) if k != "service"
+                )
+                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
         return values
 
 
@@ -95,8 +101,10 @@ def start(
     env: dict[str, str] | None = None,
     timeout_s: float = 90.0,
     report: Callable[[str], None] = print,
+    log_format: str | None = None,
 ) -> dict[str, RunningService]:
-    """Start the named services that are not already running; wait until all are ready."""
+    """Start the named services that are not already running; wait until all are ready.
+    `log_format` ("text", "json") is how they write their log files (default text)."""
     unknown = sorted(set(names) - set(SERVICE_NAMES))
     if unknown:
         raise ServiceError(f"unknown service(s) {unknown}; choose from {list(SERVICE_NAMES)}")
@@ -119,6 +127,8 @@ def start(
         ]
         if config:
             command += ["--config", config]
+        if log_format:
+            command += ["--log-format", log_format]
         with (directory / f"{name}.log").open("ab") as log_file:
             process = subprocess.Popen(
                 command,

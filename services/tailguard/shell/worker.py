@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import faust
 from faust.worker import Worker
 
+from tailguard import logs
 from tailguard.codec import codec_for
 from tailguard.log.kafka_config import faust_app_options
 from tailguard.model.config import ConfigError, Settings
@@ -64,7 +66,6 @@ def _shorten_fetch_wait(max_wait_ms: int) -> None:
 class ServiceState:
     def __init__(self) -> None:
         self.ready = False
-        self.lag = 0.0
 
 
 def build_app(
@@ -107,26 +108,35 @@ def build_app(
     async def process(stream: Any) -> None:
         async for event in stream.events():
             message = event.message
-            for out in processor.process(event.value, message.partition, message.offset):
+            outputs = processor.process(event.value, message.partition, message.offset)
+            for out in outputs:
                 # Sent at once and awaited: the input is acknowledged (and later committed)
                 # only after its outputs are on the broker, so a crash loses no decision.
                 pending = await sink(out.topic).send(
                     key=out.key, value=out.value, headers=out.headers or None, force=True
                 )
                 await pending
+            if outputs and outputs[0].input_ts is not None:
+                processor.metrics.decision_sent(outputs[0].input_ts, time.time())
             highwater = app.consumer.highwater(message.tp)
-            state.lag = max(0.0, float((highwater or 0) - message.offset - 1))
+            processor.metrics.lag.set(max(0, (highwater or 0) - message.offset - 1))
 
     @app.task
     async def started() -> None:
         state.ready = True
+        processor.metrics.ready.set(1)
         log.info("%s consuming %s", definition.name, definition.input_topic)
 
     return app
 
 
 def serve(
-    name: str, settings: Settings, work_dir: Path, metrics_port: int, metrics_host: str
+    name: str,
+    settings: Settings,
+    work_dir: Path,
+    metrics_port: int,
+    metrics_host: str,
+    log_handler: logging.Handler,
 ) -> int:
     definition = load_definition(name)
     # First, so that Kafka settings the faust client cannot honour stop the service at once.
@@ -135,20 +145,32 @@ def serve(
     processor = Processor(definition, settings, codec)
     state = ServiceState()
 
-    def values() -> dict[str, float]:
-        return {**processor.metrics(), "lag": state.lag, "ready": float(state.ready)}
-
-    metrics = MetricsServer(name, metrics_host, metrics_port, values, lambda: state.ready)
+    metrics = MetricsServer(
+        metrics_host, metrics_port, processor.metrics.exposition, lambda: state.ready
+    )
     metrics.start()
     metrics_url = f"http://{metrics_host}:{metrics.port}"
     announce(work_dir, name, os.getpid(), metrics_url)
     log.info("%s metrics on %s/metrics", name, metrics_url)
     rebuilt = rebuild(settings, definition.group_id, definition.input_topic, processor.replay)
+    processor.metrics.mark_live()
     log.info("%s rebuilt its state from %d committed input records", name, rebuilt)
     data_dir = work_dir / "services" / name
     data_dir.mkdir(parents=True, exist_ok=True)
     app = build_app(definition, connection, processor, state, data_dir)
-    worker = Worker(app, loglevel="warn", quiet=True, redirect_stdouts=False)
+    # faust (mode) replaces the root logger's handlers when the worker starts: hand it ours
+    # (app.conf.loghandlers) and an incremental config that changes no level, so the levels
+    # `logs.configure` set stay (tailguard's INFO, other libraries' WARNING). A level below
+    # WARN also keeps faust's terminal spinner, which would raise our handler to WARN, out of
+    # the log file.
+    app.conf.loghandlers = [log_handler]
+    worker = Worker(
+        app,
+        loglevel="info",
+        quiet=True,
+        redirect_stdouts=False,
+        logging_config={"version": 1, "incremental": True},
+    )
     try:
         worker.execute_from_commandline()
     except SystemExit as done:
@@ -165,15 +187,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--metrics-host", default="127.0.0.1")
     parser.add_argument("--work-dir", help="default: the tailguard.work-dir setting")
+    logs.add_format_argument(parser, default="text")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s {args.service} %(levelname)s %(message)s"
-    )
+    handler = logs.configure(args.log_format, service=args.service)
     extra = {"tailguard.work-dir": args.work_dir} if args.work_dir else None
     try:
         settings = load_settings(args.config, extra=extra)
+        # Secret values are known now: no log line may show one, whatever logs it.
+        logs.hide_secrets(settings, handler)
         work_dir = Path(settings["tailguard.work-dir"])
-        return serve(args.service, settings, work_dir, args.metrics_port, args.metrics_host)
+        return serve(
+            args.service, settings, work_dir, args.metrics_port, args.metrics_host, handler
+        )
     except ConfigError as err:
         # A clear line in the service's log instead of a traceback (messages name the setting,
         # never a secret value).

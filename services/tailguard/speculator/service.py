@@ -1,9 +1,22 @@
 """The speculator service: its pure core behind the shared faust shell (`tailguard services up`)."""
 
 from tailguard.model.records import FINDINGS_TOPIC
+from tailguard.shell import core_metrics as m
 from tailguard.shell.definition import ServiceDefinition
 from tailguard.speculator.policy import SpeculationStrategy
 
 DEFINITION = ServiceDefinition(
-    name="speculator", input_topic=FINDINGS_TOPIC, core=SpeculationStrategy
+    name="speculator",
+    input_topic=FINDINGS_TOPIC,
+    core=SpeculationStrategy,
+    metrics=(
+        m.jobs_tracked("jobs"),
+        m.slow_execution_vertices("numSlowExecutionVertices"),
+        m.effective_speculative_executions("numEffectiveSpeculativeExecutions"),
+        m.counter(
+            "speculativeAttemptsLaunched",
+            "tailguard_speculator_attempts_requested_total",
+            "speculative attempts asked for (a LaunchSpeculativeAttempts asks for one or more)",
+        ),
+    ),
 )
