@@ -18,7 +18,8 @@ def test_every_tailguard_service_runs_its_worker() -> None:
     for name in SERVICE_NAMES:
         assert name in services, f"compose has no {name} service"
         entry = services[name]["entrypoint"]
-        assert entry[:4] == ["python", "-m", "tailguard.shell.worker", name]
+        # In the foreground, as a container needs it (`tailguard services run NAME`).
+        assert entry[:4] == ["tailguard", "services", "run", name]
         assert services[name]["environment"]["TAILGUARD_BOOTSTRAP_SERVERS"] == "kafka:9092"
 
 

@@ -1,4 +1,10 @@
-"""`tailguard services up|down|status`: the five services as separate processes."""
+"""`tailguard services up|down|status|run`: the five services as separate processes.
+
+`up`, `down` and `status` manage background processes (the verbs of `tailguard broker` and
+`tailguard cluster`; `status` exits 0 when every named service runs, 1 otherwise). `run NAME`
+runs one service in this process, in the foreground, logging to standard error until SIGTERM or
+Ctrl-C: what a container's command is (compose/docker-compose.yml).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +24,10 @@ from tailguard.shell.supervisor import ServiceError, running, start, stop
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("up", "down", "status"))
+    parser.add_argument("action", choices=("up", "down", "status", "run"))
+    parser.add_argument(
+        "name", nargs="?", metavar="NAME", help=f"with run: one of {', '.join(SERVICE_NAMES)}"
+    )
     parser.add_argument(
         "--only",
         help=f"comma-separated subset of {','.join(SERVICE_NAMES)} (default: all five)",
@@ -30,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with up: stay attached and stop the services on Ctrl-C",
     )
+    parser.add_argument(
+        "--metrics-port", type=int, default=0, help="with run: metrics port (0: a free one)"
+    )
+    parser.add_argument("--metrics-host", default="127.0.0.1", help="with run: metrics address")
 
 
 def _names(only: str | None) -> list[str]:
@@ -38,7 +51,36 @@ def _names(only: str | None) -> list[str]:
     return [n.strip() for n in only.split(",") if n.strip()]
 
 
+def _run_one(args: argparse.Namespace) -> int:
+    """`services run NAME`: the worker a background service runs, in this process."""
+    if args.name not in SERVICE_NAMES:
+        given = f"{args.name!r} is not a service" if args.name else "run needs a NAME"
+        print(f"tailguard services: {given}: one of {', '.join(SERVICE_NAMES)}", file=sys.stderr)
+        return 2
+    require("services")
+    from tailguard.shell import worker
+
+    argv = [args.name, "--metrics-port", str(args.metrics_port)]
+    argv += ["--metrics-host", args.metrics_host]
+    for flag, value in (
+        ("--config", getattr(args, "config", None)),
+        ("--work-dir", args.work_dir),
+        ("--log-format", getattr(args, "log_format", None)),
+    ):
+        if value:
+            argv += [flag, value]
+    return worker.main(argv)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.action == "run":
+        return _run_one(args)
+    if args.name:
+        print(
+            f"tailguard services: NAME goes with run; {args.action} takes --only {args.name}",
+            file=sys.stderr,
+        )
+        return 2
     settings = load_settings(getattr(args, "config", None))
     work_dir = Path(args.work_dir or settings["tailguard.work-dir"])
     names = _names(args.only)
