@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from tailguard.agent.executor import partitions
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
 from tailguard.log.archive import ArchiveWriter
+from tailguard.logs import job_context
+from tailguard.model.authority import Unauthentic
 from tailguard.model.config import Settings, parse_duration_ms
 
 log = logging.getLogger(__name__)
@@ -48,7 +51,11 @@ def run(
     The per-job Avro archive (`<archive-dir>/<job id>.avro`) is written in both modes;
     `tailguard.archive-dir` may be a URI too (docs/storage.md: what a lost driver loses then).
     S3 is reached with the `s3.*` settings or the AWS default chain.
+    The job's metrics are served while it runs when `tailguard.metrics.port` is set, and pushed
+    at its end when `tailguard.metrics.pushgateway` is (docs/operations.md#metrics); its log
+    lines name its id (docs/operations.md#logs).
     """
+    from tailguard.agent.adapters import metrics
     from tailguard.agent.adapters.spark import SparkRuntime
     from tailguard.codec import codec_for
     from tailguard.settings_file import load_settings
@@ -68,6 +75,11 @@ def run(
         log.info("swept the leftovers of %d crashed job(s): %s", len(swept), ", ".join(swept))
 
     job_id = job_id or new_job_id(job)
+    job_metrics = metrics.JobMetrics(metrics.process_metrics(), job_id, job.name)
+    # Before anything starts: a port that cannot be had stops the job here, naming the setting.
+    metrics_url = metrics.serve_endpoint(settings, job_metrics.metrics)
+    if metrics_url is not None:
+        log.info("job %s: metrics at %s", job_id, metrics_url)
     archive = ArchiveWriter(
         filesystems.join(filesystems.normalise(archive_dir), f"{job_id}.avro"),
         upload_interval_s=parse_duration_ms(
@@ -87,6 +99,8 @@ def run(
     inbox: queue.Queue[InboxMessage] = queue.Queue()
 
     def deliver(command: CommandReceived) -> None:
+        if not isinstance(command.origin, Unauthentic):  # a forged timestamp proves nothing
+            job_metrics.command_received(command.command, int(time.time() * 1000))
         inbox.put(command)
 
     publisher: Publisher
@@ -99,6 +113,16 @@ def run(
 
         publisher = ArchivePublisher(archive, codec)
     runtime = SparkRuntime(spark, settings)
-    driver = JobDriver(job, runtime, publisher, settings, options, job_id=job_id, inbox=inbox)
+    metered = metrics.MeteredPublisher(publisher, job_metrics)
+    driver = JobDriver(job, runtime, metered, settings, options, job_id=job_id, inbox=inbox)
     partitions.mark_job_running(store, job_id, partitions.JobOwner.current())
-    return driver.run()
+    with job_context(job_id):
+        try:
+            result = driver.run()
+        finally:
+            # The publisher is closed (late decisions drained): the job's series are complete.
+            metrics.push(settings, job_metrics)
+            job_metrics.close()
+    if metrics_url is not None:
+        result.extra["metrics_url"] = metrics_url
+    return result

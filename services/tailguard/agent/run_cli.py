@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 from tailguard.agent.graph.api import Job
+from tailguard.logs import add_format_argument, hide_secrets
 
 
 class JobFileError(RuntimeError):
@@ -40,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="publish facts to Kafka (default) or keep them in the archive only",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_format_argument(parser, default=argparse.SUPPRESS)
 
 
 def load_job_file(path: Path) -> ModuleType:
@@ -85,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from tailguard.settings_file import load_settings
 
     settings = load_settings(getattr(args, "config", None))
+    hide_secrets(settings)  # from the log lines of `--log-format`, whatever logs them
     try:
         module = load_job_file(Path(args.job_file))
         cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]

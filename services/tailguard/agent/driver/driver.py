@@ -608,7 +608,13 @@ class JobDriver:
         # must not use up the id of the service's own, nor settle a pending fallback.
         problem = authority_problem(command, message.origin)
         if problem is not None:
-            log.warning("rejected %s %s: %s", type(command).__name__, command.id, problem)
+            log.warning(
+                "rejected %s %s: %s",
+                type(command).__name__,
+                command.id,
+                problem,
+                extra={"record_id": command.id},
+            )
             self._reject(command, problem)
             return
         if command.id in self.applied:
@@ -625,7 +631,7 @@ class JobDriver:
                 f"unknown command type {kind}" if handler is None else handler.guard(command, self)
             )
         except Exception as err:  # a guard that trips over the command rejects it
-            log.exception("checking %s %s", kind, command.id)
+            log.exception("checking %s %s", kind, command.id, extra={"record_id": command.id})
             reason = f"invalid command: {err!r}"
         if reason is not None or handler is None:
             self._reject(command, reason or "no handler")
@@ -636,7 +642,7 @@ class JobDriver:
             handler.apply(command, self, fallback)
         except Exception as err:
             # The guard let through a command the state could not take: say so and go on.
-            log.exception("applying %s %s", kind, command.id)
+            log.exception("applying %s %s", kind, command.id, extra={"record_id": command.id})
             self._reject(command, f"failed while applying: {err!r}")
             return
         self.commands_taken += 1
@@ -652,7 +658,7 @@ class JobDriver:
                 continue
             self.applied.add(due.command.id)
             self.fallback_notes.append(due.note)
-            log.info(due.note)
+            log.info(due.note, extra={"record_id": due.command.id})
             self.publisher.local(due.command)
             self._apply(due.command, fallback=True)
 
