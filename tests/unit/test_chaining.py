@@ -260,7 +260,7 @@ def test_sales_example_runs_as_two_chains() -> None:
     assert [s.name for s in head.steps] == ["score", "partial"]
     assert tail.kind is VertexKind.SINK and tail.sink is not None and tail.source is None
     assert [s.name for s in tail.steps] == ["final"]
-    assert tail.steps[0].fn is sales_by_region.final_sums
+    assert tail.steps[0].style == "aggregate" and tail.steps[0].keys == ("region",)
     (edge,) = tail.inputs
     assert edge == InputDef("sales→score→partial", Distribution.ALL_TO_ALL, ("region",))
 

@@ -2,7 +2,10 @@
 
     orders (Parquet) ─────────────┐
                                   ├─ enrich (join on customer_id) -> partial sums
-    customers (CSV) -> broadcast ─┘       -> partition_by("segment") -> final sums -> Parquet sink
+    customers (CSV) -> broadcast ─┘       -> partition_by("segment") -> final (aggregate: sums)
+                                          -> Parquet sink
+
+The join gets both inputs whole (`join`); the final sums stream (`aggregate`).
 
 Run it with `tailguard run examples/orders_by_segment.py`.
 """
@@ -74,13 +77,6 @@ def enrich(orders: pa.Table, customers: pa.Table) -> pa.Table:
     return grouped.rename_columns({"amount_cents_sum": "amount", "order_id_count": "orders"})
 
 
-def final_sums(table: pa.Table) -> pa.Table:
-    if table.num_rows == 0:
-        return table
-    grouped = table.group_by("segment").aggregate([("amount", "sum"), ("orders", "sum")])
-    return grouped.rename_columns({"amount_sum": "amount", "orders_sum": "orders"})
-
-
 def make_job(
     orders_path: str | Path,
     customers_path: str | Path,
@@ -91,7 +87,9 @@ def make_job(
     orders = job.read_parquet(str(orders_path), name="orders")
     customers = job.read_csv(str(customers_path), name="customers")
     partial = orders.join(customers.broadcast(), enrich, name="enrich")
-    totals = partial.partition_by("segment").map(final_sums, name="final")
+    totals = partial.partition_by("segment").aggregate(
+        amount=("amount", "sum"), orders=("orders", "sum"), name="final"
+    )
     totals.write_parquet(str(output_path), name="sink")
     return job
 

@@ -1,7 +1,10 @@
 """Sales by region: a two-stage aggregation on generated data.
 
-    source (Parquet row groups) -> score (per-row Python work) -> partial sums
-        -> partition_by("region") -> final sums -> Parquet sink
+    source (Parquet row groups) -> score (map_batches: revenue per row, Python work per batch)
+        -> partial (map_in_arrow: sums per region over the subtask's batches)
+        -> partition_by("region") -> final (aggregate: sums) -> Parquet sink
+
+Every operator streams record batches: a subtask holds a few batches, not its input.
 
 Run it with `tailguard run examples/sales_by_region.py` (generates its data under work/ first),
 or import `make_job` / `generate` / `reference` from tests and benchmarks.
@@ -9,6 +12,7 @@ or import `make_job` / `generate` / `reference` from tests and benchmarks.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +59,10 @@ def generate(
     return path
 
 
-def score(table: pa.Table, work: int = 0) -> pa.Table:
-    """Revenue per row, plus `work` rounds of fixed CPU work per row (stands in for the real
-    Python work of a job; it slows down on a throttled node, unlike a sleep)."""
+def score(table: pa.Table | pa.RecordBatch, work: int = 0) -> pa.Table | pa.RecordBatch:
+    """Revenue per row, plus `work` rounds of fixed CPU work over the rows (stands in for the
+    real Python work of a job; it slows down on a throttled node, unlike a sleep). Takes a
+    table or a record batch and returns the same kind."""
     revenue = pc.multiply(table["quantity"], table["price_cents"])
     acc = revenue.to_numpy(zero_copy_only=False).astype(np.float64)
     for _ in range(work):
@@ -78,6 +83,20 @@ def partial_sums(table: pa.Table) -> pa.Table:
     return grouped.rename_columns({"revenue_sum": "revenue", "order_id_count": "orders"})
 
 
+def partial_sums_of_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """`partial_sums` over a subtask's stream of batches (`map_in_arrow`): each batch is summed
+    as it comes, and the sums per region are combined at the end, so the subtask holds one row
+    per region and batch seen, never its rows."""
+    sums = [partial_sums(pa.Table.from_batches([batch])) for batch in batches]
+    combined = pa.concat_tables(sums) if sums else partial_sums(pa.table({}))
+    if combined.num_rows:
+        combined = combined.group_by("region", use_threads=False).aggregate(
+            [("revenue", "sum"), ("orders", "sum")]
+        )
+        combined = combined.rename_columns({"revenue_sum": "revenue", "orders_sum": "orders"})
+    yield from combined.to_batches()
+
+
 def final_sums(table: pa.Table) -> pa.Table:
     if table.num_rows == 0:
         return table
@@ -92,9 +111,11 @@ def make_job(
 ) -> Job:
     job = Job(name)
     sales = job.read_parquet(str(input_path), name="sales")
-    scored = sales.map(lambda t: score(t, work), name="score")
-    partial = scored.map(partial_sums, name="partial")
-    totals = partial.partition_by("region").map(final_sums, name="final")
+    scored = sales.map_batches(lambda batch: score(batch, work), name="score")
+    partial = scored.map_in_arrow(partial_sums_of_batches, name="partial")
+    totals = partial.partition_by("region").aggregate(
+        revenue=("revenue", "sum"), orders=("orders", "sum"), name="final"
+    )
     totals.write_parquet(str(output_path), name="sink")
     return job
 

@@ -61,6 +61,11 @@ DEFAULTS: dict[str, str] = {
     "failover.timeout": "5 s",
     # How long a slot runner lets a cancelled attempt stop by itself before ending its worker.
     "tailguard.runner.cancel-grace": "5 s",
+    # Rows per Arrow record batch streamed through an attempt's operators: an attempt holds
+    # about this many rows per operator. Flink's key for its Python functions; the value is
+    # PySpark's (spark.sql.execution.arrow.maxRecordsPerBatch), because Flink's 1000 makes the
+    # per-batch Python call cost more than the rows' work.
+    "python.fn-execution.arrow.batch.size": "10000",
 }
 
 # Recorded in JobSubmitted.config by the agent: whether the services ran for the job ("on"/"off").

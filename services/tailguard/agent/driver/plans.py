@@ -10,12 +10,13 @@ from tailguard.agent.driver.slots import ExecutionVertexId
 from tailguard.agent.driver.state import Attempt, ExecutionState, Subtask
 from tailguard.agent.executor import partitions
 from tailguard.agent.executor import sinks as sink_commit
-from tailguard.agent.executor.attempt import InputPlan, OutputPlan, TaskSpec
+from tailguard.agent.executor.attempt import DEFAULT_BATCH_ROWS, InputPlan, OutputPlan, TaskSpec
 from tailguard.agent.executor.sinks import SinkDef, StagedOutput
 from tailguard.agent.executor.sources import Split
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.chaining import ChainDef
 from tailguard.decider.policy import static_subtask_inputs as _static_inputs
+from tailguard.model.config import ConfigError, Settings
 from tailguard.model.records import SPLITS_INPUT, PartitionRef, SubtaskInputs
 
 
@@ -46,6 +47,17 @@ def static_subtask_inputs(
     )
 
 
+BATCH_SIZE_KEY = "python.fn-execution.arrow.batch.size"
+
+
+def batch_rows(settings: Settings) -> int:
+    """The batch size setting (rows per record batch in an attempt), checked."""
+    rows = settings.integer(BATCH_SIZE_KEY)
+    if rows < 1:
+        raise ConfigError(f"{BATCH_SIZE_KEY}: must be a positive number of rows, got {rows}")
+    return rows
+
+
 def task_spec(
     state: ExecutionState,
     job_id: str,
@@ -55,10 +67,11 @@ def task_spec(
     splits: list[Split],
     fail_with: str | None,
     together: dict[ExecutionVertexId, int] | None = None,
+    rows_per_batch: int = DEFAULT_BATCH_ROWS,
 ) -> TaskSpec:
     """`together` maps the tasks already deployed in the same bulk (a pipelined region) to
     their attempt numbers: an input from one of them reads that attempt, once it completes,
-    instead of a winner."""
+    instead of a winner. `rows_per_batch` is the batch size (`batch_rows`)."""
     together = together or {}
     vertex = state.vertices[subtask.vertex]
     definition = vertex.definition
@@ -109,6 +122,7 @@ def task_spec(
         sink=definition.sink,
         input_bytes=_input_bytes(state, subtask, chosen_splits, together),
         fail_with=fail_with,
+        batch_rows=rows_per_batch,
     )
 
 

@@ -1,39 +1,46 @@
 """What one attempt of a chain does inside its slot runner.
 
-The driver sends a `TaskSpec`; the attempt reads its inputs (source splits, or subpartition
-ranges of the winning producer attempts, checksum-verified), runs the chain's operators one after
-the other in this process with no result partition between them, and writes its output (result
-partition files, or a staged sink file). It never raises: every failure comes back as an
-`AttemptOutcome` with an error kind, which the driver turns into events.
+The driver sends a `TaskSpec`; the attempt streams its inputs (source splits, or subpartition
+ranges of the winning producer attempts, checksum-verified) as record batches of the batch size
+through the chain's operators, in this process with no result partition between them, and writes
+its output (result partition files, or a staged sink file) as the batches arrive: it holds a few
+batches per operator, not its input (docs/data-plane.md, "Streamed execution"). It never raises:
+every failure comes back as an `AttemptOutcome` with an error kind, which the driver turns into
+events.
 
-Cancellation is cooperative: the attempt checks its `AttemptControl` after every split or
-partition file it reads, between the chain's operators and before writing, and a user operator
-can wait or loop through `control.wait` / `control.check_cancelled`.
+Cancellation is cooperative: the attempt checks its `AttemptControl` after every batch it reads
+and every batch an operator passes on, so a cancelled attempt stops within one batch; a user
+operator can wait or loop through `control.wait` / `control.check_cancelled`. Progress (records
+and bytes read) is counted per batch.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
+from tailguard.agent.executor.batches import rebatch
 from tailguard.agent.executor.control import AttemptCancelled, AttemptControl, bind, unbind
-from tailguard.agent.executor.exchange import hash_partition, round_robin_partition
+from tailguard.agent.executor.exchange import partition_batch
 from tailguard.agent.executor.partitions import (
     PartitionCorrupt,
     PartitionMissing,
+    PartitionWriter,
+    WrittenPartition,
     await_partition,
-    read_subpartitions,
-    write_partition,
+    subpartition_batches,
 )
-from tailguard.agent.executor.sinks import SinkDef, StagedOutput, stage_sink_output
-from tailguard.agent.executor.sources import SourceDef, Split, read_split
-from tailguard.agent.executor.steps import OperatorStep
+from tailguard.agent.executor.sinks import SinkDef, StagedOutput, stage_sink_batches
+from tailguard.agent.executor.sources import SourceDef, Split, split_batches
+from tailguard.agent.executor.steps import OperatorStep, StepContext, run_chain
 from tailguard.agent.executor.storage import Storage
 from tailguard.model.records import Distribution, ErrorKind, InputRange, PartitionRef
 
@@ -70,6 +77,10 @@ class InputPlan:
 # only bounds a wait nobody ends.
 PIPELINED_WAIT_S = 3600.0
 
+# Rows per record batch when a spec does not say (the `python.fn-execution.arrow.batch.size`
+# setting's default, model/config.py).
+DEFAULT_BATCH_ROWS = 10_000
+
 
 @dataclass(frozen=True)
 class OutputPlan:
@@ -96,8 +107,11 @@ class TaskSpec:
     sink: SinkDef | None = None
     # The bytes assigned to the attempt, for progress (None while a pipelined input's is unknown).
     input_bytes: int | None = None
-    # Test hook that exercises failure paths for real: fail this attempt with a USER error.
+    # Test hook that exercises failure paths for real: fail this attempt with a USER error once
+    # its first input batch has gone through the chain (mid-stream: output may be half written).
     fail_with: str | None = None
+    # Rows per record batch streamed through the chain.
+    batch_rows: int = DEFAULT_BATCH_ROWS
 
     @property
     def key(self) -> AttemptKey:
@@ -134,30 +148,6 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _to_arrow(value: Any) -> pa.Table:
-    if isinstance(value, pa.Table):
-        return value
-    if isinstance(value, pa.RecordBatch):
-        return pa.Table.from_batches([value])
-    try:
-        import pandas as pd
-    except ImportError:  # pragma: no cover - pandas is a dependency
-        pd = None
-    if pd is not None and isinstance(value, pd.DataFrame):
-        return pa.Table.from_pandas(value, preserve_index=False)
-    raise TypeError(
-        f"an operator must return a pyarrow.Table or a pandas.DataFrame, got {type(value).__name__}"
-    )
-
-
-def _call(step: OperatorStep, tables: list[pa.Table]) -> pa.Table:
-    if step.style == "pandas":
-        args: list[Any] = [t.to_pandas() for t in tables]
-    else:
-        args = list(tables)
-    return _to_arrow(step.fn(*args))
-
-
 def _awaited_checksums(
     spec: TaskSpec, plan: InputPlan, control: AttemptControl
 ) -> dict[tuple[int, int], str]:
@@ -180,68 +170,74 @@ def _awaited_checksums(
     return checksums
 
 
-def _on_read(control: AttemptControl) -> Any:
-    def on_file(rows: int, nbytes: int) -> None:
-        control.read(rows, nbytes)
+def _counted(
+    batches: Iterator[tuple[pa.RecordBatch, int]], control: AttemptControl
+) -> Iterator[pa.RecordBatch]:
+    """Per batch read: progress (records and bytes) and the cooperative cancellation check."""
+    for batch, nbytes in batches:
+        control.read(batch.num_rows, nbytes)
         control.check()
-
-    return on_file
-
-
-def _read_inputs(spec: TaskSpec, control: AttemptControl) -> tuple[list[pa.Table], int]:
-    tables: list[pa.Table] = []
-    total_bytes = 0
-    for plan in spec.inputs:
-        checksums = _awaited_checksums(spec, plan, control) if plan.pipelined else plan.checksums
-        table, read_bytes = read_subpartitions(
-            spec.storage,
-            spec.job_id,
-            plan.range.input,
-            plan.attempts,
-            (plan.range.partition_start, plan.range.partition_end),
-            (plan.range.subpartition_start, plan.range.subpartition_end),
-            checksums,
-            on_file=_on_read(control),
-        )
-        tables.append(table)
-        total_bytes += read_bytes
-    return tables, total_bytes
+        yield batch
 
 
-def _read_source(spec: TaskSpec, control: AttemptControl) -> tuple[list[pa.Table], int]:
+def _source_stream(spec: TaskSpec, control: AttemptControl) -> Iterator[pa.RecordBatch]:
     assert spec.source is not None
-    tables: list[pa.Table] = []
     for split in spec.splits:
-        table = read_split(spec.source, split)
-        tables.append(table)
-        control.read(table.num_rows, split.bytes)
-        control.check()
-    if not tables:
-        return [pa.table({})], 0
-    merged = pa.concat_tables(tables, promote_options="default")
-    return [merged], sum(s.bytes for s in spec.splits)
+        yield from _counted(split_batches(spec.source, split, spec.batch_rows), control)
 
 
-def _run_chain(spec: TaskSpec, inputs: list[pa.Table], control: AttemptControl) -> pa.Table:
-    """The chain's operators one after the other: the head gets every input (a join gets one
-    table per input), each next operator the previous one's result."""
-    if not spec.steps:
-        if len(inputs) != 1:
-            raise ValueError(f"{spec.vertex}: {len(inputs)} inputs but no operator to combine them")
-        return inputs[0]
-    tables = inputs
-    for step in spec.steps:
-        control.check()
-        tables = [_call(step, tables)]
-    return tables[0]
+def _input_stream(
+    spec: TaskSpec, plan: InputPlan, control: AttemptControl
+) -> Iterator[pa.RecordBatch]:
+    checksums = _awaited_checksums(spec, plan, control) if plan.pipelined else plan.checksums
+    batches = subpartition_batches(
+        spec.storage,
+        spec.job_id,
+        plan.range.input,
+        plan.attempts,
+        (plan.range.partition_start, plan.range.partition_end),
+        (plan.range.subpartition_start, plan.range.subpartition_end),
+        checksums,
+        check=control.check,
+    )
+    yield from _counted(batches, control)
 
 
-def _split_output(table: pa.Table, output: OutputPlan, subtask: int) -> list[pa.Table]:
-    if output.subpartitions <= 1:
-        return [table]
-    if output.distribution is Distribution.ALL_TO_ALL and output.keys:
-        return hash_partition(table, output.keys, output.subpartitions)
-    return round_robin_partition(table, output.subpartitions, offset=subtask)
+def _failing_after_first(
+    stream: Iterator[pa.RecordBatch], message: str
+) -> Iterator[pa.RecordBatch]:
+    """The test hook `fail_with`: the first batch goes on, then the attempt fails."""
+    for batch in stream:
+        yield batch
+        break
+    raise RuntimeError(message)
+
+
+def _write_partition(
+    spec: TaskSpec, output: OutputPlan, stream: Iterator[pa.RecordBatch]
+) -> WrittenPartition:
+    """Split each batch for the consumers and write it into the subpartition files at once."""
+    count = output.subpartitions
+    keys = output.keys if output.distribution is Distribution.ALL_TO_ALL else ()
+    writer = PartitionWriter(
+        spec.storage,
+        spec.job_id,
+        PartitionRef(spec.vertex, spec.subtask, spec.attempt),
+        count,
+        spec.batch_rows,
+    )
+    split_rows = 0
+    try:
+        for batch in stream:
+            if count == 1:
+                writer.add([batch])
+                continue
+            writer.add(partition_batch(batch, count, keys, spec.subtask + split_rows))
+            split_rows += batch.num_rows
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.finish()
 
 
 def execute(spec: TaskSpec, control: AttemptControl | None = None) -> AttemptOutcome:
@@ -251,37 +247,8 @@ def execute(spec: TaskSpec, control: AttemptControl | None = None) -> AttemptOut
     started = _now_ms()
     host = task_host()
     try:
-        if spec.fail_with:
-            raise RuntimeError(spec.fail_with)
-        if spec.source is not None:
-            inputs, input_bytes = _read_source(spec, control)
-        else:
-            inputs, input_bytes = _read_inputs(spec, control)
-        table = _run_chain(spec, inputs, control)
-        control.check()
-        if spec.sink is not None:
-            staged = stage_sink_output(
-                spec.storage, spec.job_id, spec.vertex, spec.subtask, spec.attempt, table
-            )
-            return _succeeded(
-                host, started, input_bytes, table.num_rows, (staged.bytes,), (staged.checksum,),
-                staged,
-            )
-        assert spec.output is not None, "a chain without a sink needs an output plan"
-        written = write_partition(
-            spec.storage,
-            spec.job_id,
-            PartitionRef(spec.vertex, spec.subtask, spec.attempt),
-            _split_output(table, spec.output, spec.subtask),
-        )
-        return _succeeded(
-            host,
-            started,
-            input_bytes,
-            written.records,
-            written.bytes_per_subpartition,
-            written.checksums,
-        )
+        with tempfile.TemporaryDirectory(prefix="tailguard-attempt-") as spill_dir:
+            return _run(spec, control, host, started, spill_dir)
     except AttemptCancelled as err:
         outcome = _failed(host, started, ErrorKind.INFRA, str(err), None)
         outcome.cancelled = True
@@ -301,6 +268,57 @@ def execute(spec: TaskSpec, control: AttemptControl | None = None) -> AttemptOut
         return outcome
     finally:
         unbind(token)
+
+
+def _run(
+    spec: TaskSpec, control: AttemptControl, host: str, started: int, spill_dir: str
+) -> AttemptOutcome:
+    if spec.source is not None:
+        inputs = [rebatch(_source_stream(spec, control), spec.batch_rows)]
+    else:
+        inputs = [rebatch(_input_stream(spec, p, control), spec.batch_rows) for p in spec.inputs]
+    context = StepContext(spec.batch_rows, spill_dir, control.check)
+    output = run_chain(spec.steps, inputs, context)
+    if spec.fail_with:
+        output = _failing_after_first(output, spec.fail_with)
+    if spec.sink is not None:
+        staged, rows = stage_sink_batches(
+            spec.storage,
+            spec.job_id,
+            spec.vertex,
+            spec.subtask,
+            spec.attempt,
+            output,
+            spec.batch_rows,
+        )
+        control.check()
+        return _succeeded(
+            host,
+            started,
+            _input_bytes(spec, control),
+            rows,
+            (staged.bytes,),
+            (staged.checksum,),
+            staged,
+        )
+    assert spec.output is not None, "a chain without a sink needs an output plan"
+    written = _write_partition(spec, spec.output, output)
+    return _succeeded(
+        host,
+        started,
+        _input_bytes(spec, control),
+        written.records,
+        written.bytes_per_subpartition,
+        written.checksums,
+    )
+
+
+def _input_bytes(spec: TaskSpec, control: AttemptControl) -> int:
+    """The bytes the attempt read: its splits' (compressed) sizes for a source, else the
+    partition file bytes its batches accounted for."""
+    if spec.source is not None:
+        return sum(s.bytes for s in spec.splits)
+    return control.bytes_read
 
 
 def recurs_anywhere(err: BaseException) -> bool:

@@ -153,6 +153,12 @@ def key_hashes(table: pa.Table, keys: Sequence[str]) -> tuple[np.ndarray, np.nda
     return combined, has_null
 
 
+def remix(hashes: np.ndarray, seed: int) -> np.ndarray:
+    """`hashes` mixed again with `seed`: residues independent of the plain hash's (group
+    assembly splits the rows one exchange subpartition received)."""
+    return _mix(hashes + np.uint64(seed) * _GOLDEN)
+
+
 def _split_by(table: pa.Table, targets: np.ndarray, n: int) -> list[pa.Table]:
     """One take in target order, then zero-copy slices; rows keep their input order."""
     order = np.argsort(targets, kind="stable")
@@ -195,3 +201,24 @@ def round_robin_partition(table: pa.Table, n: int, offset: int = 0) -> list[pa.T
         slices[sp] = table.slice(position, sizes[sp])
         position += sizes[sp]
     return [s for s in slices if s is not None]
+
+
+def partition_batch(
+    batch: pa.RecordBatch, n: int, keys: Sequence[str], offset: int
+) -> list[pa.RecordBatch]:
+    """One batch of a producer's output split into `n` pieces, one per subpartition: by key hash
+    when `keys` are given, else round robin with the larger pieces starting at `offset` (a
+    producer passes its subtask index plus the rows it has split so far, so its batches spread
+    their extra rows over every subpartition in turn)."""
+    table = pa.Table.from_batches([batch])
+    parts = hash_partition(table, keys, n) if keys else round_robin_partition(table, n, offset)
+    return [_as_batch(part, batch.schema) for part in parts]
+
+
+def _as_batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
+    batches = table.to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    return table.combine_chunks().to_batches()[0]

@@ -7,13 +7,15 @@ Layout under a storage root (see docs/data-plane.md):
     <job_id>/partitions/<vertex>/<subtask>/<attempt>/_complete.json  written last: the checksums
 
 Every attempt writes into its own directory, so a speculative twin never touches the winner's
-files. Files are written with `Storage.write_atomic` (a renamed temporary on a local disk or
-HDFS, one upload on an object store), so a reader finds a file complete or not at all, and the
+files. Files are written as the attempt's batches arrive (`PartitionWriter`), through
+`atomic_output`: a hidden temporary renamed into place on a local disk or HDFS, a local spool
+uploaded in one piece on an object store, so a reader finds a file complete or not at all; the
 completion marker goes last: on S3, whose reads after a write are strongly consistent, a reader
-that sees the marker sees every file. The checksum is a hash of the file's bytes; the writer
-makes the bytes a function of the table's content alone (one chunk, fixed batch size, fixed
-codec), so a partition re-produced from the same inputs carries the same checksum, which the
-failover core uses to spare the consumers a restart.
+that sees the marker sees every file. The checksum is a hash of the file's bytes, taken as they
+are written; the writer makes the bytes a function of the rows alone (record batches cut at
+fixed row counts, each compacted, fixed codec), however the rows arrived in batches, so a
+partition re-produced from the same inputs carries the same checksum, which the failover core
+uses to spare the consumers a restart.
 
 The completion marker is what a PIPELINED consumer waits for: deployed together with its producer
 (FLIP-119), it cannot be handed the checksums by the driver, so it reads them from the marker. The
@@ -23,16 +25,20 @@ written, not record by record.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import socket
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
+import pyarrow.ipc
 
+from tailguard.agent.executor.batches import compact
 from tailguard.agent.executor.storage import Storage
 from tailguard.model.records import PartitionRef
 
@@ -40,8 +46,6 @@ PARTITIONS_DIR = "partitions"
 COMPLETE_MARKER = "_complete.json"
 RUNNING_MARKER = "_running.json"
 _CODEC = "zstd"
-# A fixed batch size makes the file layout independent of how the producer's table was chunked.
-_BATCH_ROWS = 64 * 1024
 
 
 class PartitionError(Exception):
@@ -92,30 +96,231 @@ def subpartition_path(
 
 # ---------------------------------------------------------------------- writing
 
+# The fewest rows in one record batch of a subpartition file (unless the batch size is smaller):
+# below it, per-batch metadata and compression framing outweigh the rows.
+MIN_FILE_BATCH_ROWS = 256
+# Bytes copied at a time when a local spool is uploaded or a file is hashed.
+COPY_CHUNK_BYTES = 8 << 20
 
-def _compact(table: pa.Table) -> pa.Table:
-    """One fresh chunk per column with buffers exactly as large as the rows need.
 
-    A slice keeps its parent's buffers, and the IPC writer may emit bytes beyond the slice
-    (string data, validity bits), so a slice and a fresh table of the same rows would differ
-    on disk. Concatenation copies into exact buffers; it costs a tenth of compressing.
+def file_batch_rows(batch_rows: int, subpartitions: int) -> int:
+    """Rows per record batch in each of `subpartitions` files written together.
+
+    A file's rows are cut into batches of exactly this many (the last shorter), whatever batches
+    they arrived in: the bytes depend on the rows alone. The writer holds at most this many rows
+    per subpartition, so splitting the batch size among the subpartitions keeps what a writer
+    holds near one batch (`subpartitions` × `MIN_FILE_BATCH_ROWS` at most, for wide exchanges).
     """
-    columns = [
-        pa.concat_arrays(column.chunks) if column.num_chunks else column.combine_chunks()
-        for column in table.columns
-    ]
-    return pa.Table.from_arrays(columns, schema=table.schema)
+    share = -(-batch_rows // max(1, subpartitions))
+    return min(batch_rows, max(MIN_FILE_BATCH_ROWS, share))
 
 
-def encode_table(table: pa.Table) -> pa.Buffer:
-    """The IPC file bytes of `table`: identical for identical content, however it is chunked
-    or sliced."""
-    canonical = _compact(table)
-    sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression=_CODEC)
-    with pa.ipc.new_file(sink, canonical.schema, options=options) as writer:
-        writer.write_table(canonical, max_chunksize=_BATCH_ROWS)
-    return sink.getvalue()
+class _HashingOutput:
+    """A file-like sink for pyarrow's writers: passes bytes on, hashing and counting them."""
+
+    def __init__(self, out: pa.NativeFile) -> None:
+        self._out = out
+        self._hash = hashlib.blake2b(digest_size=16)
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: bytes | memoryview | pa.Buffer) -> int:
+        view = memoryview(data)
+        self._hash.update(view)
+        self._out.write(view)
+        self.size += view.nbytes
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        # The underlying output belongs to `atomic_output`, which closes (publishes) it.
+        self.closed = True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readable(self) -> bool:
+        return False
+
+    @property
+    def checksum(self) -> str:
+        return self._hash.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_output(storage: Storage, path: str) -> Iterator[_HashingOutput]:
+    """A sink for writing `path` piece by piece so that it appears complete or not at all; the
+    sink's `checksum` and `size` are those of the file written.
+
+    On a local disk or HDFS the pieces go to a hidden temporary next to `path`, renamed into place
+    at the end. On an object store a stream fed piece by piece would publish what it holds when
+    closed after an error, and every open upload buffers its parts in memory, so the pieces go to
+    a local spool file, uploaded under the final name at the end (an upload that fails half-way
+    is deleted). On any error nothing is left under `path`.
+    """
+    if storage.object_store:
+        with tempfile.TemporaryDirectory(prefix="tailguard-spool-") as spool:
+            local = os.path.join(spool, "file")
+            with pa.OSFile(local, "wb") as out:
+                hashing = _HashingOutput(out)
+                yield hashing
+            _upload(local, storage, path)
+        return
+    temp = storage.temp_sibling(path)
+    try:
+        with storage.open_output(temp) as out:
+            hashing = _HashingOutput(out)
+            yield hashing
+        storage.move(temp, path)
+    except BaseException:
+        storage.delete_file(temp)
+        raise
+
+
+def _upload(local: str, storage: Storage, path: str) -> None:
+    try:
+        with pa.OSFile(local, "rb") as source, storage.open_output(path) as out:
+            while chunk := source.read(COPY_CHUNK_BYTES):
+                out.write(chunk)
+    except BaseException:
+        storage.delete_file(path)
+        raise
+
+
+class _SubpartitionFile:
+    """One subpartition's file while it is written: rows wait until a file batch is full."""
+
+    def __init__(self, storage: Storage, path: str, batch_rows: int) -> None:
+        self.storage = storage
+        self.path = path
+        self.batch_rows = batch_rows
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_rows = 0
+        self.records = 0
+        self.schema: pa.Schema | None = None
+        self._stack = contextlib.ExitStack()
+        self._sink: _HashingOutput | None = None
+        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+
+    def add(self, batch: pa.RecordBatch, own_copy: bool) -> None:
+        if self.schema is None:
+            self.schema = batch.schema
+        if not batch.num_rows:
+            return
+        # A small slice of a large batch would keep all of that batch alive while it waits:
+        # a copy holds only its own rows.
+        self.pending.append(compact([batch], batch.schema) if own_copy else batch)
+        self.pending_rows += batch.num_rows
+        while self.pending_rows >= self.batch_rows:
+            self._write_first(self.batch_rows)
+
+    def _write_first(self, rows: int) -> None:
+        taken: list[pa.RecordBatch] = []
+        needed = rows
+        while needed:
+            head = self.pending[0]
+            if head.num_rows <= needed:
+                taken.append(self.pending.pop(0))
+                needed -= head.num_rows
+            else:
+                taken.append(head.slice(0, needed))
+                self.pending[0] = head.slice(needed)
+                needed = 0
+        self.pending_rows -= rows
+        schema = self.schema if self.schema is not None else taken[0].schema
+        self._open(schema).write_batch(compact(taken, schema))
+        self.records += rows
+
+    def _open(self, schema: pa.Schema) -> pa.ipc.RecordBatchFileWriter:
+        if self._writer is None:
+            self._sink = self._stack.enter_context(atomic_output(self.storage, self.path))
+            options = pa.ipc.IpcWriteOptions(compression=_CODEC)
+            self._writer = pa.ipc.new_file(self._sink, schema, options=options)
+        return self._writer
+
+    def finish(self) -> tuple[int, str]:
+        """Write what waits, close and publish the file; (bytes, checksum)."""
+        if self.pending_rows:
+            self._write_first(self.pending_rows)
+        # A subpartition with no rows still gets a file carrying the schema.
+        writer = self._open(self.schema if self.schema is not None else pa.schema([]))
+        writer.close()
+        assert self._sink is not None
+        sink = self._sink
+        self._stack.close()
+        return sink.size, sink.checksum
+
+    def abort(self) -> None:
+        exc = RuntimeError("partition write abandoned")
+        self._stack.__exit__(type(exc), exc, None)
+
+
+class PartitionWriter:
+    """Writes one attempt's result partition as its batches arrive: `add` a batch's pieces (one
+    per subpartition), then `finish` (publishes the files, then the completion marker) or
+    `abort` (leaves nothing behind)."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        job_id: str,
+        partition: PartitionRef,
+        subpartitions: int,
+        batch_rows: int,
+    ) -> None:
+        if subpartitions < 1:
+            raise ValueError(f"need at least one subpartition, got {subpartitions}")
+        self.storage = storage
+        self.job_id = job_id
+        self.partition = partition
+        rows = file_batch_rows(batch_rows, subpartitions)
+        self._files = [
+            _SubpartitionFile(storage, subpartition_path(storage, job_id, partition, sp), rows)
+            for sp in range(subpartitions)
+        ]
+
+    def add(self, pieces: list[pa.RecordBatch]) -> None:
+        if len(pieces) != len(self._files):
+            raise ValueError(f"{len(pieces)} pieces for {len(self._files)} subpartitions")
+        own_copy = len(pieces) > 1
+        for file, piece in zip(self._files, pieces, strict=True):
+            file.add(piece, own_copy)
+
+    def finish(self) -> WrittenPartition:
+        sizes: list[int] = []
+        sums: list[str] = []
+        try:
+            for file in self._files:
+                size, digest = file.finish()
+                sizes.append(size)
+                sums.append(digest)
+        except BaseException:
+            self.abort()
+            raise
+        written = WrittenPartition(sum(f.records for f in self._files), tuple(sizes), tuple(sums))
+        # Last, after every file is in place: a consumer that sees the marker can read them all.
+        marker = json.dumps(asdict(written), sort_keys=True).encode()
+        self.storage.write_atomic(
+            completion_marker_path(self.storage, self.job_id, self.partition), marker
+        )
+        return written
+
+    def abort(self) -> None:
+        for file in self._files:
+            file.abort()
+
+
+# Rows per file batch of `write_partition` (the batch size of an attempt that writes whole
+# tables at once).
+_TABLE_BATCH_ROWS = 64 * 1024
 
 
 def write_partition(
@@ -123,20 +328,21 @@ def write_partition(
 ) -> WrittenPartition:
     """Write `tables[i]` as subpartition i of `partition` (an empty table still gets a file,
     carrying the schema, so every consumer finds what it expects)."""
-    sizes: list[int] = []
-    sums: list[str] = []
-    records = 0
-    for index, table in enumerate(tables):
-        data = encode_table(table)
-        storage.write_atomic(subpartition_path(storage, job_id, partition, index), data)
-        sizes.append(data.size)
-        sums.append(checksum(data))
-        records += table.num_rows
-    written = WrittenPartition(records, tuple(sizes), tuple(sums))
-    # Last, after every file is in place: a consumer that sees the marker can read them all.
-    marker = json.dumps(asdict(written), sort_keys=True).encode()
-    storage.write_atomic(completion_marker_path(storage, job_id, partition), marker)
-    return written
+    writer = PartitionWriter(storage, job_id, partition, len(tables), _TABLE_BATCH_ROWS)
+    try:
+        for index, table in enumerate(tables):
+            pieces = [_empty_batch(t.schema) for t in tables]
+            for batch in table.to_batches() or [_empty_batch(table.schema)]:
+                pieces[index] = batch
+                writer.add(pieces)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.finish()
+
+
+def _empty_batch(schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=schema)
 
 
 def read_completion(storage: Storage, job_id: str, partition: PartitionRef) -> WrittenPartition:
@@ -191,9 +397,21 @@ def _name(partition: PartitionRef) -> str:
 # ---------------------------------------------------------------------- reading
 
 
-def _read_file(storage: Storage, path: str, partition: PartitionRef, expected: str) -> pa.Buffer:
+def _verify(
+    storage: Storage,
+    path: str,
+    partition: PartitionRef,
+    expected: str,
+    check: Callable[[], None],
+) -> pa.Schema:
+    """Hash the whole file against `expected` without holding it (before any of its rows is
+    used), then read its schema from the footer."""
+    digest = hashlib.blake2b(digest_size=16)
     try:
-        data = storage.read_bytes(path)
+        with storage.open_input(path) as f:
+            while chunk := f.read(COPY_CHUNK_BYTES):
+                digest.update(chunk)
+                check()
     except FileNotFoundError:
         raise PartitionMissing(partition, f"result partition file {path} is missing") from None
     except OSError as err:
@@ -203,22 +421,101 @@ def _read_file(storage: Storage, path: str, partition: PartitionRef, expected: s
         raise PartitionCorrupt(
             partition, f"result partition file {path} unreadable: {err}"
         ) from err
-    actual = checksum(data)
+    actual = digest.hexdigest()
     if actual != expected:
         raise PartitionCorrupt(
             partition,
             f"result partition file {path} has checksum {actual}, expected {expected}",
         )
-    return data
+    with _opened(storage, path, partition) as reader:
+        return reader.schema
 
 
-def _decode(data: pa.Buffer, path: str, partition: PartitionRef) -> pa.Table:
+@contextlib.contextmanager
+def _opened(
+    storage: Storage, path: str, partition: PartitionRef
+) -> Iterator[pa.ipc.RecordBatchFileReader]:
     try:
-        return pa.ipc.open_file(pa.BufferReader(data)).read_all()
+        with storage.open_input(path) as f:
+            yield pa.ipc.open_file(f)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as err:
         raise PartitionCorrupt(
             partition, f"result partition file {path} unreadable: {err}"
         ) from err
+
+
+@dataclass(frozen=True)
+class _InputFile:
+    partition: PartitionRef
+    path: str
+    checksum: str
+
+
+def subpartition_batches(
+    storage: Storage,
+    job_id: str,
+    producer_vertex: str,
+    attempts: dict[int, int],
+    partition_range: tuple[int, int],
+    subpartition_range: tuple[int, int],
+    checksums: dict[tuple[int, int], str],
+    check: Callable[[], None] = lambda: None,
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The record batches of subpartitions `subpartition_range` of producer subtasks
+    `partition_range` (both inclusive) from their winning `attempts`, in (subtask,
+    subpartition) order, each with the file bytes it accounts for (their sum is the bytes of
+    the files). Every file is first verified against `checksums` (keyed by (producer subtask,
+    subpartition)), all before the first batch: a corrupt partition is found before any user
+    code sees its rows. Schemas that differ trivially between producers (a column all-null in
+    one file is typed `null` there) are unified as `concat_tables` would. `check` is called
+    while verifying (the cooperative cancellation check). Never holds a whole file: each file is
+    read twice, once to hash it and once batch by batch (the second read comes from the page
+    cache on a local disk)."""
+    first_p, last_p = partition_range
+    first_sp, last_sp = subpartition_range
+    if first_p > last_p or first_sp > last_sp:
+        raise ValueError(f"empty range: partitions {partition_range}, {subpartition_range}")
+    files: list[_InputFile] = []
+    for producer_subtask in range(first_p, last_p + 1):
+        ref = PartitionRef(producer_vertex, producer_subtask, attempts[producer_subtask])
+        for sp in range(first_sp, last_sp + 1):
+            path = subpartition_path(storage, job_id, ref, sp)
+            files.append(_InputFile(ref, path, checksums[(producer_subtask, sp)]))
+    schemas = [_verify(storage, f.path, f.partition, f.checksum, check) for f in files]
+    try:
+        schema = pa.unify_schemas(schemas, promote_options="default")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise ValueError(
+            f"the files of input {producer_vertex} do not share a schema: {err}"
+        ) from None
+    yielded = False
+    for file in files:
+        size = storage.size(file.path) or 0
+        with _opened(storage, file.path, file.partition) as reader:
+            count = reader.num_record_batches
+            accounted = 0
+            for i in range(count):
+                # A file's batches have equal row counts but the last, so the file's bytes are
+                # spread over them by index.
+                upto = size * (i + 1) // count
+                yielded = True
+                yield _cast(reader.get_batch(i), schema, file), upto - accounted
+                accounted = upto
+            if accounted < size:
+                # A file without rows (or its footer) still counts as read.
+                yielded = True
+                yield _empty_batch(schema), size - accounted
+    if not yielded:
+        yield _empty_batch(schema), 0
+
+
+def _cast(batch: pa.RecordBatch, schema: pa.Schema, file: _InputFile) -> pa.RecordBatch:
+    if batch.schema.equals(schema):
+        return batch
+    try:
+        return batch.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+        raise PartitionCorrupt(file.partition, f"result partition file {file.path}: {err}") from err
 
 
 def read_subpartitions(
@@ -229,32 +526,16 @@ def read_subpartitions(
     partition_range: tuple[int, int],
     subpartition_range: tuple[int, int],
     checksums: dict[tuple[int, int], str],
-    on_file: Callable[[int, int], None] | None = None,
 ) -> tuple[pa.Table, int]:
-    """Read subpartitions `subpartition_range` of producer subtasks `partition_range` (both
-    inclusive) from their winning `attempts`, verifying every file against `checksums`
-    (keyed by (producer subtask, subpartition)). Returns the rows in (subtask, subpartition)
-    order, so a re-run reads the same table, and the number of bytes read. `on_file` is called
-    with (rows, bytes) after each file."""
-    first_p, last_p = partition_range
-    first_sp, last_sp = subpartition_range
-    if first_p > last_p or first_sp > last_sp:
-        raise ValueError(f"empty range: partitions {partition_range}, {subpartition_range}")
-    tables: list[pa.Table] = []
+    """`subpartition_batches` as one table, and the bytes read (for tools and tests)."""
+    batches: list[pa.RecordBatch] = []
     read_bytes = 0
-    for producer_subtask in range(first_p, last_p + 1):
-        ref = PartitionRef(producer_vertex, producer_subtask, attempts[producer_subtask])
-        for sp in range(first_sp, last_sp + 1):
-            path = subpartition_path(storage, job_id, ref, sp)
-            data = _read_file(storage, path, ref, checksums[(producer_subtask, sp)])
-            table = _decode(data, path, ref)
-            tables.append(table)
-            read_bytes += data.size
-            if on_file is not None:
-                # Per file: progress reporting and the cooperative cancellation check.
-                on_file(table.num_rows, data.size)
-    # Producers may disagree trivially (a column all-null in one file is typed `null` there).
-    return pa.concat_tables(tables, promote_options="default"), read_bytes
+    for batch, nbytes in subpartition_batches(
+        storage, job_id, producer_vertex, attempts, partition_range, subpartition_range, checksums
+    ):
+        batches.append(batch)
+        read_bytes += nbytes
+    return pa.Table.from_batches(batches), read_bytes
 
 
 # ---------------------------------------------------------------------- cleanup

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import fnmatch
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tailguard.agent.executor.partitions import checksum
+from tailguard.agent.executor.batches import rebatch
+from tailguard.agent.executor.partitions import atomic_output
 from tailguard.agent.executor.storage import Storage
 
 STAGING_DIR = "staging"
@@ -74,19 +76,54 @@ def staging_path(storage: Storage, job_id: str, vertex: str, subtask: int, attem
     return storage.path(job_id, STAGING_DIR, vertex, subtask, attempt, part_name(subtask))
 
 
-def encode_parquet(table: pa.Table) -> pa.Buffer:
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression=_COMPRESSION)
-    return sink.getvalue()
+def stage_sink_batches(
+    storage: Storage,
+    job_id: str,
+    vertex: str,
+    subtask: int,
+    attempt: int,
+    batches: Iterable[pa.RecordBatch],
+    batch_rows: int,
+) -> tuple[StagedOutput, int]:
+    """Write the attempt's output to its staging file as the batches arrive, one Parquet row
+    group per `batch_rows` rows (batches are joined or cut to that size first: a row group per
+    small batch would make a file of tiny row groups). Returns what commit needs and the rows.
+
+    The file appears whole or not at all (`atomic_output`); an error leaves nothing staged.
+    A stream without batches is written as a file without columns."""
+    path = staging_path(storage, job_id, vertex, subtask, attempt)
+    rows = 0
+    with atomic_output(storage, path) as sink:
+        writer: pq.ParquetWriter | None = None
+        try:
+            for batch in rebatch(batches, batch_rows):
+                if writer is None:
+                    writer = pq.ParquetWriter(sink, batch.schema, compression=_COMPRESSION)
+                if batch.num_rows:
+                    writer.write_batch(batch)
+                    rows += batch.num_rows
+            if writer is None:
+                writer = pq.ParquetWriter(sink, pa.schema([]), compression=_COMPRESSION)
+        finally:
+            if writer is not None:
+                writer.close()
+    return StagedOutput(path, sink.size, sink.checksum, subtask, attempt), rows
 
 
 def stage_sink_output(
     storage: Storage, job_id: str, vertex: str, subtask: int, attempt: int, table: pa.Table
 ) -> StagedOutput:
-    data = encode_parquet(table)
-    path = staging_path(storage, job_id, vertex, subtask, attempt)
-    storage.write_atomic(path, data)
-    return StagedOutput(path, data.size, checksum(data), subtask, attempt)
+    """`stage_sink_batches` for a whole table (tools and tests)."""
+    staged, _ = stage_sink_batches(
+        storage,
+        job_id,
+        vertex,
+        subtask,
+        attempt,
+        table.to_batches() or [pa.RecordBatch.from_pylist([], schema=table.schema)],
+        max(1, table.num_rows),
+    )
+    return staged
 
 
 def _copy(storage: Storage, src: str, sink: Storage, dst: str) -> None:

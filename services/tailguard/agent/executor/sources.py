@@ -10,6 +10,7 @@ are made absolute in the driver (see `tailguard.filesystems`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from tailguard import filesystems
+from tailguard.agent.executor.batches import split_rows
 
 SourceFormat = Literal["parquet", "csv", "json"]
 
@@ -101,25 +103,112 @@ def discover_splits(source: SourceDef) -> list[Split]:
 
 
 def read_split(source: SourceDef, split: Split) -> pa.Table:
-    fs, path = _open(split.path)
-    options: dict[str, Any] = dict(source.options)
-    if source.format == "parquet":
-        with fs.open_input_file(path) as handle:
-            return pq.ParquetFile(handle).read_row_group(
-                split.row_group or 0, columns=options.get("columns")
-            )
-    with fs.open_input_stream(path) as stream:
-        if source.format == "csv":
-            convert = options.get("column_types")
-            return pa_csv.read_csv(
-                stream,
-                convert_options=pa_csv.ConvertOptions(column_types=convert) if convert else None,
-            )
-        return pa_json.read_json(stream)
+    """One whole split as a table (for tools and tests; attempts stream with `split_batches`)."""
+    batches = [batch for batch, _ in split_batches(source, split, _WHOLE_SPLIT_ROWS)]
+    return pa.Table.from_batches(batches)
 
 
 def read_splits(source: SourceDef, splits: list[Split]) -> pa.Table:
+    """Splits as one table (for tools and tests)."""
     tables = [read_split(source, s) for s in splits]
     if not tables:
         return pa.table({})
     return pa.concat_tables(tables, promote_options="default")
+
+
+# Rows per batch when a whole split is wanted at once.
+_WHOLE_SPLIT_ROWS = 1 << 30
+# Bytes of a CSV or JSON-lines file parsed at a time (pyarrow's own default). A block holds about
+# this much text; its batch is cut to the batch size afterwards.
+TEXT_BLOCK_BYTES = 1 << 20
+
+
+def split_batches(
+    source: SourceDef, split: Split, batch_rows: int
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The split's record batches, each with the bytes of the split it accounts for (their sum
+    is `split.bytes`, for progress), without ever holding the whole split: Parquet by row group
+    and batch (`ParquetFile.iter_batches`), CSV and JSON lines by block of text
+    (`pyarrow.csv.open_csv`, `pyarrow.json.open_json`). A split without rows yields one empty
+    batch carrying its schema.
+
+    Column types of CSV and JSON are inferred from the first block, as Spark infers them from a
+    sample: a column whose values change type later needs `column_types=` (CSV)."""
+    fs, path = _open(split.path)
+    if source.format == "parquet":
+        with fs.open_input_file(path) as handle:
+            yield from _parquet_batches(source, split, handle, batch_rows)
+        return
+    with fs.open_input_stream(path) as stream:
+        reader = _text_reader(source, stream, split)
+        yield from _text_batches(reader, stream, split, batch_rows)
+
+
+def _parquet_batches(
+    source: SourceDef, split: Split, handle: pa.NativeFile, batch_rows: int
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    parquet = pq.ParquetFile(handle)
+    group = split.row_group or 0
+    columns = source.options.get("columns")
+    total_rows = parquet.metadata.row_group(group).num_rows
+    if total_rows == 0:
+        schema = parquet.schema_arrow
+        if columns is not None:
+            schema = pa.schema([schema.field(c) for c in columns])
+        yield pa.RecordBatch.from_pylist([], schema=schema), split.bytes
+        return
+    accounted = 0
+    rows_read = 0
+    for batch in parquet.iter_batches(
+        batch_size=batch_rows, row_groups=[group], columns=columns, use_threads=False
+    ):
+        rows_read += batch.num_rows
+        # The row group's compressed bytes in proportion to the rows read so far, so the last
+        # batch brings the sum to exactly the split's bytes.
+        upto = split.bytes * rows_read // total_rows
+        yield batch, upto - accounted
+        accounted = upto
+
+
+def _text_reader(source: SourceDef, stream: pa.NativeFile, split: Split) -> Any:
+    if source.format == "csv":
+        convert = source.options.get("column_types")
+        return pa_csv.open_csv(
+            stream,
+            read_options=pa_csv.ReadOptions(block_size=TEXT_BLOCK_BYTES, use_threads=False),
+            convert_options=pa_csv.ConvertOptions(column_types=convert) if convert else None,
+        )
+    return pa_json.open_json(
+        stream, read_options=pa_json.ReadOptions(block_size=TEXT_BLOCK_BYTES, use_threads=False)
+    )
+
+
+def _text_batches(
+    reader: Any, stream: pa.NativeFile, split: Split, batch_rows: int
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    accounted = 0
+    any_batch = False
+    while True:
+        try:
+            block = reader.read_next_batch()
+        except StopIteration:
+            break
+        except pa.ArrowInvalid as err:
+            raise SourceError(
+                f"{split.path}: {err} (column types are inferred from the first "
+                f"{TEXT_BLOCK_BYTES >> 20} MiB; give them with column_types=...)"
+            ) from None
+        # The bytes the parser has taken from the file so far (it reads a block ahead).
+        upto = min(split.bytes, stream.tell())
+        pieces = list(split_rows(block, batch_rows))
+        for index, piece in enumerate(pieces):
+            any_batch = True
+            yield piece, (upto - accounted if index == len(pieces) - 1 else 0)
+            if index == len(pieces) - 1:
+                accounted = upto
+    if not any_batch:
+        yield pa.RecordBatch.from_pylist([], schema=reader.schema), split.bytes
+    elif accounted < split.bytes:
+        # Whatever the parser read without a batch for it (a trailing newline): accounted for
+        # with an empty batch, so the split's bytes add up.
+        yield pa.RecordBatch.from_pylist([], schema=reader.schema), split.bytes - accounted

@@ -1,16 +1,24 @@
 """The job-graph API a PySpark user writes against.
 
     job = Job("sales-by-region")
-    sales = job.read_parquet("data/sales")                     # a source: one split per row group
-    partial = sales.map(partial_sums)                          # forward: same parallelism
-    totals = partial.partition_by("region").map(final_sums)    # hash exchange on "region"
-    totals.write_parquet("out/sales_by_region")                # a sink with the commit protocol
+    sales = job.read_parquet("data/sales")                       # one split per row group
+    scored = sales.map_batches(add_revenue)                      # forward, per record batch
+    totals = scored.partition_by("region").aggregate(            # hash exchange on "region"
+        revenue=("revenue", "sum"), orders=("order_id", "count")
+    )
+    totals.write_parquet("out/sales_by_region")                  # a sink with the commit protocol
     result = tailguard.run(job, spark)
 
-Operators take and return Arrow tables (`map`) or pandas frames (`map_pandas`); either kind of
-result is accepted and converted. A vertex with several inputs (a join) is built with `join` or
-`Job.combine`. Every vertex is adaptive (the decider chooses its parallelism from the data) unless
-given `parallelism=`.
+The operators are shaped like PySpark's (docs/agent.md has the table): `map_batches` (per
+record batch), `map_in_arrow` / `map_in_pandas` (an iterator of batches in, an iterator out, as
+`mapInArrow` / `mapInPandas`), `filter` / `select` (pyarrow compute expressions), and after
+`partition_by(keys)`: `apply_in_pandas` / `apply_in_arrow` (one call per key group, as
+`groupBy().applyInPandas`) and `aggregate` (sum, count, min, max, mean). They stream: an attempt
+holds a few record batches per operator, not its input. `map` / `map_pandas` get the whole input
+of a subtask as one table or frame (memory grows with it; for what needs all rows at once), and a
+vertex with several inputs (a join) is built with `join` or `Job.combine`, whose function gets
+one whole table per input. Every vertex is adaptive (the decider chooses its parallelism from the
+data) unless given `parallelism=`.
 
 Before it runs, the graph is cut into chains (`tailguard.agent.graph.chaining`): consecutive
 operators joined by a FORWARD edge with the same parallelism run in one task, with no result
@@ -23,11 +31,16 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tailguard.agent.executor.aggregation import ALL_ROWS, FUNCTIONS, Aggregation
 from tailguard.agent.executor.sinks import SinkDef
 from tailguard.agent.executor.sources import SourceDef, SourceFormat
+from tailguard.agent.executor.steps import OperatorStep, takes_key
 from tailguard.model.records import (
     Distribution,
     Exchange,
@@ -67,9 +80,8 @@ class VertexDef:
     name: str
     kind: VertexKind
     inputs: list[InputDef] = field(default_factory=list)
-    fn: Callable[..., Any] | None = None
-    # "arrow": fn gets pyarrow Tables; "pandas": fn gets pandas DataFrames.
-    style: Literal["arrow", "pandas"] = "arrow"
+    # What an operator does (sources and sinks have none).
+    step: OperatorStep | None = None
     parallelism: int | None = None
     max_parallelism: int | None = None
     speculation_safe: bool = True
@@ -155,16 +167,28 @@ class Job:
     ) -> Dataset:
         if not callable(fn):
             raise JobDefinitionError(f"operator function must be callable, got {fn!r}")
+        return self._step(
+            inputs, OperatorStep("", fn, "pandas" if pandas else "arrow"), name, options
+        )
+
+    def _step(
+        self,
+        inputs: list[InputDef],
+        step: OperatorStep,
+        name: str | None,
+        options: dict[str, Any],
+    ) -> Dataset:
+        """Add an operator vertex running `step` (whose name is filled in here)."""
+        base = getattr(step.fn, "__name__", None) or step.style
         vertex = self._add(
             VertexDef(
-                name=name or self._fresh(getattr(fn, "__name__", "op")),
+                name=name or self._fresh(base),
                 kind=VertexKind.OPERATOR,
                 inputs=inputs,
-                fn=fn,
-                style="pandas" if pandas else "arrow",
                 **_vertex_options(options),
             )
         )
+        vertex.step = replace(step, name=vertex.name)
         return Dataset(self, vertex.name)
 
     def _add(self, vertex: VertexDef) -> VertexDef:
@@ -310,14 +334,131 @@ def _vertex_options(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+class _Operators:
+    """The operators, read through the edge `_edge()` gives: FORWARD from a `Dataset`, the
+    chosen exchange from an `Exchanged`."""
+
+    def _edge(self) -> Exchanged:
+        raise NotImplementedError
+
+    def _add_step(self, step: OperatorStep, name: str | None, options: dict[str, Any]) -> Dataset:
+        edge = self._edge()
+        return edge.dataset.job._step([edge.input_def()], step, name, options)
+
+    # ------------------------------------------------------------ streamed, per batch
+
+    def map_batches(
+        self, fn: Callable[..., Any], *, name: str | None = None, **options: Any
+    ) -> Dataset:
+        """fn(pyarrow.RecordBatch) -> RecordBatch, Table or pandas.DataFrame, once per record
+        batch (the batch size is `python.fn-execution.arrow.batch.size` rows). A subtask with
+        no rows calls it once with an empty batch, so its result still has columns."""
+        return self._add_step(
+            OperatorStep("", _callable(fn, "map_batches"), "map_batches"), name, options
+        )
+
+    def map_in_arrow(
+        self,
+        fn: Callable[..., Any],
+        schema: pa.Schema | None = None,
+        *,
+        name: str | None = None,
+        **options: Any,
+    ) -> Dataset:
+        """fn(Iterator[pyarrow.RecordBatch]) -> Iterator[pyarrow.RecordBatch], once per subtask,
+        as PySpark's `mapInArrow`. `schema`, if given, is the output's (columns taken by name
+        and cast to it); it also types the output of a subtask that yields nothing."""
+        step = OperatorStep(
+            "", _callable(fn, "map_in_arrow"), "map_in_arrow", schema=_schema(schema)
+        )
+        return self._add_step(step, name, options)
+
+    def map_in_pandas(
+        self,
+        fn: Callable[..., Any],
+        schema: pa.Schema | None = None,
+        *,
+        name: str | None = None,
+        **options: Any,
+    ) -> Dataset:
+        """fn(Iterator[pandas.DataFrame]) -> Iterator[pandas.DataFrame], once per subtask: the
+        same function object PySpark's `df.mapInPandas(fn, schema)` takes. `schema` as for
+        `map_in_arrow` (a `pyarrow.Schema`)."""
+        step = OperatorStep(
+            "", _callable(fn, "map_in_pandas"), "map_in_pandas", schema=_schema(schema)
+        )
+        return self._add_step(step, name, options)
+
+    def filter(
+        self, predicate: pc.Expression, *, name: str | None = None, **options: Any
+    ) -> Dataset:
+        """The rows for which `predicate`, a `pyarrow.compute` expression such as
+        `pc.field("amount") > 0`, is true (null counts as false, as in Spark)."""
+        if not isinstance(predicate, pc.Expression):
+            raise JobDefinitionError(
+                f"filter takes a pyarrow.compute expression such as pc.field('amount') > 0, got "
+                f"{type(predicate).__name__}; for a Python predicate use map_batches"
+            )
+        return self._add_step(OperatorStep("", None, "filter", predicate=predicate), name, options)
+
+    def select(
+        self,
+        *columns: str | tuple[str, pc.Expression] | Mapping[str, pc.Expression],
+        name: str | None = None,
+        **options: Any,
+    ) -> Dataset:
+        """The given columns, in order: a name keeps a column, `(name, expression)` or a
+        mapping `{name: expression}` computes one with `pyarrow.compute`, such as
+        `("revenue", pc.field("quantity") * pc.field("price_cents"))`."""
+        projections = _projections(columns)
+        return self._add_step(
+            OperatorStep("", None, "select", projections=projections), name, options
+        )
+
+    # ------------------------------------------------------------ whole input
+
+    def map(self, fn: Callable[..., Any], *, name: str | None = None, **options: Any) -> Dataset:
+        """fn(pyarrow.Table) -> Table, RecordBatch or pandas.DataFrame, once per subtask with
+        its whole input: memory grows with the input. For what needs every row at once (a
+        sort, a global dedup); otherwise map_batches or map_in_arrow stream."""
+        return self._add_step(OperatorStep("", _callable(fn, "map"), "arrow"), name, options)
+
+    def map_pandas(
+        self, fn: Callable[..., Any], *, name: str | None = None, **options: Any
+    ) -> Dataset:
+        """fn(pandas.DataFrame) -> DataFrame or pyarrow.Table, once per subtask with its whole
+        input, as `map`; map_in_pandas streams."""
+        return self._add_step(
+            OperatorStep("", _callable(fn, "map_pandas"), "pandas"), name, options
+        )
+
+    def write_parquet(self, path: str, *, name: str | None = None, **options: Any) -> Dataset:
+        """A Parquet sink; only the winning attempt of each subtask is committed."""
+        edge = self._edge()
+        job = edge.dataset.job
+        vertex = job._add(
+            VertexDef(
+                name=name or job._fresh("write_parquet"),
+                kind=VertexKind.SINK,
+                inputs=[edge.input_def()],
+                sink=SinkDef("parquet", str(path)),
+                **_vertex_options(options),
+            )
+        )
+        return Dataset(job, vertex.name)
+
+
 @dataclass(frozen=True)
-class Exchanged:
+class Exchanged(_Operators):
     """A dataset together with the way its consumer will read it."""
 
     dataset: Dataset
     distribution: Distribution
     keys: tuple[str, ...] = ()
     exchange: Exchange = Exchange.BLOCKING
+
+    def _edge(self) -> Exchanged:
+        return self
 
     def input_def(self) -> InputDef:
         return InputDef(self.dataset.name, self.distribution, self.keys, self.exchange)
@@ -327,36 +468,87 @@ class Exchanged:
         scheduled as a whole (FLIP-119). Both ends need a fixed parallelism."""
         return Exchanged(self.dataset, self.distribution, self.keys, Exchange.PIPELINED)
 
-    def map(self, fn: Callable[..., Any], *, name: str | None = None, **options: Any) -> Dataset:
-        return self.dataset.job._operator([self.input_def()], fn, name, False, options)
+    # ------------------------------------------------------------ per key group
 
-    def map_pandas(
-        self, fn: Callable[..., Any], *, name: str | None = None, **options: Any
+    def apply_in_pandas(
+        self,
+        fn: Callable[..., Any],
+        schema: pa.Schema | None = None,
+        *,
+        name: str | None = None,
+        **options: Any,
     ) -> Dataset:
-        return self.dataset.job._operator([self.input_def()], fn, name, True, options)
+        """fn(pandas.DataFrame) -> DataFrame, or fn(key, DataFrame) with the key values as a
+        tuple, once per key group of `partition_by(keys)`: PySpark's
+        `groupBy(keys).applyInPandas(fn, schema)`. A group must fit in memory; the subtask's
+        input need not (groups are assembled through local spill files)."""
+        return self._group_step(fn, "apply_in_pandas", schema, name, options)
 
-    def write_parquet(self, path: str, *, name: str | None = None, **options: Any) -> Dataset:
-        job = self.dataset.job
-        vertex = job._add(
-            VertexDef(
-                name=name or job._fresh("write_parquet"),
-                kind=VertexKind.SINK,
-                inputs=[self.input_def()],
-                sink=SinkDef("parquet", str(path)),
-                **_vertex_options(options),
-            )
+    def apply_in_arrow(
+        self,
+        fn: Callable[..., Any],
+        schema: pa.Schema | None = None,
+        *,
+        name: str | None = None,
+        **options: Any,
+    ) -> Dataset:
+        """fn(pyarrow.Table) -> Table, or fn(key, Table), once per key group, as
+        `apply_in_pandas` (PySpark's `applyInArrow`)."""
+        return self._group_step(fn, "apply_in_arrow", schema, name, options)
+
+    def aggregate(
+        self,
+        aggregations: Mapping[str, tuple[str, str]] | None = None,
+        *,
+        name: str | None = None,
+        **named: Any,
+    ) -> Dataset:
+        """One row per key of `partition_by(keys)`: the keys, then one column per aggregation,
+        `output=(column, function)` with function sum, count, min, max or mean (column "*"
+        with count counts rows), as `groupBy(keys).agg(...)`. Computed per batch and combined,
+        with no user function; sorted by key. Outputs whose names are taken by `name=` or a
+        vertex option go in the `aggregations` mapping."""
+        keys = self._group_keys("aggregate")
+        options = {k: v for k, v in named.items() if not isinstance(v, tuple)}
+        specs = {**(aggregations or {}), **{k: v for k, v in named.items() if isinstance(v, tuple)}}
+        step = OperatorStep(
+            "", None, "aggregate", keys=keys, aggregations=_aggregations(specs, keys)
         )
-        return Dataset(job, vertex.name)
+        return self._add_step(step, name, options)
+
+    def _group_keys(self, call: str) -> tuple[str, ...]:
+        if self.distribution is not Distribution.ALL_TO_ALL or not self.keys:
+            raise JobDefinitionError(
+                f"{call} works per key group: call it after partition_by(keys), which sends every "
+                f"row of a key to one subtask"
+            )
+        return self.keys
+
+    def _group_step(
+        self,
+        fn: Callable[..., Any],
+        style: Literal["apply_in_pandas", "apply_in_arrow"],
+        schema: pa.Schema | None,
+        name: str | None,
+        options: dict[str, Any],
+    ) -> Dataset:
+        keys = self._group_keys(style)
+        try:
+            takes_key(_callable(fn, style))
+        except ValueError as err:
+            raise JobDefinitionError(f"{style}: {err}") from None
+        step = OperatorStep("", fn, style, keys=keys, schema=_schema(schema))
+        return self._add_step(step, name, options)
 
 
 @dataclass(frozen=True)
-class Dataset:
+class Dataset(_Operators):
     """The output of one vertex. Reading it without an exchange is FORWARD."""
 
     job: Job
     name: str
 
-    def _forward(self) -> Exchanged:
+    def _edge(self) -> Exchanged:
         return Exchanged(self, Distribution.FORWARD)
 
     # exchanges
@@ -375,18 +567,7 @@ class Dataset:
         return Exchanged(self, Distribution.BROADCAST)
 
     def pipelined(self) -> Exchanged:
-        return self._forward().pipelined()
-
-    # operators
-    def map(self, fn: Callable[..., Any], *, name: str | None = None, **options: Any) -> Dataset:
-        """fn(pyarrow.Table) -> pyarrow.Table or pandas.DataFrame, per subtask."""
-        return self._forward().map(fn, name=name, **options)
-
-    def map_pandas(
-        self, fn: Callable[..., Any], *, name: str | None = None, **options: Any
-    ) -> Dataset:
-        """fn(pandas.DataFrame) -> pandas.DataFrame or pyarrow.Table, per subtask."""
-        return self._forward().map_pandas(fn, name=name, **options)
+        return self._edge().pipelined()
 
     def join(
         self,
@@ -397,13 +578,9 @@ class Dataset:
         pandas: bool = False,
         **options: Any,
     ) -> Dataset:
-        """fn(this_table, other_table) per subtask. Co-partition both sides with
-        partition_by on the join keys, or broadcast the small side."""
+        """fn(this_table, other_table) per subtask, with both whole inputs. Co-partition both
+        sides with partition_by on the join keys, or broadcast the small side."""
         return self.job.combine([self, other], fn, name=name, pandas=pandas, **options)
-
-    def write_parquet(self, path: str, *, name: str | None = None, **options: Any) -> Dataset:
-        """A Parquet sink; only the winning attempt of each subtask is committed."""
-        return self._forward().write_parquet(path, name=name, **options)
 
     # vertex options, Spark-style chaining on the vertex just built
     def _vertex(self) -> VertexDef:
@@ -437,6 +614,81 @@ class Dataset:
         consumer (Flink's disableChaining). Its output is then always a result partition."""
         self._vertex().chaining = Chaining.NEVER
         return self
+
+
+def _callable(fn: Any, call: str) -> Callable[..., Any]:
+    if not callable(fn):
+        raise JobDefinitionError(f"{call}: the operator function must be callable, got {fn!r}")
+    return fn  # type: ignore[no-any-return]
+
+
+def _schema(schema: Any) -> pa.Schema | None:
+    if schema is None or isinstance(schema, pa.Schema):
+        return schema
+    raise JobDefinitionError(
+        f"schema must be a pyarrow.Schema (e.g. pa.schema([('id', pa.int64())])), got "
+        f"{type(schema).__name__}"
+    )
+
+
+def _projections(
+    columns: Sequence[str | tuple[str, pc.Expression] | Mapping[str, pc.Expression]],
+) -> tuple[tuple[str, pc.Expression], ...]:
+    if not columns:
+        raise JobDefinitionError("select needs at least one column")
+    projections: list[tuple[str, pc.Expression]] = []
+    for column in columns:
+        if isinstance(column, str):
+            projections.append((column, pc.field(column)))
+        elif isinstance(column, Mapping):
+            projections.extend(column.items())
+        elif isinstance(column, tuple) and len(column) == 2 and isinstance(column[0], str):
+            projections.append(column)
+        else:
+            raise JobDefinitionError(
+                f"select takes column names, (name, expression) pairs or {{name: expression}} "
+                f"mappings, got {column!r}"
+            )
+    for output, expression in projections:
+        if not isinstance(expression, pc.Expression):
+            raise JobDefinitionError(
+                f"select: {output!r} must be a pyarrow.compute expression, got "
+                f"{type(expression).__name__}"
+            )
+    names = [output for output, _ in projections]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise JobDefinitionError(f"select: output column(s) {duplicates} named more than once")
+    return tuple(projections)
+
+
+def _aggregations(specs: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[Aggregation, ...]:
+    if not specs:
+        raise JobDefinitionError(
+            "aggregate needs at least one aggregation, e.g. total=('amount', 'sum')"
+        )
+    result: list[Aggregation] = []
+    for output, spec in specs.items():
+        if output in keys:
+            raise JobDefinitionError(f"aggregate: output {output!r} is also a key column")
+        if (
+            not isinstance(spec, tuple)
+            or len(spec) != 2
+            or not all(isinstance(part, str) for part in spec)
+        ):
+            raise JobDefinitionError(
+                f"aggregate: {output}= must be a (column, function) pair, got {spec!r}"
+            )
+        column, function = spec
+        if function not in FUNCTIONS:
+            raise JobDefinitionError(
+                f"aggregate: {output}=({column!r}, {function!r}): unknown function; use one of "
+                f"{', '.join(FUNCTIONS)}"
+            )
+        if column == ALL_ROWS and function != "count":
+            raise JobDefinitionError(f"aggregate: {output}: column '*' works only with count")
+        result.append(Aggregation(output, column, function))
+    return tuple(result)
 
 
 def _as_exchanged(value: Dataset | Exchanged) -> Exchanged:

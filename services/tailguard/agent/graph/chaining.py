@@ -79,7 +79,7 @@ class ChainDef:
     sink: SinkDef | None
     # The user's operators in the chain, head first.
     operators: tuple[str, ...]
-    # The members that have a function, in order (sources and sinks have none).
+    # The members' steps, in order (sources and sinks have none).
     steps: tuple[OperatorStep, ...]
 
     @property
@@ -222,5 +222,5 @@ def _chain_def(members: list[VertexDef], chain_name: Mapping[str, str]) -> Chain
         source=head.source,
         sink=tail.sink,
         operators=tuple(m.name for m in members),
-        steps=tuple(OperatorStep(m.name, m.fn, m.style) for m in members if m.fn is not None),
+        steps=tuple(m.step for m in members if m.step is not None),
     )
