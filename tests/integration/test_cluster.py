@@ -484,6 +484,9 @@ def test_cli_up_status_throttle_down(tmp_path: Path) -> None:
         assert throttle.returncode == 0, throttle.stderr
         human = tailguard("--work-dir", work, "status")
         assert "throttled x5" in human.stdout
+        # --work-dir after the verb, as with `tailguard broker` and `tailguard services`.
+        after = tailguard("status", "--work-dir", work)
+        assert after.returncode == 0 and "throttled x5" in after.stdout
         poll(lambda: procs.state_of(worker_pid) == "T", 10.0, "the worker to be paused")
         off = tailguard("--work-dir", work, "throttle", "127.0.0.2", "--off")
         assert off.returncode == 0, off.stderr
@@ -512,3 +515,5 @@ def test_cli_up_status_throttle_down(tmp_path: Path) -> None:
     gone = tailguard("--work-dir", work, "status")
     assert gone.returncode == 1
     assert "no cluster state file" in gone.stderr
+    again = tailguard("down", "--work-dir", work)  # nothing to stop is no error
+    assert again.returncode == 0 and "no cluster running" in again.stderr

@@ -1,6 +1,9 @@
-"""`tailguard cluster up|status|down|throttle`: the local standalone cluster from the shell.
+"""`tailguard cluster up|down|status|throttle`: the local standalone cluster from the shell.
 
-The cluster outlives the command; later calls find it through `<work-dir>/cluster.json`.
+The verbs of `tailguard broker` and `tailguard services`: `down` with no cluster running says so
+and exits 0; `status` exits 0 when the master and every worker are up, 1 otherwise; `--work-dir`
+goes before or after the verb. The cluster outlives the command; later calls find it through
+`<work-dir>/cluster.json`.
 A slow node comes in two modes (`--mode`, `--throttle-mode`): `cpu` pauses the worker's
 process tree in a duty cycle (honest only with no more executors than cores), `io` sets the
 host's factor that I/O-bound tasks read (`tailguard.cluster.slowness`).
@@ -17,6 +20,7 @@ from typing import Any
 
 from tailguard.cluster.local import (
     DEFAULT_WORK_DIR,
+    STATE_FILE,
     THROTTLE_MODES,
     ClusterError,
     LocalCluster,
@@ -42,13 +46,17 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"bad duration {text!r} (e.g. 30s, 2m)") from exc
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_work_dir(parser: argparse.ArgumentParser, default: Any) -> None:
     parser.add_argument(
         "--work-dir",
         type=Path,
-        default=DEFAULT_WORK_DIR,
+        default=default,
         help=f"state file, logs and worker dirs (default: {DEFAULT_WORK_DIR})",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_work_dir(parser, DEFAULT_WORK_DIR)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
 
@@ -74,12 +82,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for workers")
 
-    status = actions.add_parser("status", help="show the running cluster")
+    status = actions.add_parser(
+        "status", help="show the running cluster; exit 0 when all of it is up, 1 otherwise"
+    )
     status.add_argument("--json", action="store_true", help="machine-readable output")
 
-    actions.add_parser("down", help="stop the cluster and every throttler")
+    down = actions.add_parser("down", help="stop the cluster and every throttler")
 
     throttle = actions.add_parser("throttle", help="slow a worker down, or stop doing so")
+    for verb in (up, status, down, throttle):
+        # After the verb too, as with broker and services; SUPPRESS keeps a --work-dir given
+        # before the verb when none follows it.
+        _add_work_dir(verb, argparse.SUPPRESS)
     throttle.add_argument("host", help="worker address, e.g. 127.0.0.3")
     which = throttle.add_mutually_exclusive_group(required=True)
     which.add_argument("--factor", type=float, help="run FACTOR times slower (>= 1)")
@@ -109,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "up":
             return _up(args)
+        if args.action == "down" and not (Path(args.work_dir) / STATE_FILE).exists():
+            _say(f"no cluster running under {Path(args.work_dir).resolve()}")
+            return 0
         cluster = LocalCluster.attach(args.work_dir)
         if args.action == "status":
             return _status(cluster, args.json)
@@ -152,7 +169,7 @@ def _status(cluster: LocalCluster, as_json: bool) -> int:
     healthy = status["master_answers"] and all(
         w["running"] and w["registered"] for w in status["workers"]
     )
-    return 0 if healthy else 2
+    return 0 if healthy else 1
 
 
 def _format_status(status: dict[str, Any]) -> str:
