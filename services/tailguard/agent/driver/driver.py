@@ -129,6 +129,7 @@ class JobDriver:
         self.finished_ms = 0
         self.events_published = 0
         self.check_interval = settings.duration_ms("slow-task-detector.check-interval")
+        self._batch_rows = plans.batch_rows(settings)
         self._max_concurrent = settings.integer(
             "execution.batch.speculative.max-concurrent-executions"
         )
@@ -489,6 +490,7 @@ class JobDriver:
             self.splits.get(subtask.vertex, []),
             self.options.fail_attempts.get((subtask.vertex, subtask.index, number)),
             together,
+            self._batch_rows,
         )
         attempt = Attempt(
             vertex=subtask.vertex,
