@@ -49,26 +49,38 @@ def _say(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def _usage_error(message: str) -> int:
+    print(f"tailguard bench: {message}", file=sys.stderr)
+    return 2
+
+
 def _load() -> str:
     one, five, _ = os.getloadavg()
     return f"{one:.1f} (1 min), {five:.1f} (5 min)"
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        default = sc.QUICK_SCENARIOS if args.quick else sc.DEFAULT_SCENARIOS
+        chosen = sc.select(args.scenarios, default)
+        contenders = sc.select_contenders(
+            args.contenders, sc.QUICK_CONTENDERS if args.quick else None
+        )
+    except ValueError as err:  # a name that is not a scenario or contender
+        return _usage_error(str(err))
+    runs = 1 if args.quick else args.runs
+    if runs < 1:
+        return _usage_error(f"--runs must be at least 1, not {runs}")
+    # Spark is imported only once the request is known to be good.
     from tailguard.bench.runner import Bench
     from tailguard.bench.runner import workers_for as runner_workers
 
-    chosen = sc.select(args.scenarios, sc.QUICK_SCENARIOS if args.quick else sc.DEFAULT_SCENARIOS)
-    contenders = sc.select_contenders(args.contenders, sc.QUICK_CONTENDERS if args.quick else None)
     names = {s.name for s in chosen}
     for s in chosen:
         if s.healthy and s.healthy not in names:
             _say(f"note: {s.name}'s ideal comes from {s.healthy}'s runs; add {s.healthy} to get it")
     size = sc.QUICK if args.quick else sc.FULL
     io = sc.IO_QUICK if args.quick else sc.IO_FULL
-    runs = 1 if args.quick else args.runs
-    if runs < 1:
-        raise SystemExit("--runs must be at least 1")
     argv = sys.argv[1:]
     given = argv[argv.index("bench") + 1 :] if "bench" in argv else []
     command = f"tailguard bench {shlex.join(given)}"
