@@ -156,7 +156,8 @@ def key_hashes(table: pa.Table, keys: Sequence[str]) -> tuple[np.ndarray, np.nda
 def remix(hashes: np.ndarray, seed: int) -> np.ndarray:
     """`hashes` mixed again with `seed`: residues independent of the plain hash's (group
     assembly splits the rows one exchange subpartition received)."""
-    return _mix(hashes + np.uint64(seed) * _GOLDEN)
+    offset = np.uint64((seed * int(_GOLDEN)) & 0xFFFF_FFFF_FFFF_FFFF)
+    return _mix(hashes + offset)
 
 
 def _split_by(table: pa.Table, targets: np.ndarray, n: int) -> list[pa.Table]:
