@@ -139,7 +139,8 @@ def split_batches(
         with fs.open_input_file(path) as handle:
             yield from _parquet_batches(source, split, handle, batch_rows)
         return
-    with fs.open_input_stream(path) as stream:
+    # A random-access file, for `tell`: how far the parser has read, for progress.
+    with fs.open_input_file(path) as stream:
         reader = _text_reader(source, stream, split)
         yield from _text_batches(reader, stream, split, batch_rows)
 
