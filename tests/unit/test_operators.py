@@ -158,7 +158,7 @@ def test_an_iterator_operator_that_returns_one_frame_is_told_how_to_fix_it(tmp_p
     def per_frame(df: Any) -> pd.DataFrame:
         return pd.DataFrame({"n": [1]})
 
-    with pytest.raises(TypeError, match="must take an iterator .* use map_batches"):
+    with pytest.raises(TypeError, match=r"must take an iterator .* use map_batches"):
         run(steps_of(lambda d: d.map_in_pandas(per_frame)), data(50), tmp_path)
 
 
@@ -168,7 +168,7 @@ def test_an_iterator_operator_that_yields_the_wrong_kind_is_named(tmp_path: Path
             yield batch.to_pandas()
 
     with pytest.raises(
-        TypeError, match="'frames' \\(map_in_arrow\\) must yield pyarrow.RecordBatch"
+        TypeError, match=r"'frames' \(map_in_arrow\) must yield pyarrow\.RecordBatch"
     ):
         run(steps_of(lambda d: d.map_in_arrow(frames)), data(50), tmp_path)
 
@@ -180,7 +180,7 @@ def test_batches_whose_types_cannot_be_made_one_are_an_error_naming_the_operator
         value = pa.array(["text"] * batch.num_rows) if batch["id"][0].as_py() else batch["qty"]
         return pa.table({"v": value})
 
-    with pytest.raises(StreamSchemaError, match="operator 'flip'.*declare it with schema="):
+    with pytest.raises(StreamSchemaError, match=r"operator 'flip'.*declare it with schema="):
         run(steps_of(lambda d: d.map_batches(flip)), data(300), tmp_path)
 
 
