@@ -4,10 +4,6 @@ started on a free port): typed, grouped by job name, the next run replacing the 
 from __future__ import annotations
 
 import logging
-import shutil
-import socket
-import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+from tests.pushgateway import MISSING, free_port, running_pushgateway
 
 from tailguard.agent.adapters import metrics as agent_metrics
 from tailguard.agent.adapters.metrics import AgentMetrics, JobMetrics, MeteredPublisher
@@ -22,11 +19,7 @@ from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.replay.inputs import read_archive
 
-PUSHGATEWAY = shutil.which("prometheus-pushgateway") or shutil.which("pushgateway")
-pytestmark = pytest.mark.skipif(
-    PUSHGATEWAY is None,
-    reason="no Pushgateway binary: apt-get install prometheus-pushgateway",
-)
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=MISSING or "found")
 
 DEMO = Path(__file__).parents[1] / "unit" / "recorded" / "demo-speculation.avro"
 RECORDS = list(read_archive(DEMO, Settings()))
@@ -34,38 +27,10 @@ EVENTS = [i.record for i in RECORDS if i.topic == r.EVENTS_TOPIC]
 COMMANDS = [i.record for i in RECORDS if i.topic == r.COMMANDS_TOPIC]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[str]:
-    assert PUSHGATEWAY is not None
-    address = f"127.0.0.1:{free_port()}"
-    log = (tmp_path / "pushgateway.log").open("wb")
-    process = subprocess.Popen(
-        [PUSHGATEWAY, f"--web.listen-address={address}"], stdout=log, stderr=subprocess.STDOUT
-    )
-    url = f"http://{address}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:  # its readiness endpoint is the only signal it gives
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            assert process.poll() is None, (tmp_path / "pushgateway.log").read_text()
-            assert time.monotonic() < deadline, "the Pushgateway did not become ready"
-            time.sleep(0.05)
+    with running_pushgateway(tmp_path) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-        log.close()
 
 
 def finished_job(metrics: AgentMetrics, job_id: str) -> JobMetrics:
