@@ -114,8 +114,16 @@ def test_replay_exits_2_on_a_usage_or_input_error(
     assert problem in said.err and not said.out.strip()
 
 
-def test_bench_names_a_bad_choice_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--scenarios", "io-slowest"]) == 2
-    assert "unknown scenario(s) ['io-slowest']" in capsys.readouterr().err
-    assert main(["bench", "--runs", "0"]) == 2
-    assert "--runs must be at least 1" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["bench", "--scenarios", "io-slowest"], "unknown scenario(s) ['io-slowest']"),
+        (["bench", "--runs", "0"], "--runs must be at least 1"),
+        (["cluster", "throttle", "127.0.0.2", "--factor", "0.5"], "factor must be >= 1"),
+    ],
+)
+def test_a_bad_request_is_named_and_exits_2_before_anything_starts(
+    argv: list[str], problem: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main([*argv, "--work-dir", str(tmp_path)]) == 2
+    assert problem in capsys.readouterr().err

@@ -123,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "up":
             return _up(args)
+        if args.action == "throttle" and not args.off and args.factor < 1:
+            _say(f"error: factor must be >= 1 (1 = not slowed), got {args.factor:g}")
+            return 2  # a usage error, found before looking for the cluster
         if args.action == "down" and not (Path(args.work_dir) / STATE_FILE).exists():
             _say(f"no cluster running under {Path(args.work_dir).resolve()}")
             return 0
@@ -196,8 +199,6 @@ def _throttle(cluster: LocalCluster, args: argparse.Namespace) -> int:
         cluster.unthrottle(args.host)
         _say(f"{args.host} runs at full speed")
         return 0
-    if args.factor < 1:
-        raise ClusterError(f"factor must be >= 1 (1 = not slowed), got {args.factor:g}")
     pid = cluster.throttle(args.host, args.factor, args.duration, args.period_ms, args.mode)
     span = "" if args.duration is None else f" for {args.duration:g}s"
     how = f"throttler pid {pid}" if pid is not None else "tasks there read the new factor"
