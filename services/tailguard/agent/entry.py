@@ -75,54 +75,55 @@ def run(
         log.info("swept the leftovers of %d crashed job(s): %s", len(swept), ", ".join(swept))
 
     job_id = job_id or new_job_id(job)
-    job_metrics = metrics.JobMetrics(metrics.process_metrics(), job_id, job.name)
-    # Before anything starts: a port that cannot be had stops the job here, naming the setting.
-    metrics_url = metrics.serve_endpoint(settings, job_metrics.metrics)
-    if metrics_url is not None:
-        log.info("job %s: metrics at %s", job_id, metrics_url)
-    archive = ArchiveWriter(
-        filesystems.join(filesystems.normalise(archive_dir), f"{job_id}.avro"),
-        upload_interval_s=parse_duration_ms(
-            settings.get(ARCHIVE_UPLOAD_INTERVAL) or DEFAULT_ARCHIVE_UPLOAD_INTERVAL
-        )
-        / 1000.0,
-        spool_dir=work_dir / "archive-spool",
-    )
-    codec = codec_for(settings)
-    options = options or RunOptions()
-    options.storage = store
-    options.progress = progress
-    use_services = services and log_mode == "kafka"
-    options.services = use_services
-
-    # The driver's inbox exists before the consumer thread that feeds it starts.
-    inbox: queue.Queue[InboxMessage] = queue.Queue()
-
-    def deliver(command: CommandReceived) -> None:
-        if not isinstance(command.origin, Unauthentic):  # a forged timestamp proves nothing
-            job_metrics.command_received(command.command, int(time.time() * 1000))
-        inbox.put(command)
-
-    publisher: Publisher
-    if log_mode == "kafka":
-        from tailguard.agent.adapters.kafka import KafkaPublisher
-
-        publisher = KafkaPublisher(archive, codec, settings, job_id, deliver)
-    else:
-        from tailguard.agent.adapters.kafka import ArchivePublisher
-
-        publisher = ArchivePublisher(archive, codec)
-    runtime = SparkRuntime(spark, settings)
-    metered = metrics.MeteredPublisher(publisher, job_metrics)
-    driver = JobDriver(job, runtime, metered, settings, options, job_id=job_id, inbox=inbox)
-    partitions.mark_job_running(store, job_id, partitions.JobOwner.current())
+    # Every line logged from here on names the job (docs/operations.md#logs).
     with job_context(job_id):
+        job_metrics = metrics.JobMetrics(metrics.process_metrics(), job_id, job.name)
+        # Before anything starts: a port that cannot be had stops the job here, naming the setting.
+        metrics_url = metrics.serve_endpoint(settings, job_metrics.metrics)
+        if metrics_url is not None:
+            log.info("job %s: metrics at %s", job_id, metrics_url)
+        archive = ArchiveWriter(
+            filesystems.join(filesystems.normalise(archive_dir), f"{job_id}.avro"),
+            upload_interval_s=parse_duration_ms(
+                settings.get(ARCHIVE_UPLOAD_INTERVAL) or DEFAULT_ARCHIVE_UPLOAD_INTERVAL
+            )
+            / 1000.0,
+            spool_dir=work_dir / "archive-spool",
+        )
+        codec = codec_for(settings)
+        options = options or RunOptions()
+        options.storage = store
+        options.progress = progress
+        use_services = services and log_mode == "kafka"
+        options.services = use_services
+
+        # The driver's inbox exists before the consumer thread that feeds it starts.
+        inbox: queue.Queue[InboxMessage] = queue.Queue()
+
+        def deliver(command: CommandReceived) -> None:
+            if not isinstance(command.origin, Unauthentic):  # a forged timestamp proves nothing
+                job_metrics.command_received(command.command, int(time.time() * 1000))
+            inbox.put(command)
+
+        publisher: Publisher
+        if log_mode == "kafka":
+            from tailguard.agent.adapters.kafka import KafkaPublisher
+
+            publisher = KafkaPublisher(archive, codec, settings, job_id, deliver)
+        else:
+            from tailguard.agent.adapters.kafka import ArchivePublisher
+
+            publisher = ArchivePublisher(archive, codec)
+        runtime = SparkRuntime(spark, settings, job_name=job.name)
+        metered = metrics.MeteredPublisher(publisher, job_metrics)
+        driver = JobDriver(job, runtime, metered, settings, options, job_id=job_id, inbox=inbox)
+        partitions.mark_job_running(store, job_id, partitions.JobOwner.current())
         try:
             result = driver.run()
         finally:
             # The publisher is closed (late decisions drained): the job's series are complete.
             metrics.push(settings, job_metrics)
             job_metrics.close()
-    if metrics_url is not None:
-        result.extra["metrics_url"] = metrics_url
-    return result
+        if metrics_url is not None:
+            result.extra["metrics_url"] = metrics_url
+        return result
