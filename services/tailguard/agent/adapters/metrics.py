@@ -43,6 +43,7 @@ from prometheus_client import (
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from tailguard.agent.driver.ports import Publisher
 from tailguard.model import records as r
 from tailguard.model.config import ConfigError
 
@@ -320,7 +321,7 @@ class _OneJob(Collector):
 class MeteredPublisher:
     """A `Publisher` that tells the job's metrics what passes through it."""
 
-    def __init__(self, inner: Any, job: JobMetrics) -> None:
+    def __init__(self, inner: Publisher, job: JobMetrics) -> None:
         self._inner = inner
         self._job = job
         # The driver reports where the archive is (RunResult.archive).
