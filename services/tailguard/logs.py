@@ -114,8 +114,9 @@ class _SecretScrubber(logging.Formatter):
         self.inner = inner
         self.secrets: tuple[str, ...] = ()
 
-    def set_secrets(self, values: Mapping[str, str]) -> None:
-        found: set[str] = set()
+    def add_secrets(self, values: Mapping[str, str]) -> None:
+        """Hide these settings' secret values too (once known, a secret stays hidden)."""
+        found = set(self.secrets)
         for key, value in values.items():
             if is_secret(key) and value and len(value) >= MIN_SECRET_LENGTH:
                 found.add(value)
@@ -172,4 +173,4 @@ def hide_secrets(settings: Mapping[str, str], handler: logging.Handler | None = 
     handlers = [handler] if handler is not None else logging.getLogger().handlers
     for candidate in handlers:
         if isinstance(candidate.formatter, _SecretScrubber):
-            candidate.formatter.set_secrets(settings)
+            candidate.formatter.add_secrets(settings)

@@ -144,3 +144,12 @@ def test_log_format_goes_before_or_after_the_subcommand() -> None:
     assert neither.log_format is None
     with pytest.raises(SystemExit):
         parser.parse_args(["--log-format", "yaml", "services", "up"])
+
+
+def test_a_secret_once_known_stays_hidden(restore_logging: None) -> None:
+    stream = io.StringIO()
+    logs.configure("text", stream=stream)
+    logs.hide_secrets(SETTINGS)  # the handler `configure` installed
+    logs.hide_secrets({"s3.secret-key": "second-job-secret"})
+    log.warning("%s and %s", SECRET, "second-job-secret")
+    assert stream.getvalue().split(": ", 1)[1].strip() == f"{REDACTED} and {REDACTED}"

@@ -16,7 +16,7 @@ from tailguard.agent.executor import partitions
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
 from tailguard.log.archive import ArchiveWriter
-from tailguard.logs import job_context
+from tailguard.logs import hide_secrets, job_context
 from tailguard.model.authority import Unauthentic
 from tailguard.model.config import Settings, parse_duration_ms
 
@@ -64,6 +64,7 @@ def run(
         raise ValueError(f"log_mode must be one of {LOG_MODES}, not {log_mode!r}")
     job.validate()
     settings = settings or load_settings()
+    hide_secrets(settings)  # from the lines of a `tailguard.logs` handler, if one is installed
     s3 = filesystems.configure_from(settings)
     if s3 is not None:
         log.info("S3 %r, credentials from %s", s3, s3.credentials)
