@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 VENV35  := .venv-spark35
 STAMP35 := $(VENV35)/.installed
 
-.PHONY: help venv test test-default test-spark35 test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim clean
+.PHONY: help venv test test-default test-spark35 test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
@@ -14,7 +14,7 @@ help:
 	@echo "make test-spark35   only the Spark integration and e2e tests, in $(VENV35) (PySpark 3.5)"
 	@echo "make test-packaging a fresh venv: '.[services]' pulls no pyspark and its services come up"
 	@echo "make test-multihost the multi-host test (network namespaces, root; minutes, not in make test)"
-	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim)"
+	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim, bench-memory)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -75,6 +75,10 @@ bench-agent: $(STAMP)
 
 bench-sim: $(STAMP)
 	$(BIN)/python benchmarks/simulate.py
+
+# Peak RSS of the Python worker running an attempt, streamed vs whole-partition (docs/benchmarks.md).
+bench-memory: $(STAMP)
+	$(BIN)/python benchmarks/memory.py
 
 bench: $(STAMP)
 	$(BIN)/tailguard bench
