@@ -182,7 +182,7 @@ def assert_not_blocked(run: JobRun, host: str | None = None) -> None:
     """`host` (None: any host) was never blocked."""
     blocks = [b for b in run.result.blocked if host is None or b[0] == host]
     if blocks:
-        which = "no host" if host is None else host
+        which = "every host" if host is None else host
         raise AssertionError(
             f"expected {which} to stay unblocked, but the run blocked:"
             + _listed(f"{h} for {(until - start) / 1000:.1f} s" for h, start, until in blocks)

@@ -12,6 +12,7 @@ job uses the services' policy settings so that replay can reproduce their decisi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import types
@@ -142,14 +143,20 @@ def _installed_top_level_names() -> frozenset[str]:
     return frozenset(packages_distributions())
 
 
-def _callables(value: Any, depth: int = 2) -> Iterable[Callable[..., Any]]:
-    """Functions held by a vertex definition (its operator, and any inside its options)."""
+def _callables(value: Any, depth: int = 3) -> Iterable[Callable[..., Any]]:
+    """Functions held by a vertex definition: its operator step's function, and any inside
+    the step's dataclass fields or containers (a few levels down)."""
     if isinstance(value, types.FunctionType | types.MethodType | functools.partial):
         yield value
-    elif depth > 0 and isinstance(value, list | tuple | set | frozenset):
+    elif depth <= 0:
+        return
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for item in dataclasses.fields(value):
+            yield from _callables(getattr(value, item.name), depth - 1)
+    elif isinstance(value, list | tuple | set | frozenset):
         for item in value:
             yield from _callables(item, depth - 1)
-    elif depth > 0 and isinstance(value, Mapping):
+    elif isinstance(value, Mapping):
         for item in value.values():
             yield from _callables(item, depth - 1)
 
@@ -168,7 +175,7 @@ def modules_to_ship(job: Job) -> list[types.ModuleType]:
     `jobs` package). The executors cannot import those, so their code travels by value."""
     shipped: dict[str, types.ModuleType] = {}
     for vertex in job.vertices.values():
-        for fn in _callables(list(vars(vertex).values())):
+        for fn in _callables(vertex):
             name = _module_of(fn)
             if not name or name == "__main__":
                 continue  # cloudpickle ships __main__'s functions by value already

@@ -3,8 +3,9 @@
 Both sides become Arrow tables (a pandas reference keeps a named index as columns and drops an
 unnamed one). Then, in this order: the column names, the column types (string and
 large_string count as one type, dictionary columns as their values), the row count, the rows.
-Rows are compared exactly (NaN equals NaN, as in a Parquet file) unless `rel_tol` is given;
-`ignore_order` compares them as multisets.
+Rows are compared exactly unless `rel_tol` is given, with NaN and null as one missing value
+(pandas has only one, so a pandas reference cannot tell them apart); `ignore_order` compares
+them as multisets.
 """
 
 from __future__ import annotations
@@ -16,22 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 SHOW_ROWS = 10
-
-
-class _NaN:
-    """NaN as a value equal to itself, so rows holding NaN can be counted and compared."""
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _NaN)
-
-    def __hash__(self) -> int:
-        return hash("NaN")
-
-    def __repr__(self) -> str:
-        return "nan"
-
-
-NAN = _NaN()
 
 
 def as_table(value: Any, what: str) -> Any:
@@ -73,7 +58,7 @@ def _plain_type(arrow_type: Any) -> Any:
 
 def _value(v: Any) -> Any:
     if isinstance(v, float) and math.isnan(v):
-        return NAN
+        return None  # pandas has one missing value: its NaN is Arrow's null
     if isinstance(v, list | tuple):
         return tuple(_value(x) for x in v)
     if isinstance(v, dict):
@@ -88,8 +73,6 @@ def _rows(table: Any, columns: Sequence[str]) -> list[tuple[Any, ...]]:
 def _sort_key(v: Any) -> tuple[Any, ...]:
     if v is None:
         return (0,)
-    if v is NAN:
-        return (2,)
     if isinstance(v, tuple):
         return (1, tuple(_sort_key(x) for x in v))
     return (1, v)
@@ -185,8 +168,9 @@ def compare_tables(
         for label, rows in ((f"only in the {left}", extra), (f"only in the {right}", missing)):
             if rows:
                 ordered = sorted(rows, key=lambda row: tuple(_sort_key(v) for v in row))
+                repeats = [rows[r] for r in ordered] if max(rows.values()) > 1 else None
                 problems.append(f"rows {label} ({sum(rows.values())}):")
-                problems.append(format_rows(columns, ordered, [rows[r] for r in ordered], show))
+                problems.append(format_rows(columns, ordered, repeats, show))
         return TableDiff(problems)
     if ignore_order:
         mine = sorted(mine, key=lambda row: tuple(_sort_key(v) for v in row))
@@ -200,11 +184,12 @@ def compare_tables(
     problems = [counts + order]
     for i in differing[:show]:
         changes = "; ".join(
-            f"{c}: {a!r} != {b!r}"
+            f"{c} {a!r} in the {left}, {b!r} in the {right}"
             for c, a, b in zip(columns, mine[i], theirs[i], strict=True)
             if not _close(a, b, rel_tol)
         )
-        problems.append(f"  row {i}: {changes}  ({left} != {right})")
+        whole = ", ".join(f"{c}={v!r}" for c, v in zip(columns, mine[i], strict=True))
+        problems.append(f"  row {i}: {changes}  ({left} row: {whole})")
     if len(differing) > show:
         problems.append(f"  ... and {len(differing) - show} more differing rows")
     common = min(len(mine), len(theirs))
