@@ -358,14 +358,26 @@ class FakeSparkContext:
         conf = {"spark.task.maxFailures": "1", "spark.speculation": "false"}
         return SimpleNamespace(get=lambda key, default=None: conf.get(key, default))
 
-    def setJobGroup(self, *args: Any) -> None:
+    def setJobGroup(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def getLocalProperty(self, key: str) -> str | None:
+        return None
+
+    def setLocalProperty(self, key: str, value: str | None) -> None:
+        pass
+
+    def addJobTag(self, tag: str) -> None:
+        pass
+
+    def removeJobTag(self, tag: str) -> None:
         pass
 
     def parallelize(self, items: list[Any], slices: int) -> FakeRDD:
         return FakeRDD(items)
 
-    def cancelJobGroup(self, group: str) -> None:
-        self.cancelled.append(group)
+    def cancelJobsWithTag(self, tag: str) -> None:
+        self.cancelled.append(tag)
 
 
 @pytest.fixture

@@ -10,10 +10,16 @@ Spark keeps doing what it is good at: executors, Python workers, loss detection.
 and speculation are off (`spark.task.maxFailures=1`, `spark.speculation=false`) because the
 control plane owns both; a runner's Spark job that ends, for whatever reason, is a lost slot.
 While a job runs its runners hold every executor core of the application.
+
+In Spark's UI (on unless the user turns it off) a tailguard job's Spark jobs are one job group,
+`tailguard:<job id>`, described as `executor environment check for <job name>` and `slot runner
+<host> #<n> for <job name>`. Each also carries a job tag of its own, by which a single runner is
+cancelled without touching the others (docs/spark-ui.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -22,7 +28,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
@@ -71,6 +77,19 @@ HELLO_TIMEOUT_S = 10.0
 # Runners of one host that end before connecting, in a row, before the host is given up on
 # (an environment problem: every further launch would fail the same way).
 MAX_FAILED_LAUNCHES = 3
+# The thread-local Spark properties a labelled job sets (SparkContext.setJobGroup's keys).
+_LABEL_KEYS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+
+
+def job_group(job_id: str) -> str:
+    """The Spark job group of every Spark job a tailguard job runs (shown in Spark's UI)."""
+    return f"tailguard:{job_id}"
+
+
+def job_tag(job_id: str, part: str) -> str:
+    """The Spark job tag of one part of a tailguard job (a runner, the executor check): what
+    cancels it alone. Spark refuses commas in tags."""
+    return f"tailguard:{job_id}:{part}".replace(",", ";")
 
 
 def executors_on_this_machine(master: str) -> bool:
@@ -116,9 +135,11 @@ def session_builder(master: str, app_name: str = "tailguard") -> SparkSession.Bu
             builder = builder.config("spark.driver.host", "127.0.0.1").config(
                 "spark.driver.bindAddress", "127.0.0.1"
             )
-    return builder.config("spark.ui.enabled", "false").config(
-        "spark.ui.showConsoleProgress", "false"
-    )
+    # The UI stays as Spark and the user configure it (on by default, port 4040 or the next
+    # free one): setting spark.ui.enabled here would override spark-defaults.conf and
+    # PYSPARK_SUBMIT_ARGS, the places a user turns it off. The console progress bar is off:
+    # a runner's Spark job lasts the whole tailguard job and would only show one stuck bar.
+    return builder.config("spark.ui.showConsoleProgress", "false")
 
 
 def runner_listen_address(conf: Mapping[str, str], local: bool) -> tuple[str, str]:
@@ -141,7 +162,8 @@ def runner_listen_address(conf: Mapping[str, str], local: bool) -> tuple[str, st
 class _Runner:
     runner_id: str
     host: str
-    group: str
+    tag: str  # its Spark job's tag (job_tag): cancels it alone
+    description: str  # its Spark job's description in Spark's UI
     conn: Connection | None = None
     connected: bool = False
     ended: bool = False
@@ -153,8 +175,12 @@ class _Runner:
 class SparkRuntime:
     """The `Runtime` port on a SparkContext: slot runners on its executors."""
 
-    def __init__(self, spark: SparkSession, settings: Settings | None = None) -> None:
+    def __init__(
+        self, spark: SparkSession, settings: Settings | None = None, job_name: str | None = None
+    ) -> None:
         self.sc: SparkContext = spark.sparkContext
+        # For the Spark UI's job descriptions; the job id stands in where no name is given.
+        self._job_name = job_name
         self.local = (self.sc.master or "").startswith("local")
         conf = self.sc.getConf()
         for key, value in REQUIRED_CONF.items():
@@ -180,6 +206,27 @@ class SparkRuntime:
         self._listener: Listener | None = None
         self._address: tuple[str, int] | None = None
         self._build = environment.tailguard_build()
+
+    @property
+    def job_name(self) -> str:
+        return self._job_name or self._job_id
+
+    @contextlib.contextmanager
+    def _labelled(self, tag: str, description: str) -> Iterator[None]:
+        """The Spark jobs started in this block, on this thread, are in the job's group with
+        `description` and `tag`. Spark keeps these per thread (PySpark pins a JVM thread to each
+        Python thread), and the thread's own values come back afterwards: the environment check
+        runs on the caller's thread, whose later Spark jobs are not tailguard's."""
+        before = {key: self.sc.getLocalProperty(key) for key in _LABEL_KEYS}
+        self.sc.setJobGroup(job_group(self._job_id), description, interruptOnCancel=True)
+        self.sc.addJobTag(tag)
+        try:
+            yield
+        finally:
+            self.sc.removeJobTag(tag)
+            for key, value in before.items():
+                # None removes the property (SparkContext.setLocalProperty with null).
+                self.sc.setLocalProperty(key, value)  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------- cluster view
 
@@ -229,16 +276,16 @@ class SparkRuntime:
         then reused by the runners (docs/deploy.md: 0.3 s once the workers are up)."""
         cloudpickle.register_pickle_by_value(environment)  # type: ignore[no-untyped-call]
         tasks = max(1, sum(self.executors().values()))
-        group = f"tailguard-{self._job_id}-environment"
-        timer = threading.Timer(timeout_s, self.sc.cancelJobGroup, (group,))
+        tag = job_tag(self._job_id, "environment")
+        timer = threading.Timer(timeout_s, self.sc.cancelJobsWithTag, (tag,))
         try:
-            self.sc.setJobGroup(group, f"tailguard {self._job_id} executor environment check", True)
-            timer.start()
-            reports = (
-                self.sc.parallelize(range(tasks), tasks)
-                .mapPartitions(environment.describe)  # type: ignore[arg-type]
-                .collect()
-            )
+            with self._labelled(tag, f"executor environment check for {self.job_name}"):
+                timer.start()
+                reports = (
+                    self.sc.parallelize(range(tasks), tasks)
+                    .mapPartitions(environment.describe)  # type: ignore[arg-type]
+                    .collect()
+                )
         except Exception as err:  # the Python worker did not even start, or no executor came
             raise environment.ExecutorEnvironmentError(
                 environment.failure_message([_spark_failure(err, timeout_s)])
@@ -270,13 +317,18 @@ class SparkRuntime:
                     continue
                 for _ in range(slots - live[host]):
                     self._launched += 1
-                    runner_id = f"{host}/r{self._launched}"
-                    runner = _Runner(runner_id, host, f"tailguard-{self._job_id}-r{self._launched}")
-                    self._runners[runner_id] = runner
+                    n = self._launched
+                    runner = _Runner(
+                        f"{host}/r{n}",
+                        host,
+                        tag=job_tag(self._job_id, f"r{n}"),
+                        description=f"slot runner {host} #{n} for {self.job_name}",
+                    )
+                    self._runners[runner.runner_id] = runner
                     launches.append(runner)
         for runner in stale:
             # Waiting for an executor that is gone: it would wait for the locality timeout.
-            self.sc.cancelJobGroup(runner.group)
+            self.sc.cancelJobsWithTag(runner.tag)
         for runner in launches:
             threading.Thread(
                 target=self._run_job, args=(runner,), name=f"tg-runner-{runner.runner_id}",
@@ -298,14 +350,12 @@ class SparkRuntime:
         )
         reason = "its Spark task finished"
         try:
-            self.sc.setJobGroup(
-                runner.group, f"tailguard {self._job_id} slot runner {runner.runner_id}", True
-            )
-            if self.local:
-                rdd = self.sc.parallelize([config], 1)
-            else:
-                rdd = pinned_rdd(self.sc, [(config, runner.host)])
-            ended = rdd.mapPartitions(run_partition).collect()  # type: ignore[arg-type]
+            with self._labelled(runner.tag, runner.description):
+                if self.local:
+                    rdd = self.sc.parallelize([config], 1)
+                else:
+                    rdd = pinned_rdd(self.sc, [(config, runner.host)])
+                ended = rdd.mapPartitions(run_partition).collect()  # type: ignore[arg-type]
             reason = f"its Spark task finished: {ended[0] if ended else 'no answer'}"
         except Exception as err:  # the task failed: executor lost, worker process ended, ...
             reason = f"its Spark task failed: {_first_line(err)}"
@@ -447,10 +497,10 @@ class SparkRuntime:
         for runner in runners:
             # Runners that never connected wait for a core: their Spark jobs are cancelled.
             if not runner.connected and not runner.ended:
-                self.sc.cancelJobGroup(runner.group)
+                self.sc.cancelJobsWithTag(runner.tag)
         for runner in runners:
             if not runner.job_done.wait(max(0.0, deadline - time.monotonic())):
-                self.sc.cancelJobGroup(runner.group)
+                self.sc.cancelJobsWithTag(runner.tag)
         if self._listener is not None:
             self._listener.close()
 
