@@ -173,6 +173,19 @@ def test_old_archives_read_as_they_were_written(path: Path, tmp_path: Path) -> N
     ]
 
 
+def test_export_keeps_the_archived_topic(tmp_path: Path) -> None:
+    from tailguard.cli import main
+
+    out = tmp_path / "v3.jsonl"
+    assert main(["export", str(OLD_ARCHIVES[1]), "--format", "jsonl", "-o", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    forged = [row for row in rows if row["id"] == "failover-0badc0de"]
+    assert [(row["topic"], row["type"]) for row in forged] == [
+        (UNAUTHENTICATED_COMMANDS_TOPIC, "FailJob")
+    ]
+    assert len(rows) == len(old_entries(OLD_ARCHIVES[1]))
+
+
 def test_a_replay_of_the_v3_archive_reproduces_it_and_reports_the_forgery() -> None:
     from tests.unit.speculation_histories import SIMULATION_CONFIG
 
