@@ -232,7 +232,10 @@ class Bench:
         shutil.rmtree(output, ignore_errors=True)
         app = f"bench {scenario.name} {contender.name}"
         if contender.tailguard:
-            builder = session_builder(cluster.master_url, app_name=app)
+            # UI off as for the plain contenders (plain_spark): the same conditions for all.
+            builder = session_builder(cluster.master_url, app_name=app).config(
+                "spark.ui.enabled", "false"
+            )
         else:
             builder = plain_spark.session_builder(cluster.master_url, app, contender.spark_conf)
         rec = RunRecord(scenario.name, contender.name, index, None, False)
