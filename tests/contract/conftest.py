@@ -1,7 +1,7 @@
 """Log backends for the contract suite: every test runs against each backend.
 
-- "embedded": the embedded broker (librdkafka's mock cluster in a background process), started
-  once per session in a temporary work dir and stopped at the end.
+- "embedded": the embedded broker (librdkafka's mock cluster in a background process): the
+  tailguard pytest plugin's `tailguard_broker`, started once per session and stopped at the end.
 - "kafka": a real Kafka broker in KRaft mode via testcontainers; skipped with the reason when no
   Docker engine is reachable (as on the development machines).
 """
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tailguard.log.broker import EmbeddedBroker
 from tailguard.model.config import Settings
+from tailguard.testing import Broker
 
 BACKENDS = ("embedded", "kafka")
 
@@ -34,13 +34,8 @@ def _docker_unreachable_reason() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def embedded_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    broker = EmbeddedBroker(tmp_path_factory.mktemp("broker"))
-    bootstrap = broker.start()
-    try:
-        yield bootstrap
-    finally:
-        broker.stop()
+def embedded_bootstrap(tailguard_broker: Broker) -> str:
+    return tailguard_broker.bootstrap
 
 
 @pytest.fixture(scope="session")

@@ -12,47 +12,48 @@ import shutil
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tailguard import stack
 from tailguard.agent.driver.driver import JobDriver, RunOptions
 from tailguard.agent.executor.partitions import partition_dir
-from tailguard.cluster.local import ClusterError, find_java
-from tailguard.demo import write_settings
+from tailguard.demo import DEMO_POLICY
 from tailguard.examples import sales_by_region as example
 from tailguard.model import records as r
-from tailguard.replay.engine import replay
-from tailguard.replay.inputs import read_archive
-from tailguard.settings_file import load_settings
-from tailguard.shell import supervisor
-
-try:
-    find_java()
-    JAVA_MISSING = ""
-except ClusterError as exc:
-    JAVA_MISSING = str(exc)
-
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.slow,
-    pytest.mark.skipif(bool(JAVA_MISSING), reason=JAVA_MISSING or "java found"),
-]
+from tailguard.testing import (
+    Harness,
+    JobRun,
+    Services,
+    assert_output_equals,
+    assert_replay_clean,
+    assert_succeeded,
+    run_job,
+)
 
 FILES, ROWS, WORK = 12, 12_000, 100_000
+SLOW_HOST = "127.0.0.4"  # the third of the three workers, 5x slow for the whole module
 # The sales example runs as two chains.
 HEAD = "sales→score→partial"
 TAIL = "final→sink"
+
+# The plugin's stack, shared with every other test that asks for the same: the embedded
+# broker, three workers (one throttled after its executor registered) and the five services
+# with the demo's policy. Skipped with the reason where there is no JDK (tests/conftest.py).
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.tailguard_cluster(workers=3, slow={SLOW_HOST: 5}),
+    pytest.mark.tailguard_services(settings=DEMO_POLICY),
+]
 
 
 @dataclass
 class Stack:
     work: Path
-    settings: Any
+    services: Services
     spark: Any
     cluster: Any
     slow_host: str
@@ -60,45 +61,34 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    from tailguard.agent.adapters.spark import session_builder
-
+def system(
+    tailguard_harness: Harness, request: pytest.FixtureRequest, tmp_path_factory: Any
+) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("e2e")
-    config = write_settings(work)
-    settings = load_settings(config, environ={})
     data = example.generate(work / "data", files=FILES, rows_per_file=ROWS)
-    with ExitStack() as stop:
-        stop.enter_context(stack.broker(work))
-        cluster = stop.enter_context(stack.cluster(work, 3))
-        stop.enter_context(stack.services(work, config))
-        spark = session_builder(cluster.master_url, app_name="tailguard e2e").getOrCreate()
-        spark.sparkContext.setLogLevel("ERROR")
-        stop.callback(spark.stop)
-        stack.await_executors(spark, cluster.hosts())
-        slow = cluster.hosts()[-1]
-        cluster.throttle(slow, 5.0)
-        stop.callback(cluster.unthrottle, slow)
-        yield Stack(work, settings, spark, cluster, slow, data)
+    services = tailguard_harness.services_of(request.node)
+    spark = tailguard_harness.spark_of(request.node)
+    with tailguard_harness.slow_hosts_of(request.node):
+        yield Stack(
+            work, services, spark, tailguard_harness.cluster_of(request.node), SLOW_HOST, data
+        )
 
 
-def run_job(
+def run(
     system: Stack, name: str, options: RunOptions, final_parallelism: int | None = None
-) -> tuple[Any, list[r.Record]]:
-    from tailguard.agent.entry import run
-
+) -> tuple[JobRun, list[r.Record]]:
     out = system.work / "out" / name
     job = example.make_job(system.data, out, work=WORK, name=name)
     if final_parallelism is not None:  # the final chain with a fixed parallelism
         job.vertices["final"].parallelism = final_parallelism
         job.vertices["sink"].parallelism = final_parallelism
-    result = run(job, system.spark, settings=system.settings, progress=False, options=options)
-    log = [item.record for item in read_archive(Path(result.archive), system.settings)]
-    assert result.ok, result.summary()
-    expected = example.reference(system.data)
-    actual = example.read_output(out)
-    assert actual[expected.columns.tolist()].equals(expected), "output differs from pandas"
-    assert len(list(out.glob("part-*.parquet"))) == result.parallelism[TAIL][0]
-    return result, log
+    job_run = run_job(
+        job, system.spark, system.work / "runs" / name, services=system.services, options=options
+    )
+    assert_succeeded(job_run)
+    assert_output_equals(job_run, example.reference(system.data), ignore_order=True)
+    assert len(list(out.glob("part-*.parquet"))) == job_run.result.parallelism[TAIL][0]
+    return job_run, job_run.records
 
 
 def of(log: list[r.Record], kind: type[r.Record]) -> list[Any]:
@@ -106,7 +96,7 @@ def of(log: list[r.Record], kind: type[r.Record]) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def first_run(system: Stack) -> tuple[Any, list[r.Record]]:
+def first_run(system: Stack) -> tuple[JobRun, list[r.Record]]:
     runner: list[JobDriver] = []
     deleted: list[r.PartitionRef] = []
 
@@ -125,13 +115,13 @@ def first_run(system: Stack) -> tuple[Any, list[r.Record]]:
         on_event=delete_partition,
         on_start=runner.append,
     )
-    return run_job(system, "e2e-main", options)
+    return run(system, "e2e-main", options)
 
 
 def test_slow_attempts_found_and_speculated_on_another_host(
-    system: Stack, first_run: tuple[Any, list[r.Record]]
+    system: Stack, first_run: tuple[JobRun, list[r.Record]]
 ) -> None:
-    result, log = first_run
+    result, log = first_run[0].result, first_run[1]
     findings = [f for f in of(log, r.SlowTasksDetected) if f.slow]
     assert findings, "the detector found no slow attempt"
     assert any(
@@ -176,7 +166,7 @@ def test_slow_attempts_found_and_speculated_on_another_host(
 
 
 def test_slow_host_blocked_and_avoided(
-    system: Stack, first_run: tuple[Any, list[r.Record]]
+    system: Stack, first_run: tuple[JobRun, list[r.Record]]
 ) -> None:
     _, log = first_run
     blocked = [e for e in of(log, r.NodeBlocked) if e.host == system.slow_host]
@@ -193,8 +183,8 @@ def test_slow_host_blocked_and_avoided(
             assert record.host != system.slow_host, f"{record} deployed on a blocked host"
 
 
-def test_decider_parallelism_applied(first_run: tuple[Any, list[r.Record]]) -> None:
-    result, log = first_run
+def test_decider_parallelism_applied(first_run: tuple[JobRun, list[r.Record]]) -> None:
+    result, log = first_run[0].result, first_run[1]
     assert {by for _, by in result.parallelism.values()} == {"decider"}
     applied = {e.command_id for e in of(log, r.CommandApplied)}
     decisions = of(log, r.SetParallelism)
@@ -202,9 +192,9 @@ def test_decider_parallelism_applied(first_run: tuple[Any, list[r.Record]]) -> N
 
 
 def test_failure_and_lost_partition_recovered_by_failover_service(
-    first_run: tuple[Any, list[r.Record]],
+    first_run: tuple[JobRun, list[r.Record]],
 ) -> None:
-    result, log = first_run
+    result, log = first_run[0].result, first_run[1]
     failures = {(f.vertex, f.subtask, f.error) for f in of(log, r.AttemptFailed)}
     assert (HEAD, 1, r.ErrorKind.USER) in failures
     missing = [f for f in of(log, r.AttemptFailed) if f.error is r.ErrorKind.PARTITION_MISSING]
@@ -220,11 +210,9 @@ def test_failure_and_lost_partition_recovered_by_failover_service(
 
 
 def test_replay_reproduces_every_decision(
-    system: Stack, first_run: tuple[Any, list[r.Record]]
+    system: Stack, first_run: tuple[JobRun, list[r.Record]]
 ) -> None:
-    result, _ = first_run
-    report = replay(read_archive(Path(result.archive), system.settings), system.settings)
-    assert report.differences == 0, [s.line() for s in report.services]
+    report = assert_replay_clean(first_run[0])
     by_name = {s.service: s for s in report.services}
     assert by_name["detector"].reproduced > 0
     assert by_name["speculator"].reproduced > 0
@@ -236,24 +224,19 @@ def test_service_killed_mid_job_changes_nothing(system: Stack) -> None:
     restarted = threading.Event()
 
     def kill_and_restart() -> None:
-        service = supervisor.running(system.work)[victim]
-        import os
-        import signal
-
-        os.kill(service.pid, signal.SIGKILL)
-        supervisor.start(system.work, [victim], report=lambda _m: None)
+        system.services.kill(victim)
+        system.services.start([victim])
         restarted.set()
 
     def on_event(event: r.Event) -> None:
         if isinstance(event, r.AttemptFinished) and event.vertex == HEAD and event.subtask == 0:
             threading.Thread(target=kill_and_restart, daemon=True).start()
 
-    result, log = run_job(system, "e2e-kill", RunOptions(on_event=on_event))
+    job_run, log = run(system, "e2e-kill", RunOptions(on_event=on_event))
     assert restarted.wait(60), "the killed service did not come back"
     applied = Counter(e.command_id for e in of(log, r.CommandApplied))
     assert applied and max(applied.values()) == 1, "a command id was applied twice"
-    report = replay(read_archive(Path(result.archive), system.settings), system.settings)
-    assert report.differences == 0, [s.line() for s in report.services]
+    assert_replay_clean(job_run)
 
 
 def test_lost_partition_with_many_queued_consumers_is_recovered(system: Stack) -> None:
@@ -271,7 +254,8 @@ def test_lost_partition_with_many_queued_consumers_is_recovered(system: Stack) -
                 deleted.append(ref)
 
     options = RunOptions(on_event=delete_partition, on_start=driver.append)
-    result, log = run_job(system, "e2e-lost-partition", options, final_parallelism=12)
+    job_run, log = run(system, "e2e-lost-partition", options, final_parallelism=12)
+    result = job_run.result
     assert deleted
     assert result.parallelism[TAIL] == (12, "fixed")
     missing = [f for f in of(log, r.AttemptFailed) if f.error is r.ErrorKind.PARTITION_MISSING]

@@ -1,8 +1,9 @@
 """The agent on a 3-worker standalone cluster: placement, speculation, cancellation, lost
 partitions and command validation, with real Spark jobs on three distinct hosts.
 
-One module-scoped cluster (three 1-core workers on 127.0.0.2-4) and one SparkSession serve
-every test; each job runs with the services off, so every decision not posted by a test comes
+The plugin's cluster (three 1-core workers on 127.0.0.2-4) and its SparkSession serve every
+test (`tailguard_spark`, or `tailguard_harness.spark_of` in module fixtures); each job runs with
+the services off, so every decision not posted by a test comes
 from the agent's local fallbacks. Tests act mid-job through the runner's hooks: `on_start` hands
 over the runner, `on_event` sees every event in the runner's own thread (before the runner takes
 its next step), and `runner.post("command", ...)` delivers a command the way the command
@@ -13,9 +14,8 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,24 +30,15 @@ from tailguard.agent.driver.result import RunResult
 from tailguard.agent.executor import control, partitions
 from tailguard.agent.graph.api import Job
 from tailguard.cluster import procs
-from tailguard.cluster.local import ClusterError, LocalCluster, find_java
 from tailguard.examples import orders_by_segment, sales_by_region
 from tailguard.model import records as r
-from tailguard.model.config import Settings
 from tailguard.model.ids import derived_id
-
-try:
-    find_java()
-    JAVA_MISSING = ""
-except ClusterError as exc:
-    JAVA_MISSING = str(exc)
-
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.skipif(bool(JAVA_MISSING), reason=JAVA_MISSING or "java found"),
-]
+from tailguard.testing import Harness
+from tailguard.testing import run_job as run_on
 
 WORKERS = 3
+# Skipped with the reason where there is no JDK (tests/conftest.py).
+pytestmark = [pytest.mark.spark, pytest.mark.tailguard_cluster(workers=WORKERS)]
 POLICY = {
     "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "64 KiB",
     "execution.batch.adaptive.auto-parallelism.max-parallelism": "8",
@@ -68,60 +59,6 @@ def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
     return result
-
-
-# --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    local = LocalCluster(WORKERS, 1, "1g", tmp_path_factory.mktemp("cluster"))
-    try:
-        local.start()
-        yield local
-    finally:
-        local.stop()
-
-
-@pytest.fixture(scope="module")
-def spark(cluster: LocalCluster) -> Iterator[Any]:
-    from pyspark import cloudpickle
-
-    from tailguard.agent.adapters.spark import session_builder
-
-    # Executors cannot import this test module: ship its operators by value.
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    session = (
-        session_builder(cluster.master_url, app_name="tailguard-test-agent-cluster")
-        .config("spark.driver.memory", "512m")
-        .config("spark.executor.memory", "512m")
-        .getOrCreate()
-    )
-    try:
-        tracker = session.sparkContext._jsc.sc().statusTracker()
-        poll(
-            lambda: set(cluster.hosts()) <= {e.host() for e in tracker.getExecutorInfos()},
-            90.0,
-            "an executor on each of the 3 workers",
-        )
-        yield session
-    finally:
-        session.stop()
-
-
-@pytest.fixture(scope="module")
-def hosts(cluster: LocalCluster) -> list[str]:
-    return cluster.hosts()
-
-
-def settings_for(tmp: Path) -> Settings:
-    return Settings(
-        {
-            **POLICY,
-            "tailguard.work-dir": str(tmp / "work"),
-            "tailguard.archive-dir": str(tmp / "archive"),
-        }
-    )
 
 
 @dataclass
@@ -165,17 +102,10 @@ class Recorder:
 
 
 def run_job(job: Job, spark: Any, tmp: Path, recorder: Recorder) -> RunResult:
-    from tailguard.agent.entry import run
-
-    return run(
-        job,
-        spark,
-        log_mode="archive",
-        services=False,
-        settings=settings_for(tmp),
-        progress=False,
-        options=RunOptions(on_event=recorder.on_event, on_start=recorder.on_start),
-    )
+    """The job with the services off (the log in its archive), recorded by `recorder`; its
+    operators go to the executors by value (the plugin's `run_job`)."""
+    options = RunOptions(on_event=recorder.on_event, on_start=recorder.on_start)
+    return run_on(job, spark, tmp, settings=POLICY, options=options).result
 
 
 def command_fields(runner: JobDriver, name: str, ts: int) -> dict[str, Any]:
@@ -231,7 +161,10 @@ class ExampleRun:
 
 
 @pytest.fixture(scope="module")
-def example_runs(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> list[ExampleRun]:
+def example_runs(
+    tailguard_harness: Harness, request: pytest.FixtureRequest, tmp_path_factory: Any
+) -> list[ExampleRun]:
+    spark = tailguard_harness.spark_of(request.node)
     runs = []
     tmp = tmp_path_factory.mktemp("sales")
     data = sales_by_region.generate(tmp / "data", files=4, rows_per_file=3_000)
@@ -265,8 +198,9 @@ def test_examples_match_pandas_on_three_hosts(example_runs: list[ExampleRun]) ->
 
 
 def test_attempts_run_on_the_host_the_agent_chose(
-    example_runs: list[ExampleRun], hosts: list[str]
+    example_runs: list[ExampleRun], tailguard_cluster: Any
 ) -> None:
+    hosts = tailguard_cluster.hosts()
     chosen: set[str] = set()
     for run in example_runs:
         assert_ran_where_placed(run.recorder)
@@ -314,7 +248,10 @@ class SpeculationRun:
 
 
 @pytest.fixture(scope="module")
-def speculation(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> SpeculationRun:
+def speculation(
+    tailguard_harness: Harness, request: pytest.FixtureRequest, tmp_path_factory: Any
+) -> SpeculationRun:
+    spark = tailguard_harness.spark_of(request.node)
     tmp = tmp_path_factory.mktemp("speculation")
     data = sales_by_region.generate(tmp / "data", files=3, rows_per_file=2_000)
     marker = tmp / "straggler.pid"
@@ -399,7 +336,7 @@ def test_cancelled_attempt_frees_its_slot_for_the_next_attempt(
 
 
 def test_missing_partition_fails_the_consumer_and_the_job_recovers(
-    spark: Any, tmp_path: Path
+    tailguard_spark: Any, tmp_path: Path
 ) -> None:
     data = sales_by_region.generate(tmp_path / "data", files=3, rows_per_file=2_000)
     out = tmp_path / "out"
@@ -419,7 +356,7 @@ def test_missing_partition_fails_the_consumer_and_the_job_recovers(
             deleted.append(directory)
 
     recorder = Recorder(reactions=[delete_when_finished])
-    result = run_job(sales_job(data, out, revenue_sums), spark, tmp_path, recorder)
+    result = run_job(sales_job(data, out, revenue_sums), tailguard_spark, tmp_path, recorder)
 
     assert deleted
     assert result.ok, result.summary()
@@ -440,8 +377,9 @@ def test_missing_partition_fails_the_consumer_and_the_job_recovers(
 
 
 def test_invalid_commands_are_rejected_and_the_job_succeeds(
-    spark: Any, tmp_path: Path, hosts: list[str]
+    tailguard_spark: Any, tailguard_cluster: Any, tmp_path: Path
 ) -> None:
+    hosts = tailguard_cluster.hosts()
     data = sales_by_region.generate(tmp_path / "data", files=3, rows_per_file=2_000)
     out = tmp_path / "out"
     expected_reasons: dict[str, str] = {}
@@ -491,7 +429,7 @@ def test_invalid_commands_are_rejected_and_the_job_succeeds(
             runner.post(CommandReceived(command))
 
     recorder = Recorder(reactions=[post_invalid])
-    result = run_job(sales_job(data, out, revenue_sums), spark, tmp_path, recorder)
+    result = run_job(sales_job(data, out, revenue_sums), tailguard_spark, tmp_path, recorder)
 
     assert result.ok, result.summary()
     rejected = {e.command_id: e for e in recorder.of(r.CommandRejected)}
@@ -510,11 +448,12 @@ def test_invalid_commands_are_rejected_and_the_job_succeeds(
 
 
 # --------------------------------------------------------------------------- executor loss
-# Last in the module: it kills one of the three workers for good.
+# Last in the module: it kills one of the three workers for good (the harness replaces a
+# broken cluster when a test asks for one next).
 
 
 def test_killed_worker_mid_attempt_is_node_lost_and_the_job_finishes_exactly(
-    spark: Any, cluster: LocalCluster, tmp_path: Path
+    tailguard_spark: Any, tailguard_cluster: Any, tmp_path: Path
 ) -> None:
     data = sales_by_region.generate(tmp_path / "data", files=3, rows_per_file=2_000)
     out = tmp_path / "out"
@@ -530,12 +469,13 @@ def test_killed_worker_mid_attempt_is_node_lost_and_the_job_finishes_exactly(
         if len(live) != 1:
             return
         host = live[0].host
-        root = cluster.worker(host).pid
+        root = tailguard_cluster.worker(host).pid
         procs.signal_all([root, *procs.descendants(root)], signal.SIGKILL)
         killed.append(host)
 
     recorder = Recorder(reactions=[kill_its_worker])
-    result = run_job(sales_job(data, out, straggler(str(marker))), spark, tmp_path, recorder)
+    job = sales_job(data, out, straggler(str(marker)))
+    result = run_job(job, tailguard_spark, tmp_path, recorder)
 
     assert killed, "the straggler never started"
     assert result.ok, result.summary()

@@ -7,30 +7,25 @@ fallback decisions, failures and restarts, and the archive — the multi-host be
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tailguard.agent.driver.driver import RunOptions
-from tailguard.cluster.local import ClusterError, find_java
 from tailguard.examples import orders_by_segment, sales_by_region
 from tailguard.model import records as r
-from tailguard.model.config import Settings
-from tailguard.replay.engine import replay
-from tailguard.replay.inputs import read_archive
+from tailguard.testing import (
+    JobRun,
+    assert_output_equals,
+    assert_replay_clean,
+    assert_succeeded,
+    run_job,
+)
 
-try:
-    find_java()
-    JAVA_MISSING = ""
-except ClusterError as exc:
-    JAVA_MISSING = str(exc)
-
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.skipif(bool(JAVA_MISSING), reason=JAVA_MISSING or "java found"),
-]
+# Skipped with the reason where there is no JDK (tests/conftest.py). Spark: the plugin's
+# `tailguard_local_spark`, one session shared with every other local[2] test.
+pytestmark = pytest.mark.spark
 
 POLICY = {
     "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "64 KiB",
@@ -40,49 +35,24 @@ POLICY = {
 }
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from tailguard.agent.adapters.spark import session_builder
-
-    session = session_builder("local[2]", app_name="tailguard-test").getOrCreate()
-    yield session
-    session.stop()
-
-
-def settings_for(tmp: Path, **extra: str) -> Settings:
-    return Settings(
-        {
-            **POLICY,
-            "tailguard.work-dir": str(tmp / "work"),
-            "tailguard.archive-dir": str(tmp / "archive"),
-            **extra,
-        }
-    )
-
-
 # The sales example runs as two chains.
 HEAD = "sales→score→partial"
 TAIL = "final→sink"
 
 
-def run(job: Any, spark: Any, settings: Settings, options: RunOptions | None = None) -> Any:
-    from tailguard.agent.entry import run as run_job
-
-    return run_job(
-        job,
-        spark,
-        log_mode="archive",
-        services=False,
-        settings=settings,
-        progress=False,
-        options=options,
-    )
+def run(job: Any, spark: Any, tmp: Path, options: RunOptions | None = None, **extra: str) -> JobRun:
+    """The job with the services off: the log in its archive, every decision a fallback."""
+    return run_job(job, spark, tmp, settings={**POLICY, **extra}, options=options)
 
 
-def test_sales_job_matches_pandas_and_replays(spark: Any, tmp_path: Path) -> None:
+def assert_exact_sales(run: JobRun, data: Path) -> None:
+    assert_succeeded(run)
+    assert_output_equals(run, sales_by_region.reference(data), ignore_order=True)
+
+
+def test_sales_job_matches_pandas_and_replays(tailguard_local_spark: Any, tmp_path: Path) -> None:
     data = sales_by_region.generate(tmp_path / "sales", files=4, rows_per_file=3_000)
     out = tmp_path / "out"
-    settings = settings_for(tmp_path)
     written: set[str] = set()
 
     def partitions_so_far(event: r.Event) -> None:
@@ -92,17 +62,15 @@ def test_sales_job_matches_pandas_and_replays(spark: Any, tmp_path: Path) -> Non
             written.update(p.name for p in root.iterdir())
 
     options = RunOptions(on_event=partitions_so_far)
-    result = run(sales_by_region.make_job(data, out), spark, settings, options)
+    job_run = run(sales_by_region.make_job(data, out), tailguard_local_spark, tmp_path, options)
+    result = job_run.result
 
-    assert result.ok, result.summary()
+    assert_exact_sales(job_run, data)
     # The chain ran as one attempt per subtask, with no partition between its operators.
     assert result.chains == {HEAD: ("sales", "score", "partial"), TAIL: ("final", "sink")}
     assert {a.vertex for a in result.attempts} == {HEAD, TAIL}
     assert len([a for a in result.attempts if a.vertex == HEAD]) == result.parallelism[HEAD][0]
     assert written == {HEAD}, written
-    expected = sales_by_region.reference(data)
-    actual = sales_by_region.read_output(out)
-    assert actual[expected.columns.tolist()].equals(expected)
     assert (out / "_SUCCESS").exists()
     assert len(list(out.glob("part-*.parquet"))) == result.parallelism[TAIL][0]
     # Every adaptive vertex was decided by the local fallback (services off).
@@ -110,56 +78,56 @@ def test_sales_job_matches_pandas_and_replays(spark: Any, tmp_path: Path) -> Non
     # 4 files x 2 row groups = 8 splits of ~25 KiB: the decider packs them into fewer subtasks.
     assert 1 <= result.parallelism[HEAD][0] <= 8
 
-    report = replay(read_archive(Path(result.archive), settings), settings)
+    report = assert_replay_clean(job_run)
     lines = {s.service: s for s in report.services}
     assert lines["decider"].compared and lines["decider"].reproduced >= 2
-    assert report.differences == 0, [s.line() for s in report.services]
     assert not lines["detector"].compared  # services were off: nothing to compare
 
 
-def test_join_with_broadcast_and_fixed_parallelism(spark: Any, tmp_path: Path) -> None:
+def test_join_with_broadcast_and_fixed_parallelism(
+    tailguard_local_spark: Any, tmp_path: Path
+) -> None:
     orders, customers = orders_by_segment.generate(
         tmp_path / "orders", customers=200, files=3, rows_per_file=2_000
     )
     out = tmp_path / "out"
     job = orders_by_segment.make_job(orders, customers, out)
     job.vertices["enrich"].parallelism = 3
-    result = run(job, spark, settings_for(tmp_path))
+    job_run = run(job, tailguard_local_spark, tmp_path)
 
-    assert result.ok, result.summary()
-    assert result.parallelism["enrich"] == (3, "fixed")
+    assert_succeeded(job_run)
+    assert job_run.result.parallelism["enrich"] == (3, "fixed")
     expected = orders_by_segment.reference(orders, customers)
-    actual = orders_by_segment.read_output(out)
-    assert actual[expected.columns.tolist()].equals(expected)
+    assert_output_equals(job_run, expected, ignore_order=True)
 
 
-def test_failed_attempt_is_restarted_and_output_stays_exact(spark: Any, tmp_path: Path) -> None:
+def test_failed_attempt_is_restarted_and_output_stays_exact(
+    tailguard_local_spark: Any, tmp_path: Path
+) -> None:
     data = sales_by_region.generate(tmp_path / "sales", files=3, rows_per_file=2_000)
     out = tmp_path / "out"
     options = RunOptions(fail_attempts={(HEAD, 0, 0): "injected failure"})
-    result = run(sales_by_region.make_job(data, out), spark, settings_for(tmp_path), options)
+    job_run = run(sales_by_region.make_job(data, out), tailguard_local_spark, tmp_path, options)
+    result = job_run.result
 
-    assert result.ok, result.summary()
+    assert_exact_sales(job_run, data)
     failed = [a for a in result.attempts if a.status == "FAILED"]
     assert [(a.vertex, a.subtask, a.attempt) for a in failed] == [(HEAD, 0, 0)]
     assert "injected failure" in (failed[0].error or "")
     assert result.restarts >= 1
     assert any("failover" in note for note in result.fallbacks)
-    expected = sales_by_region.reference(data)
-    actual = sales_by_region.read_output(out)
-    assert actual[expected.columns.tolist()].equals(expected)
 
 
-def test_restart_limit_fails_the_job(spark: Any, tmp_path: Path) -> None:
+def test_restart_limit_fails_the_job(tailguard_local_spark: Any, tmp_path: Path) -> None:
     data = sales_by_region.generate(tmp_path / "sales", files=2, rows_per_file=1_000)
-    settings = settings_for(tmp_path, **{"restart-strategy.fixed-delay.attempts": "1"})
     failing = {(HEAD, 0, n): "always fails" for n in range(5)}
     result = run(
         sales_by_region.make_job(data, tmp_path / "out"),
-        spark,
-        settings,
+        tailguard_local_spark,
+        tmp_path,
         RunOptions(fail_attempts=failing),
-    )
+        **{"restart-strategy.fixed-delay.attempts": "1"},
+    ).result
     assert result.status == "FAILED"
     assert result.message  # the FailJob reason names the restart strategy
 
@@ -218,41 +186,41 @@ def most_live(events: list[r.Event]) -> int:
     return most
 
 
-def test_pipelined_source_and_map_are_deployed_together(spark: Any, tmp_path: Path) -> None:
+def test_pipelined_source_and_map_are_deployed_together(
+    tailguard_local_spark: Any, tmp_path: Path
+) -> None:
     data = sales_by_region.generate(tmp_path / "sales", files=2, rows_per_file=2_000)
     out = tmp_path / "out"
     events: list[r.Event] = []
     job = pipelined_sales_job(data, out, parallelism=1, pipelined=("score",))
-    result = run(job, spark, settings_for(tmp_path), RunOptions(on_event=events.append))
+    job_run = run(job, tailguard_local_spark, tmp_path, RunOptions(on_event=events.append))
 
-    assert result.ok, result.summary()
-    expected = sales_by_region.reference(data)
-    actual = sales_by_region.read_output(out)
-    assert actual[expected.columns.tolist()].equals(expected)
+    assert_exact_sales(job_run, data)
     # The pipelined edge breaks the chain: sales | score→partial.
     assert deploy_order(events)[:2] == [("sales", 0, 0), ("score→partial", 0, 0)]
     assert deployed_together(events, ("sales", 0, 0), ("score→partial", 0, 0))
 
 
-def test_regions_wait_for_enough_free_slots_without_deadlock(spark: Any, tmp_path: Path) -> None:
+def test_regions_wait_for_enough_free_slots_without_deadlock(
+    tailguard_local_spark: Any, tmp_path: Path
+) -> None:
     # Two regions {sales→score#k, partial#k} of 2 tasks on 2 slots: a region is placed only
     # when both slots are free, one region at a time.
     data = sales_by_region.generate(tmp_path / "sales", files=2, rows_per_file=3_000)
     out = tmp_path / "out"
     events: list[r.Event] = []
     job = pipelined_sales_job(data, out, parallelism=2, pipelined=("partial",))
-    result = run(job, spark, settings_for(tmp_path), RunOptions(on_event=events.append))
+    job_run = run(job, tailguard_local_spark, tmp_path, RunOptions(on_event=events.append))
 
-    assert result.ok, result.summary()
-    expected = sales_by_region.reference(data)
-    actual = sales_by_region.read_output(out)
-    assert actual[expected.columns.tolist()].equals(expected)
+    assert_exact_sales(job_run, data)
     for k in range(2):
         assert deployed_together(events, ("sales→score", k, 0), ("partial", k, 0))
     assert most_live(events) <= 2
 
 
-def test_a_failure_in_a_region_restarts_the_region_as_a_bulk(spark: Any, tmp_path: Path) -> None:
+def test_a_failure_in_a_region_restarts_the_region_as_a_bulk(
+    tailguard_local_spark: Any, tmp_path: Path
+) -> None:
     data = sales_by_region.generate(tmp_path / "sales", files=2, rows_per_file=2_000)
     out = tmp_path / "out"
     events: list[r.Event] = []
@@ -260,11 +228,8 @@ def test_a_failure_in_a_region_restarts_the_region_as_a_bulk(spark: Any, tmp_pat
         on_event=events.append, fail_attempts={("partial", 0, 0): "injected failure"}
     )
     job = pipelined_sales_job(data, out, parallelism=1, pipelined=("partial",))
-    result = run(job, spark, settings_for(tmp_path), options)
+    job_run = run(job, tailguard_local_spark, tmp_path, options)
 
-    assert result.ok, result.summary()
-    expected = sales_by_region.reference(data)
-    actual = sales_by_region.read_output(out)
-    assert actual[expected.columns.tolist()].equals(expected)
+    assert_exact_sales(job_run, data)
     # The producer of the failed consumer is redone with it, in one bulk.
     assert deployed_together(events, ("sales→score", 0, 1), ("partial", 0, 1))

@@ -1,8 +1,9 @@
 """The local standalone cluster: distinct hosts, pinned attempts, throttled nodes (CPU and I/O
 mode), the CLI.
 
-One module-scoped 2-worker cluster and one SparkSession serve every Spark test; the CLI test
-drives its own 1-worker cluster in another work dir so that `down` cannot break the others.
+The plugin's 2-worker cluster and its SparkSession (`tailguard_cluster`, `tailguard_spark`)
+serve every Spark test; the CLI test drives its own 1-worker cluster in another work dir so
+that `down` cannot break the others.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ needs_java = pytest.mark.skipif(bool(JAVA_MISSING), reason=JAVA_MISSING or "java
 spark = pytest.mark.spark
 
 WORKERS = 2  # two hosts suffice (slow vs fast) and keep the JVM count low on 2 cores
+# The plugin's tailguard_cluster fixture: this shape.
+pytestmark = pytest.mark.tailguard_cluster(workers=WORKERS)
 
 
 def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -230,53 +233,13 @@ def test_cpu_throttle_caveat_only_with_more_executors_than_cores() -> None:
 # --------------------------------------------------------------------------- Spark cluster
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    if JAVA_MISSING:
-        pytest.skip(JAVA_MISSING)
-    local = LocalCluster(
-        workers=WORKERS, cores=1, memory="1g", work_dir=tmp_path_factory.mktemp("cluster")
-    )
-    try:
-        local.start()
-        yield local
-    finally:
-        local.stop()
-
-
-@pytest.fixture(scope="module")
-def sc(cluster: LocalCluster) -> Iterator[Any]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # the driver tells executors which Python
+@pytest.fixture
+def sc(tailguard_spark: Any) -> Any:
     from pyspark import cloudpickle
-    from pyspark.sql import SparkSession
 
     # Executors cannot import this test module, so ship its functions by value.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-    session = (
-        SparkSession.builder.master(cluster.master_url)
-        .appName("tailguard-test-cluster")
-        .config("spark.task.maxFailures", "1")
-        .config("spark.speculation", "false")
-        .config("spark.locality.wait", "1h")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.memory", "512m")
-        .config("spark.executor.cores", "1")
-        .config("spark.executor.memory", "512m")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
-    context = session.sparkContext
-    try:
-        poll(
-            lambda: set(cluster.hosts()) <= executor_hosts(context),
-            60.0,
-            "an executor on every worker",
-        )
-        yield context
-    finally:
-        session.stop()
+    return tailguard_spark.sparkContext
 
 
 def executor_hosts(sc: Any) -> set[str]:
@@ -299,26 +262,26 @@ def timed_spin(n: int) -> float:
 
 @spark
 @needs_java
-def test_workers_have_distinct_loopback_hosts(cluster: LocalCluster, sc: Any) -> None:
-    assert cluster.hosts() == [f"127.0.0.{i + 2}" for i in range(WORKERS)]
-    assert set(cluster.hosts()) <= executor_hosts(sc)
-    state = json.loads((cluster.work_dir / "cluster.json").read_text())
-    assert [w["host"] for w in state["workers"]] == cluster.hosts()
-    assert state["master_url"] == cluster.master_url
+def test_workers_have_distinct_loopback_hosts(tailguard_cluster: LocalCluster, sc: Any) -> None:
+    assert tailguard_cluster.hosts() == [f"127.0.0.{i + 2}" for i in range(WORKERS)]
+    assert set(tailguard_cluster.hosts()) <= executor_hosts(sc)
+    state = json.loads((tailguard_cluster.work_dir / "tailguard_cluster.json").read_text())
+    assert [w["host"] for w in state["workers"]] == tailguard_cluster.hosts()
+    assert state["master_url"] == tailguard_cluster.master_url
     # Work files must not land inside site-packages.
-    assert all((cluster.work_dir / f"worker-{i + 2}").is_dir() for i in range(WORKERS))
+    assert all((tailguard_cluster.work_dir / f"worker-{i + 2}").is_dir() for i in range(WORKERS))
 
 
 @spark
 @needs_java
-def test_pinned_tasks_run_on_the_requested_host(cluster: LocalCluster, sc: Any) -> None:
+def test_pinned_tasks_run_on_the_requested_host(tailguard_cluster: LocalCluster, sc: Any) -> None:
     from tailguard.cluster.pinning import pinned_rdd
 
-    for host in cluster.hosts():
+    for host in tailguard_cluster.hosts():
         for _ in range(3):
             assert pinned_rdd(sc, [(None, host)]).map(where_am_i).collect() == [host]
     # Several items at once: one partition each, each on its own host.
-    items = [(i, h) for i, h in enumerate(reversed(cluster.hosts() * 2))]
+    items = [(i, h) for i, h in enumerate(reversed(tailguard_cluster.hosts() * 2))]
     rdd = pinned_rdd(sc, items)
     assert rdd.getNumPartitions() == len(items)
     ran = rdd.map(lambda p: (p, os.environ["SPARK_LOCAL_IP"])).collect()
@@ -327,11 +290,13 @@ def test_pinned_tasks_run_on_the_requested_host(cluster: LocalCluster, sc: Any) 
 
 @spark
 @needs_java
-def test_pinned_payload_arrives_as_the_original_object(cluster: LocalCluster, sc: Any) -> None:
+def test_pinned_payload_arrives_as_the_original_object(
+    tailguard_cluster: LocalCluster, sc: Any
+) -> None:
     from tailguard.cluster.pinning import pinned_rdd
 
     payloads: list[object] = [b"\x00raw bytes\xff", {"vertex": "v1", "subtask": 3}, ("t", 1.5)]
-    host = cluster.hosts()[0]
+    host = tailguard_cluster.hosts()[0]
     got = pinned_rdd(sc, [(p, host) for p in payloads]).map(lambda p: (type(p).__name__, p))
     assert got.collect() == [(type(p).__name__, p) for p in payloads]
 
@@ -339,11 +304,11 @@ def test_pinned_payload_arrives_as_the_original_object(cluster: LocalCluster, sc
 @spark
 @needs_java
 def test_throttled_host_is_measurably_slower_until_unthrottled(
-    cluster: LocalCluster, sc: Any
+    tailguard_cluster: LocalCluster, sc: Any
 ) -> None:
     from tailguard.cluster.pinning import pinned_rdd
 
-    slow, fast = cluster.hosts()[0], cluster.hosts()[1]
+    slow, fast = tailguard_cluster.hosts()[0], tailguard_cluster.hosts()[1]
     work = 3_000_000  # ~0.15 s of pure Python on an idle core
 
     def slowdown() -> float:
@@ -361,20 +326,25 @@ def test_throttled_host_is_measurably_slower_until_unthrottled(
 
     before = slowdown()  # also warms both hosts' Python workers
     # Throttle only now: the executor is registered (see design §7).
-    cluster.throttle(slow, factor=5)
+    tailguard_cluster.throttle(slow, factor=5)
     try:
         throttled = slowdown()
-        worker_pid = cluster.worker(slow).pid
+        worker_pid = tailguard_cluster.worker(slow).pid
         assert len(procs.descendants(worker_pid)) >= 3  # worker, executor, python daemon/worker
     finally:
-        cluster.unthrottle(slow)
+        tailguard_cluster.unthrottle(slow)
     restored = slowdown()
     print(f"slow/fast wall time: before {before:.2f}, x5 {throttled:.2f}, after {restored:.2f}")
     assert throttled > 2.0
     assert restored < throttled / 2
     # Unthrottle leaves nothing paused and forgets the throttler.
-    assert "T" not in tree_states(cluster.worker(slow).pid).values()
-    assert slow not in json.loads((cluster.work_dir / "cluster.json").read_text())["throttles"]
+    assert "T" not in tree_states(tailguard_cluster.worker(slow).pid).values()
+    assert (
+        slow
+        not in json.loads((tailguard_cluster.work_dir / "tailguard_cluster.json").read_text())[
+            "throttles"
+        ]
+    )
 
 
 def io_slept(seconds: float) -> tuple[str, float, float]:
@@ -385,11 +355,13 @@ def io_slept(seconds: float) -> tuple[str, float, float]:
 
 @spark
 @needs_java
-def test_io_slowness_reaches_the_tasks_of_its_host_only(cluster: LocalCluster, sc: Any) -> None:
+def test_io_slowness_reaches_the_tasks_of_its_host_only(
+    tailguard_cluster: LocalCluster, sc: Any
+) -> None:
     from tailguard.cluster.pinning import pinned_rdd
 
-    slow, fast = cluster.hosts()[0], cluster.hosts()[1]
-    assert cluster.without_io_slowness() == []
+    slow, fast = tailguard_cluster.hosts()[0], tailguard_cluster.hosts()[1]
+    assert tailguard_cluster.without_io_slowness() == []
 
     def run(host: str, seconds: float) -> tuple[str, float, float]:
         result: tuple[str, float, float] = (
@@ -398,9 +370,9 @@ def test_io_slowness_reaches_the_tasks_of_its_host_only(cluster: LocalCluster, s
         return result
 
     assert run(slow, 0.0)[1] == 1.0
-    cluster.throttle(slow, 5, mode="io")
+    tailguard_cluster.throttle(slow, 5, mode="io")
     try:
-        status = {w["host"]: w["throttle"] for w in cluster.status()["workers"]}
+        status = {w["host"]: w["throttle"] for w in tailguard_cluster.status()["workers"]}
         assert status[slow] is not None and status[slow]["mode"] == "io"
         assert status[fast] is None
         host, factor, took = run(slow, 0.3)
@@ -411,32 +383,32 @@ def test_io_slowness_reaches_the_tasks_of_its_host_only(cluster: LocalCluster, s
         assert took < 0.9
         # A slowness that expires mid-task: 0.5 s at 5x does 0.1 s of the work, the other
         # 0.5 s of it then runs at full speed (the task re-reads the factor every tick).
-        cluster.throttle(slow, 5, duration_s=0.5, mode="io")
+        tailguard_cluster.throttle(slow, 5, duration_s=0.5, mode="io")
         _host, factor, took = run(slow, 0.6)
         assert factor in (5.0, 1.0)  # 1.0 if the task started after the expiry (busy machine)
         assert took < 1.8  # 3 s if the change did not reach the running task
-        cluster.throttle(slow, 5, mode="io")
+        tailguard_cluster.throttle(slow, 5, mode="io")
     finally:
-        cluster.unthrottle(slow)
+        tailguard_cluster.unthrottle(slow)
     assert run(slow, 0.0)[1] == 1.0
-    assert not slowness.slowness_file(cluster.work_dir, slow).exists()
+    assert not slowness.slowness_file(tailguard_cluster.work_dir, slow).exists()
 
 
 @spark
 @needs_java
 def test_cpu_throttle_warns_when_executors_outnumber_cores(
-    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+    tailguard_cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import tailguard.cluster.local as local
 
-    host = cluster.hosts()[0]
+    host = tailguard_cluster.hosts()[0]
     # As if the machine had one CPU for this cluster's two executors.
     monkeypatch.setattr(local, "cpu_throttle_caveat", lambda cores: cpu_throttle_caveat(cores, 1))
     try:
         with pytest.warns(ThrottleWarning, match="2 executor cores over 1 CPUs"):
-            cluster.throttle(host, 2, duration_s=0.2)
+            tailguard_cluster.throttle(host, 2, duration_s=0.2)
     finally:
-        cluster.unthrottle(host)
+        tailguard_cluster.unthrottle(host)
 
 
 # --------------------------------------------------------------------------- the CLI

@@ -22,12 +22,13 @@ from tailguard.examples import sales_by_region
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.replay.inputs import read_archive
+from tailguard.testing import Harness
 
 pytestmark = pytest.mark.spark  # skipped with the reason where no JDK is found (conftest)
 
 
 def test_executors_without_tailguard_fail_the_job_at_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tailguard_harness: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pyspark.sql import SparkSession
 
@@ -47,6 +48,8 @@ def test_executors_without_tailguard_fail_the_job_at_once(
     )
     # What a user's environment does: PySpark starts the executors' Python from PYSPARK_PYTHON.
     monkeypatch.setenv("PYSPARK_PYTHON", str(python))
+    # A session of its own, built the usual way: the plugin's must stop first (one per process).
+    tailguard_harness.release_spark()
     spark = SparkSession.builder.master("local[2]").appName("tailguard-no-env").getOrCreate()
     try:
         started = time.monotonic()
@@ -73,11 +76,12 @@ def defined_here(table: Any) -> Any:
     return table
 
 
-def test_an_import_error_of_the_jobs_code_fails_the_job_without_a_restart(tmp_path: Path) -> None:
+def test_an_import_error_of_the_jobs_code_fails_the_job_without_a_restart(
+    tailguard_local_spark: Any, tmp_path: Path
+) -> None:
     """The executors run tailguard, but the job's own code needs a module they lack, either to
     load the operator or when it runs: the first failure ends the job (the restart strategy
     would retry it 3 times, to the same end)."""
-    from tailguard.agent.adapters.spark import session_builder
     from tailguard.agent.entry import run
 
     data = sales_by_region.generate(tmp_path / "data", files=1, rows_per_file=200)
@@ -95,23 +99,26 @@ def test_an_import_error_of_the_jobs_code_fails_the_job_without_a_restart(tmp_pa
         "tailguard_no_such_module": lambda t: __import__("tailguard_no_such_module") and t,
         "cannot load the attempt: ModuleNotFoundError": defined_here,
     }
-    spark = session_builder("local[2]", app_name="tailguard-import-error").getOrCreate()
-    try:
-        for n, (expected, operator) in enumerate(operators.items()):
-            job = Job(f"needs-a-module-{n}")
-            job.read_parquet(str(data), name="sales").map(operator, name="use").write_parquet(
-                str(tmp_path / f"out{n}"), name="sink"
-            )
-            result = run(
-                job, spark, log_mode="archive", services=False, settings=settings, progress=False
-            )
-            assert not result.ok
-            assert "not recoverable" in result.message and expected in result.message
-            log = [item.record for item in read_archive(Path(result.archive), settings)]
-            failed = [x for x in log if isinstance(x, r.AttemptFailed)]
-            assert failed and all(f.non_recoverable for f in failed)
-            assert not any(isinstance(x, r.RestartTasks) for x in log)
-            # Only the attempts deployed before the first failure ran: none was a restart.
-            assert {x.attempt for x in log if isinstance(x, r.AttemptDeploying)} == {0}
-    finally:
-        spark.stop()
+    # `tailguard.run` itself, not the plugin's `run_job`: that would ship this module by value,
+    # and the point is what happens when the executors cannot import it.
+    for n, (expected, operator) in enumerate(operators.items()):
+        job = Job(f"needs-a-module-{n}")
+        job.read_parquet(str(data), name="sales").map(operator, name="use").write_parquet(
+            str(tmp_path / f"out{n}"), name="sink"
+        )
+        result = run(
+            job,
+            tailguard_local_spark,
+            log_mode="archive",
+            services=False,
+            settings=settings,
+            progress=False,
+        )
+        assert not result.ok
+        assert "not recoverable" in result.message and expected in result.message
+        log = [item.record for item in read_archive(Path(result.archive), settings)]
+        failed = [x for x in log if isinstance(x, r.AttemptFailed)]
+        assert failed and all(f.non_recoverable for f in failed)
+        assert not any(isinstance(x, r.RestartTasks) for x in log)
+        # Only the attempts deployed before the first failure ran: none was a restart.
+        assert {x.attempt for x in log if isinstance(x, r.AttemptDeploying)} == {0}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from tailguard import stack
 from tailguard.agent.driver.driver import JobDriver, RunOptions
 from tailguard.agent.driver.ports import CommandReceived
 from tailguard.codec import codec_for
@@ -37,10 +35,7 @@ from tailguard.model.config import Settings
 from tailguard.model.ids import derived_id
 from tailguard.replay.engine import replay
 from tailguard.replay.inputs import read_archive
-from tailguard.settings_file import load_settings
-
-# Skipped with the reason where there is no JDK (tests/conftest.py).
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+from tailguard.testing import Harness, run_settings
 
 SIGNING_KEY = "forged-commands-test-key-0123456789abcdef"
 POLICY = {
@@ -59,32 +54,31 @@ WARNING = "commands are unauthenticated"
 @dataclass
 class System:
     work: Path
-    settings: Settings  # what the services run with: the key included
+    settings: Settings  # what the services run with (the key included), with this module's dirs
     bootstrap: str
     spark: Any
     data: Path
 
 
-@pytest.fixture(scope="module")
-def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    from tailguard.agent.adapters.spark import session_builder
+# The plugin's broker and services (signing with the key) and its local[2] session. Skipped with
+# the reason where there is no JDK (tests/conftest.py).
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.tailguard_services(settings={**POLICY, KEY_SETTING: SIGNING_KEY}),
+]
 
+
+@pytest.fixture(scope="module")
+def system(
+    tailguard_harness: Harness, request: pytest.FixtureRequest, tmp_path_factory: Any
+) -> System:
     work = tmp_path_factory.mktemp("forged")
-    values = {
-        **POLICY,
-        "tailguard.work-dir": str(work),
-        "tailguard.archive-dir": str(work / "archive"),
-        KEY_SETTING: SIGNING_KEY,
-    }
-    config = work / "tailguard.toml"
-    config.write_text("".join(f'"{k}" = "{v}"\n' for k, v in values.items()))
+    services = tailguard_harness.services_of(request.node)
+    spark = tailguard_harness.local_spark_of(request.node)
     data = example.generate(work / "data", files=4, rows_per_file=3_000)
-    with stack.broker(work) as bootstrap, stack.services(work, config):
-        spark = session_builder("local[2]", app_name="tailguard-forged").getOrCreate()
-        try:
-            yield System(work, load_settings(config, environ={}), bootstrap, spark, data)
-        finally:
-            spark.stop()
+    settings = run_settings(work, services, None)
+    return System(work, settings, settings["bootstrap.servers"], spark, data)
 
 
 def inject(system: System, driver: JobDriver, forged: list[tuple[r.Command, list]]) -> None:

@@ -16,6 +16,7 @@ from tests.spark_marks import SPARK
 
 from tailguard.bench import plain_spark
 from tailguard.examples import sales_by_region as example
+from tailguard.testing import Harness
 
 pytestmark = SPARK
 
@@ -23,7 +24,10 @@ FILES, ROW_GROUPS = 3, 2
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
+def spark(tailguard_harness: Harness) -> Iterator[Any]:
+    # The benchmark's own plain session, not the plugin's: PySpark allows one per process, so
+    # the plugin's session stops first (the next test that asks for it gets a new one).
+    tailguard_harness.release_spark()
     session = plain_spark.session_builder("local[2]", "tailguard-plain-test", []).getOrCreate()
     yield session
     session.stop()

@@ -32,7 +32,6 @@ from tailguard.agent.executor.sinks import (
     stage_sink_output,
 )
 from tailguard.agent.executor.storage import Storage
-from tailguard.cluster.local import ClusterError, find_java
 from tailguard.examples import sales_by_region
 from tailguard.log.archive import PARTS_SUFFIX, ArchiveReader, ArchiveWriter, Direction
 from tailguard.model import records as r
@@ -41,12 +40,6 @@ from tailguard.model.config import Settings
 moto_server = pytest.importorskip(
     "moto.server", reason="moto[server] is in the dev extra: pip install -e '.[dev]'"
 )
-
-try:
-    find_java()
-    JAVA_MISSING = ""
-except ClusterError as exc:
-    JAVA_MISSING = str(exc)
 
 ACCESS_KEY = "AKIATAILGUARDTEST"
 SECRET_KEY = "s3-secret-that-must-never-be-recorded"
@@ -222,20 +215,9 @@ def test_a_part_published_to_s3_appears_whole_or_not_at_all(
 # ---------------------------------------------------------------------- a job on S3
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    if JAVA_MISSING:
-        pytest.skip(JAVA_MISSING)
-    from tailguard.agent.adapters.spark import session_builder
-
-    session = session_builder("local[2]", app_name="tailguard-s3-test").getOrCreate()
-    yield session
-    session.stop()
-
-
 @pytest.mark.spark
 def test_job_reads_exchanges_commits_and_archives_on_s3(
-    spark: Any,
+    tailguard_local_spark: Any,
     s3_settings: dict[str, str],
     bucket: str,
     tmp_path: Path,
@@ -271,7 +253,7 @@ def test_job_reads_exchanges_commits_and_archives_on_s3(
     caplog.set_level("DEBUG")
     result = run_job(
         sales_by_region.make_job(f"s3a://{bucket}/input/sales", sink),
-        spark,
+        tailguard_local_spark,
         log_mode="archive",
         services=False,
         settings=settings,
@@ -324,5 +306,5 @@ def test_job_reads_exchanges_commits_and_archives_on_s3(
     assert carriers == []
     assert SECRET_KEY.encode() not in archived and ACCESS_KEY.encode() not in archived
     assert SECRET_KEY not in caplog.text and ACCESS_KEY not in caplog.text
-    conf = dict(spark.sparkContext.getConf().getAll())
+    conf = dict(tailguard_local_spark.sparkContext.getConf().getAll())
     assert not [k for k, v in conf.items() if SECRET_KEY in v or ACCESS_KEY in v]

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -181,9 +182,10 @@ def page(url: str) -> bytes:
 
 
 def test_no_secret_in_any_topic_archive_log_metric_or_cli_output(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    tailguard_local_spark: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from tailguard.agent.adapters.spark import session_builder
+    """The broker and the services are this test's own, in its work dir, started with the
+    planted environment: every file they write is scanned. Spark is the plugin's local[2]."""
     from tailguard.agent.entry import run
 
     work = tmp_path / "work"
@@ -213,11 +215,9 @@ def test_no_secret_in_any_topic_archive_log_metric_or_cli_output(
             # The services were started with the planted variables.
             environ = Path(f"/proc/{service.pid}/environ").read_bytes()
             assert plants.environ["TAILGUARD_KAFKA_SSL_KEY_PASSWORD"].encode() in environ
-        spark = session_builder("local[2]", app_name="tailguard secrets").getOrCreate()
-        stop.callback(spark.stop)
         result = run(
             sales_by_region.make_job(data, tmp_path / "out"),
-            spark,
+            tailguard_local_spark,
             settings=settings,
             progress=False,
         )

@@ -3,26 +3,24 @@ and a kill -9 in the middle of a job that changes no decision."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tailguard.codec import codec_for
 from tailguard.decider.policy import ParallelismDecider
-from tailguard.log.broker import EmbeddedBroker
 from tailguard.log.consumer import RecordConsumer
 from tailguard.log.dead_letters import DeadLetterReader
 from tailguard.log.producer import RecordProducer
 from tailguard.model import records as r
 from tailguard.model.config import Settings
-from tailguard.shell import supervisor
+from tailguard.testing import Services
 
-pytestmark = pytest.mark.slow
+# The plugin's embedded broker and the decider alone, started by the `tailguard_services`
+# fixture (and started again if a test left it dead).
+pytestmark = [pytest.mark.slow, pytest.mark.tailguard_services(names=["decider"])]
 
 
 def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -32,20 +30,6 @@ def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
     return result
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    work_dir = tmp_path_factory.mktemp("services")
-    broker = EmbeddedBroker(work_dir)
-    broker.start()
-    yield work_dir
-    supervisor.stop(work_dir, report=lambda _m: None)
-    broker.stop()
-
-
-def settings_of(work_dir: Path) -> Settings:
-    return Settings({"tailguard.work-dir": str(work_dir)})
 
 
 def graph() -> r.JobGraphSpec:
@@ -115,8 +99,7 @@ def expected_decisions(events: list[r.Event]) -> list[r.Record]:
     return [out for e in events for out in core.handle(e)]
 
 
-def commands_of(work_dir: Path, job: str, count: int, timeout_s: float = 30) -> list[r.Record]:
-    settings = settings_of(work_dir)
+def commands_of(settings: Settings, job: str, count: int, timeout_s: float = 30) -> list[r.Record]:
     consumer = RecordConsumer(
         settings, codec_for(settings), [r.COMMANDS_TOPIC], group_id=f"check-{job}-{time.time()}"
     )
@@ -130,9 +113,9 @@ def commands_of(work_dir: Path, job: str, count: int, timeout_s: float = 30) -> 
     return seen
 
 
-def test_decider_service_decides_dead_letters_and_reports(work: Path) -> None:
-    settings = settings_of(work)
-    services = supervisor.start(work, ["decider"], report=lambda _m: None)
+def test_decider_service_decides_dead_letters_and_reports(tailguard_services: Services) -> None:
+    settings = tailguard_services.settings
+    services = tailguard_services.running()
     producer = RecordProducer(settings, codec_for(settings))
     events = job_events("job-a")
     producer.send(events[0])
@@ -143,7 +126,7 @@ def test_decider_service_decides_dead_letters_and_reports(work: Path) -> None:
 
     expected = expected_decisions(events)
     assert len(expected) == 2  # the source at submission, agg when its inputs finished
-    got = commands_of(work, "job-a", len(expected))
+    got = commands_of(settings, "job-a", len(expected))
     assert list({c.id: c for c in got}.values()) == expected
 
     with DeadLetterReader(settings, r.EVENTS_TOPIC) as reader:
@@ -163,23 +146,23 @@ def test_decider_service_decides_dead_letters_and_reports(work: Path) -> None:
     assert metrics["tailguard_service_decision_latency_seconds_count"] >= 2
 
 
-def test_kill_9_mid_job_changes_no_decision(work: Path) -> None:
-    settings = settings_of(work)
-    supervisor.stop(work, ["decider"], report=lambda _m: None)
-    services = supervisor.start(work, ["decider"], report=lambda _m: None)
+def test_kill_9_mid_job_changes_no_decision(tailguard_services: Services) -> None:
+    settings = tailguard_services.settings
+    decider = tailguard_services.restart("decider")
     producer = RecordProducer(settings, codec_for(settings))
     events = job_events("job-b")
     first, rest = events[:-1], events[-1:]  # agg is decided only by the last event
     for event in first:
         producer.send(event)
     producer.flush(10)
-    poll(lambda: len(commands_of(work, "job-b", 1, timeout_s=2)) >= 1, 30, "the source decision")
+    poll(
+        lambda: len(commands_of(settings, "job-b", 1, timeout_s=2)) >= 1, 30, "the source decision"
+    )
     rebuilt = "tailguard_service_records_rebuilt_total"
-    before = services["decider"].metrics()[rebuilt]
+    before = decider.metrics()[rebuilt]
 
-    os.kill(services["decider"].pid, signal.SIGKILL)
-    poll(lambda: "decider" not in supervisor.running(work), 10, "the decider to die")
-    restarted = supervisor.start(work, ["decider"], report=lambda _m: None)
+    tailguard_services.kill("decider")  # SIGKILL, and back once it is gone
+    restarted = tailguard_services.start(["decider"])
     # The topic from offset 0 to the committed offset went back in.
     assert restarted["decider"].metrics()[rebuilt] >= before
 
@@ -187,7 +170,7 @@ def test_kill_9_mid_job_changes_no_decision(work: Path) -> None:
         producer.send(event)
     producer.flush(10)
     expected = expected_decisions(events)
-    got = commands_of(work, "job-b", len(expected))
+    got = commands_of(settings, "job-b", len(expected))
     by_id: dict[str, r.Record] = {}
     for command in got:
         # At least once: a re-emitted decision must be identical, under the same id.

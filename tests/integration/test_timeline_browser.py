@@ -16,9 +16,7 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -28,6 +26,7 @@ import pytest
 from tests.unit.inspect_records import DEMO_ARCHIVE
 
 from tailguard.cli import main
+from tailguard.demo import DEMO_POLICY
 from tailguard.inspect.reading import archived
 from tailguard.model import records as r
 from tailguard.model.config import Settings
@@ -190,29 +189,18 @@ def straggler(marker: str) -> Callable[[Any], Any]:
 @pytest.mark.spark
 @pytest.mark.slow
 @needs_chromium
-def test_fresh_job_timeline_in_chromium(tmp_path: Path) -> None:
-    from tailguard.cluster.local import ClusterError, find_java
-
-    try:
-        find_java()
-    except ClusterError as err:
-        pytest.skip(str(err))
-    from pyspark import cloudpickle
-
-    from tailguard import stack
-    from tailguard.agent.adapters.spark import session_builder
-    from tailguard.agent.entry import run
+@pytest.mark.tailguard_cluster(workers=3)
+# The demo's policy: 1.5 s lower bound, block on one slow task.
+@pytest.mark.tailguard_services(settings=DEMO_POLICY)
+def test_fresh_job_timeline_in_chromium(
+    tailguard_spark: Any, tailguard_services: Any, tmp_path: Path
+) -> None:
     from tailguard.agent.graph.api import Job
-    from tailguard.demo import write_settings
     from tailguard.examples import sales_by_region
-    from tailguard.settings_file import load_settings
+    from tailguard.testing import run_job
 
-    # Executors cannot import this test module: its operator goes by value.
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     work = tmp_path / "work"
     work.mkdir()
-    config = write_settings(work)  # the demo's policy: 1.5 s lower bound, block on one slow task
-    settings = load_settings(config, environ={})
     # Four splits on three one-slot hosts: the detector looks once 3 of 4 (75%) have finished.
     data = sales_by_region.generate(work / "data", files=2, rows_per_file=2_000)
     job = Job("timeline-acceptance")
@@ -220,15 +208,8 @@ def test_fresh_job_timeline_in_chromium(tmp_path: Path) -> None:
     partial = sales.map(straggler(str(tmp_path / "straggler")), name="partial")
     totals = partial.partition_by("region").map(sales_by_region.final_sums, name="final")
     totals.write_parquet(str(work / "out"), name="sink")
-    with ExitStack() as stop:
-        stop.enter_context(stack.broker(work))
-        cluster = stop.enter_context(stack.cluster(work, 3))
-        stop.enter_context(stack.services(work, config))
-        spark = session_builder(cluster.master_url, app_name="tailguard timeline").getOrCreate()
-        spark.sparkContext.setLogLevel("ERROR")
-        stop.callback(spark.stop)
-        stack.await_executors(spark, cluster.hosts())
-        result = run(job, spark, settings=settings, progress=False)
+    job_run = run_job(job, tailguard_spark, work, services=tailguard_services)
+    result, settings = job_run.result, job_run.settings
     assert result.ok, result.summary()
     archive = Path(result.archive)
     records = [e.record for e in archived(str(archive), settings)]

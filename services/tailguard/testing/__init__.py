@@ -29,7 +29,7 @@ from tailguard.testing.assertions import (
     assert_succeeded,
 )
 from tailguard.testing.harness import Broker, Harness, HarnessError, Services
-from tailguard.testing.jobrun import JobRun, run_job, ship_job_code
+from tailguard.testing.jobrun import JobRun, run_job, run_settings, ship_job_code
 from tailguard.testing.markers import ClusterShape, HarnessUsageError
 
 __all__ = [
@@ -48,5 +48,6 @@ __all__ = [
     "assert_speculated",
     "assert_succeeded",
     "run_job",
+    "run_settings",
     "ship_job_code",
 ]

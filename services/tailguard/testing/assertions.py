@@ -60,6 +60,18 @@ def _matches(a: AttemptSummary, chains: set[str] | None, subtask: int | None) ->
     return (chains is None or a.vertex in chains) and (subtask is None or a.subtask == subtask)
 
 
+def _times_by_host(attempts: Iterable[AttemptSummary]) -> list[str]:
+    """Per host, how many of the attempts ran there and how long they took."""
+    times: dict[str, list[int]] = {}
+    for a in attempts:
+        if a.status == "FINISHED":
+            times.setdefault(a.host, []).append(a.duration_ms)
+    return [
+        f"{host}: {len(ms)} finished, {min(ms) / 1000:.1f}-{max(ms) / 1000:.1f} s"
+        for host, ms in sorted(times.items())
+    ]
+
+
 def _slow_findings(run: JobRun) -> list[str]:
     from tailguard.model import records as r
 
@@ -135,9 +147,12 @@ def assert_speculated(
             f"speculative attempts of {name} ran, but expected {expected}:"
             + _listed(_attempt(a) for a in matching)
         )
+    targets = [a for a in run.result.attempts if _matches(a, chains, subtask)]
     raise AssertionError(
         f"no speculative attempt of {name} ran.\nspeculative attempts that did run:"
         + _listed(_attempt(a) for a in speculative)
+        + f"\nattempts of {name} by host:"
+        + _listed(_times_by_host(targets))
         + "\nslow tasks the detector reported:"
         + _listed(_slow_findings(run), "none (no finding in the archive: were services on?)")
         + "\nspeculation commands rejected:"
@@ -171,6 +186,8 @@ def assert_blocked(run: JobRun, host: str) -> list[tuple[str, int, int]]:
     raise AssertionError(
         f"{host} was never blocked.\nhosts that were blocked:"
         + _listed(_blocks(run))
+        + "\nattempts by host:"
+        + _listed(_times_by_host(run.result.attempts))
         + "\nslow tasks the detector reported:"
         + _listed(_slow_findings(run), "none (no finding in the archive: were services on?)")
         + "\nblock commands rejected:"
