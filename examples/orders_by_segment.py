@@ -4,7 +4,8 @@ A join with a broadcast side; the job lives in `tailguard.examples.orders_by_seg
 
     orders (Parquet) ────────────┐
                                  ├─ enrich (join on customer_id) -> partial sums
-    customers (CSV) -> broadcast ┘      -> partition_by("segment") -> final sums -> Parquet sink
+    customers (CSV) -> broadcast ┘      -> partition_by("segment") -> final sums (aggregate)
+                                        -> Parquet sink
 """
 
 from tailguard.examples.orders_by_segment import main
