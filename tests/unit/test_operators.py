@@ -295,9 +295,31 @@ def test_group_operators_need_partition_by_keys() -> None:
         src.partition_by("k").apply_in_pandas(lambda a, b, c: a)
 
 
-def test_map_stays_on_both_datasets_and_exchanges() -> None:
-    # Today's whole-partition `map` is kept (docs/agent.md says why): same API on both.
-    assert Dataset.map is Exchanged.map
+def test_map_keeps_its_whole_partition_meaning(tmp_path: Path) -> None:
+    # Kept on purpose (docs/agent.md says why): one call with every row of the subtask.
+    calls: list[int] = []
+
+    def whole(table: pa.Table) -> pa.Table:
+        calls.append(table.num_rows)
+        return table.sort_by([("qty", "descending"), ("id", "ascending")])
+
+    table = data()
+    got = run(steps_of(lambda d: d.map(whole)), table, tmp_path)
+    assert calls == [table.num_rows]
+    assert got.equals(table.sort_by([("qty", "descending"), ("id", "ascending")]))
+    assert Dataset.map is Exchanged.map  # after an exchange too
+
+
+def test_a_declared_schema_takes_an_empty_result_without_columns(tmp_path: Path) -> None:
+    schema = pa.schema([("id", pa.int64())])
+
+    def none_match(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for df in frames:
+            big = df[df["qty"] > 100]
+            yield big[["id"]] if len(big) else pd.DataFrame()
+
+    got = run(steps_of(lambda d: d.map_in_pandas(none_match, schema)), data(250), tmp_path)
+    assert got.num_rows == 0 and got.schema == schema
 
 
 # ------------------------------------------------------------------------- aggregate

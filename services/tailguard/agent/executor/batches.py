@@ -151,6 +151,9 @@ class SchemaConformer:
             return batch
         if batch.schema.equals(self.schema):
             return batch
+        if self._declared and not batch.num_rows:
+            # An empty result (often a frame without columns) is the declared schema's.
+            return pa.RecordBatch.from_pylist([], schema=self.schema)
         if self._declared:
             batch = _select_declared(batch, self.schema, self.what)
         try:
