@@ -16,7 +16,7 @@ import sys
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "services": ("faust", "prometheus_client"),
     # prometheus_client is in both: the agent's per-job metrics.
-    "spark": ("pyspark", "py4j", "pandas", "tqdm", "prometheus_client"),
+    "spark": ("pyspark", "py4j", "numpy", "pandas", "tqdm", "prometheus_client"),
 }
 
 

@@ -21,7 +21,7 @@ import pytest
 pytestmark = [pytest.mark.packaging, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SPARK_ONLY = {"pyspark", "py4j", "pandas", "tqdm"}
+SPARK_ONLY = {"pyspark", "py4j", "numpy", "pandas", "tqdm"}
 SERVICES = ("detector", "speculator", "blocklist", "decider", "failover")
 
 
