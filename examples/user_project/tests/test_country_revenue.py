@@ -92,7 +92,7 @@ def test_a_slow_host_is_speculated_around_and_blocked(
     tasks get speculative copies elsewhere, the host is blocked, the output is still exact,
     and replay reproduces every decision the services made."""
     orders = write_orders(tmp_path / "orders", files=8, rows=12_000)
-    job = country_revenue.build_job(orders, tmp_path / "out", rounds=60_000)
+    job = country_revenue.build_job(orders, tmp_path / "out", rounds=30_000)
 
     run = run_job(job, tailguard_spark, tmp_path, services=tailguard_services)
 
