@@ -97,8 +97,9 @@ def subpartition_path(
 # ---------------------------------------------------------------------- writing
 
 # The fewest rows in one record batch of a subpartition file (unless the batch size is smaller):
-# below it, per-batch metadata and compression framing outweigh the rows.
-MIN_FILE_BATCH_ROWS = 256
+# below it, per-batch metadata and compression calls outweigh the rows (zstd over a 1M-row
+# partition: 256-row batches took 3.5x as long as 1024-row ones).
+MIN_FILE_BATCH_ROWS = 1024
 # Bytes copied at a time when a local spool is uploaded or a file is hashed.
 COPY_CHUNK_BYTES = 8 << 20
 
@@ -329,12 +330,11 @@ def write_partition(
     """Write `tables[i]` as subpartition i of `partition` (an empty table still gets a file,
     carrying the schema, so every consumer finds what it expects)."""
     writer = PartitionWriter(storage, job_id, partition, len(tables), _TABLE_BATCH_ROWS)
+    empties = [_empty_batch(t.schema) for t in tables]
     try:
         for index, table in enumerate(tables):
-            pieces = [_empty_batch(t.schema) for t in tables]
-            for batch in table.to_batches() or [_empty_batch(table.schema)]:
-                pieces[index] = batch
-                writer.add(pieces)
+            for batch in table.to_batches() or [empties[index]]:
+                writer.add([*empties[:index], batch, *empties[index + 1 :]])
     except BaseException:
         writer.abort()
         raise
