@@ -13,78 +13,57 @@ from typing import Any
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from tests.spark_marks import SPARK
 
 from tailguard.agent.driver.driver import RunOptions
 from tailguard.agent.graph.api import Job
 from tailguard.examples import orders_by_segment, sales_by_region
 from tailguard.model import records as r
-from tailguard.model.config import Settings
+from tailguard.testing import JobRun, assert_succeeded, run_job
 
-pytestmark = SPARK
+# Skipped with the reason where there is no JDK (tests/conftest.py). Spark: the plugin's
+# `tailguard_local_spark`, one session shared with every other local[2] test.
+pytestmark = pytest.mark.spark
 
-# Small batches, so every subtask streams many of them.
-BATCH_ROWS = "500"
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from tailguard.agent.adapters.spark import session_builder
-
-    session = session_builder("local[2]", app_name="tailguard-streaming-test").getOrCreate()
-    yield session
-    session.stop()
-
-
-def settings_for(tmp: Path) -> Settings:
-    return Settings(
-        {
-            "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "64 KiB",
-            "execution.batch.adaptive.auto-parallelism.max-parallelism": "8",
-            "restart-strategy.type": "fixed-delay",
-            "restart-strategy.fixed-delay.delay": "100 ms",
-            "python.fn-execution.arrow.batch.size": BATCH_ROWS,
-            "tailguard.work-dir": str(tmp / "work"),
-            "tailguard.archive-dir": str(tmp / "archive"),
-        }
-    )
+SETTINGS = {
+    "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "64 KiB",
+    "execution.batch.adaptive.auto-parallelism.max-parallelism": "8",
+    "restart-strategy.type": "fixed-delay",
+    "restart-strategy.fixed-delay.delay": "100 ms",
+    # Small batches, so every subtask streams many of them.
+    "python.fn-execution.arrow.batch.size": "500",
+}
 
 
-def run(job: Job, spark: Any, tmp: Path, failing: dict[tuple[str, int, int], str]) -> Any:
-    from tailguard.agent.entry import run as run_job
-
+def run(job: Job, spark: Any, tmp: Path, failing: dict[tuple[str, int, int], str]) -> JobRun:
     events: list[r.Event] = []
-    result = run_job(
-        job,
-        spark,
-        log_mode="archive",
-        services=False,
-        settings=settings_for(tmp),
-        progress=False,
-        options=RunOptions(fail_attempts=failing, on_event=events.append),
-    )
-    assert result.ok, result.summary()
+    options = RunOptions(fail_attempts=failing, on_event=events.append)
+    done = run_job(job, spark, tmp, settings=SETTINGS, options=options)
+    assert_succeeded(done)
     failed = {(e.vertex, e.subtask, e.attempt) for e in events if isinstance(e, r.AttemptFailed)}
     assert failed == set(failing), failed
     # Each failed subtask ran again, and its output is the only one used.
-    assert result.restarts >= len(failing)
-    return result
+    assert done.result.restarts >= len(failing)
+    return done
 
 
-def test_sales_example_is_exact_with_failures_mid_stream(spark: Any, tmp_path: Path) -> None:
+def test_sales_example_is_exact_with_failures_mid_stream(
+    tailguard_local_spark: Any, tmp_path: Path
+) -> None:
     data = sales_by_region.generate(tmp_path / "sales", files=4, rows_per_file=3_000)
     out = tmp_path / "out"
     failing = {
         ("sales→score→partial", 0, 0): "injected mid-stream (head)",
         ("final→sink", 0, 0): "injected mid-stream (sink)",
     }
-    run(sales_by_region.make_job(data, out), spark, tmp_path, failing)
+    run(sales_by_region.make_job(data, out), tailguard_local_spark, tmp_path, failing)
     expected = sales_by_region.reference(data)
     actual = sales_by_region.read_output(out)
     assert actual[expected.columns.tolist()].equals(expected)
 
 
-def test_orders_example_is_exact_with_failures_mid_stream(spark: Any, tmp_path: Path) -> None:
+def test_orders_example_is_exact_with_failures_mid_stream(
+    tailguard_local_spark: Any, tmp_path: Path
+) -> None:
     orders, customers = orders_by_segment.generate(
         tmp_path / "orders", customers=300, files=3, rows_per_file=3_000
     )
@@ -93,7 +72,8 @@ def test_orders_example_is_exact_with_failures_mid_stream(spark: Any, tmp_path: 
         ("enrich", 0, 0): "injected mid-stream (join)",
         ("final→sink", 0, 0): "injected mid-stream (sink)",
     }
-    run(orders_by_segment.make_job(orders, customers, out), spark, tmp_path, failing)
+    job = orders_by_segment.make_job(orders, customers, out)
+    run(job, tailguard_local_spark, tmp_path, failing)
     expected = orders_by_segment.reference(orders, customers)
     actual = orders_by_segment.read_output(out)
     assert actual[expected.columns.tolist()].equals(expected)
@@ -116,8 +96,9 @@ SCHEMA = "order_id long, region string, revenue long"
 
 
 def test_a_map_in_pandas_function_ported_from_pyspark_gives_the_same_rows(
-    spark: Any, tmp_path: Path
+    tailguard_local_spark: Any, tmp_path: Path
 ) -> None:
+    spark = tailguard_local_spark
     data = sales_by_region.generate(tmp_path / "sales", files=3, rows_per_file=2_000)
     # A job's functions live in a module its executors import (shipped with --py-files); this
     # test module is not importable there, so both PySpark and tailguard (one cloudpickle)
