@@ -4,6 +4,7 @@ pyarrow) — and the errors a wrong use gets."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -409,3 +410,16 @@ def test_rebatch_joins_small_pieces_and_cuts_big_ones() -> None:
     out = list(rebatch(iter(pieces), 300))
     assert [b.num_rows for b in out] == [300, 300, 300, 100]
     assert pa.Table.from_batches(out).equals(table)
+
+
+def test_expression_steps_travel_to_the_executors(tmp_path: Path) -> None:
+    # A Deploy carries the steps cloudpickled; compute expressions must survive it.
+    from pyspark import cloudpickle
+
+    steps = steps_of(
+        lambda d: d.filter(pc.field("qty") > 5).select("id", ("twice", pc.field("qty") * 2))
+    )
+    shipped = pickle.loads(cloudpickle.dumps(steps))
+    table = data()
+    got = run(shipped, table, tmp_path)
+    assert got.num_rows > 0 and got.equals(run(steps, table, tmp_path))
