@@ -265,7 +265,7 @@ def timed_spin(n: int) -> float:
 def test_workers_have_distinct_loopback_hosts(tailguard_cluster: LocalCluster, sc: Any) -> None:
     assert tailguard_cluster.hosts() == [f"127.0.0.{i + 2}" for i in range(WORKERS)]
     assert set(tailguard_cluster.hosts()) <= executor_hosts(sc)
-    state = json.loads((tailguard_cluster.work_dir / "tailguard_cluster.json").read_text())
+    state = json.loads((tailguard_cluster.work_dir / "cluster.json").read_text())
     assert [w["host"] for w in state["workers"]] == tailguard_cluster.hosts()
     assert state["master_url"] == tailguard_cluster.master_url
     # Work files must not land inside site-packages.
@@ -341,7 +341,7 @@ def test_throttled_host_is_measurably_slower_until_unthrottled(
     assert "T" not in tree_states(tailguard_cluster.worker(slow).pid).values()
     assert (
         slow
-        not in json.loads((tailguard_cluster.work_dir / "tailguard_cluster.json").read_text())[
+        not in json.loads((tailguard_cluster.work_dir / "cluster.json").read_text())[
             "throttles"
         ]
     )

@@ -45,8 +45,11 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.skipif(bool(MISSING), reason=MISSING or "found")
-def test_services_and_a_running_job_export_what_the_docs_list(tmp_path: Path) -> None:
-    from tailguard.agent.adapters.spark import session_builder
+def test_services_and_a_running_job_export_what_the_docs_list(
+    tailguard_local_spark: Any, tmp_path: Path
+) -> None:
+    """The broker and the services are this test's own (its work dir, JSON logs); Spark is
+    the pytest plugin's local[2] session."""
     from tailguard.agent.entry import run
 
     work = tmp_path / "work"
@@ -83,11 +86,9 @@ def test_services_and_a_running_job_export_what_the_docs_list(tmp_path: Path) ->
         # The process's endpoint, which the job serves on (one per driver process).
         endpoint = agent_metrics.serve_endpoint(settings, agent_metrics.process_metrics())
         assert endpoint is not None
-        spark = session_builder("local[2]", app_name="tailguard metrics").getOrCreate()
-        stop.callback(spark.stop)
         result = run(
             sales_by_region.make_job(data, tmp_path / "out"),
-            spark,
+            tailguard_local_spark,
             settings=settings,
             progress=False,
             options=RunOptions(on_event=scrape_the_agent_mid_job),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,17 +18,15 @@ from tests.spark_marks import SPARK
 
 from tailguard.examples import sales_by_region
 from tailguard.model.config import Settings
+from tailguard.testing import Harness
 
 pytestmark = SPARK
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from tailguard.agent.adapters.spark import session_builder
-
-    session = session_builder("local[2]", app_name="tailguard-spark-ui").getOrCreate()
-    yield session
-    session.stop()
+def spark(tailguard_harness: Harness, request: pytest.FixtureRequest) -> Any:
+    """The pytest plugin's local[2] session (PySpark allows one per process)."""
+    return tailguard_harness.local_spark_of(request.node)
 
 
 @pytest.fixture(scope="module")
