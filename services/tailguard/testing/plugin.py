@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tailguard.testing.harness import Broker, Harness, Services
-from tailguard.testing.markers import HarnessUsageError, read_defaults
+from tailguard.testing.markers import Defaults, HarnessUsageError, read_defaults
 
 OPTIONS = {
     "tailguard_workers": "workers of the local cluster (default 3)",
@@ -49,6 +49,7 @@ MARKERS = (
     "services run",
 )
 HARNESS = pytest.StashKey[Harness]()
+DEFAULTS = pytest.StashKey[Defaults]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -61,6 +62,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    # Checked here, so a bad value stops the run before any test (exit 4, a usage error).
+    try:
+        config.stash[DEFAULTS] = read_defaults({name: _setting(config, name) for name in OPTIONS})
+    except HarnessUsageError as err:
+        raise pytest.UsageError(str(err)) from None
 
 
 def _setting(config: pytest.Config, name: str) -> str | None:
@@ -84,13 +90,9 @@ def tailguard_harness(
 ) -> Iterator[Harness]:
     """The session's shared broker, cluster, Spark session and services."""
     config = request.config
-    try:
-        defaults = read_defaults({name: _setting(config, name) for name in OPTIONS})
-    except HarnessUsageError as err:
-        raise pytest.UsageError(str(err)) from None
     configured = _setting(config, "tailguard_work_dir")
     root = Path(configured) if configured else tmp_path_factory.mktemp("tailguard")
-    harness = Harness(root, defaults, java_missing=pytest.skip)
+    harness = Harness(root, config.stash[DEFAULTS], java_missing=pytest.skip)
     config.stash[HARNESS] = harness
     try:
         yield harness
