@@ -421,6 +421,8 @@ class Harness:
             current = Services(request, work, config, load_settings(config, environ={}))
             self._services = current
             self._timed(f"services ({', '.join(request.names)})", current.start)
+            if not current.started:
+                self.costs.pop()  # all of them were running already: nothing was started
         else:
             current.start()
         return current
