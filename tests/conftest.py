@@ -1,5 +1,11 @@
 """Shared test setup: a test marked `spark` is skipped, with the reason, where no usable Java is
-installed (Spark needs a full JDK 17+), so a test module only declares `pytest.mark.spark`."""
+installed (Spark needs a full JDK 17+), so a test module only declares `pytest.mark.spark`.
+
+The embedded broker, the local clusters, the Spark sessions and the services come from
+tailguard's own pytest plugin (`tailguard.testing`, loaded through its pytest11 entry point;
+docs/testing.md), shared by the whole run: `tailguard_local_spark`, `tailguard_spark`,
+`tailguard_cluster`, `tailguard_services`, `tailguard_broker`, and `tailguard_harness` for
+module fixtures."""
 
 from __future__ import annotations
 
