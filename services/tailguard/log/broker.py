@@ -7,7 +7,9 @@ the per-job Avro archive (`tailguard.log.archive`).
         ...  # clients connect to `bootstrap`
 
 `start()` is idempotent: if the state file names a live broker, that broker is reused; a state
-file left by a dead process is replaced.
+file left by a dead process (a broker killed, or its machine rebooted) is replaced by a broker on
+the port the dead one recorded, so every client of the dead broker reconnects to the new one by
+itself. What such a restart loses is in docs/log.md#embedded-broker-restarts.
 """
 
 from __future__ import annotations
@@ -83,11 +85,13 @@ class EmbeddedBroker:
         running = self.status()
         if running is not None:
             return running.bootstrap
-        # Whatever is there describes a dead process.
+        # Whatever is there describes a dead process: its port is where its clients look.
+        crashed = read_state(self.work_dir)
+        port = [str(crashed.port)] if crashed is not None and crashed.port else []
         remove_state(self.work_dir)
         with (self.work_dir / LOG_FILE).open("ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", BROKER_MODULE, str(self.work_dir.resolve())],
+                [sys.executable, "-m", BROKER_MODULE, str(self.work_dir.resolve()), *port],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,

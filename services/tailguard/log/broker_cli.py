@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tailguard.log.broker import BrokerError, EmbeddedBroker
 from tailguard.log.broker_process import serve
-from tailguard.log.broker_state import BrokerState
+from tailguard.log.broker_state import BrokerState, read_state
 from tailguard.settings_file import load_settings
 
 IN_MEMORY_NOTE = (
@@ -97,18 +97,35 @@ def run(args: argparse.Namespace) -> int:
         if args.foreground:
             return _foreground(broker, work_dir)
         was_running = broker.status() is not None
+        crashed = None if was_running else read_state(work_dir)
         bootstrap = broker.start()
         state = broker.status()
         pid = state.pid if state else "?"
         verb = "already running" if was_running else "started"
         print(f"embedded broker {verb} (pid {pid}), state file {broker.state_file}")
         print(bootstrap)
+        if crashed is not None:
+            print(_after_crash(crashed, bootstrap))
         print(IN_MEMORY_NOTE)
         print("stop it with: tailguard broker down")
         return 0
     except BrokerError as err:
         print(f"error: {err}")
         return 1
+
+
+def _after_crash(crashed: BrokerState, bootstrap: str) -> str:
+    """What an operator must know after restarting a broker that died."""
+    if crashed.bootstrap == bootstrap:
+        return (
+            f"the broker before (pid {crashed.pid}) died: this one listens on its address, so "
+            "its clients reconnect by themselves; the records it held are gone "
+            "(docs/log.md#embedded-broker-restarts)"
+        )
+    return (
+        f"warning: the broker before (pid {crashed.pid}) listened on {crashed.bootstrap}, which "
+        "could not be had again: restart its clients (services, running jobs) to reach this one"
+    )
 
 
 def _status(broker: EmbeddedBroker) -> int:
@@ -138,8 +155,10 @@ def _foreground(broker: EmbeddedBroker, work_dir: Path) -> int:
     stop = threading.Event()
     # SIGTERM sets `stop`; Ctrl-C arrives as KeyboardInterrupt, after serve() has cleaned up.
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    # A state file left by a crashed broker: listen where its clients look.
+    crashed = read_state(work_dir)
     try:
-        return serve(work_dir, stop, on_ready=announce)
+        return serve(work_dir, stop, on_ready=announce, port=crashed.port if crashed else 0)
     except KeyboardInterrupt:
         print("stopped; the broker's data is gone")
         return 0

@@ -17,6 +17,13 @@ class BrokerState:
     bootstrap: str
     started_at: float
 
+    @property
+    def port(self) -> int:
+        """The port the broker listens on (what a restart after a crash listens on again); 0
+        if the recorded address names none."""
+        _, _, port = self.bootstrap.rpartition(":")
+        return int(port) if port.isdigit() else 0
+
 
 def state_path(work_dir: str | Path) -> Path:
     return Path(work_dir) / STATE_FILE
