@@ -33,6 +33,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("tailguard.replay.cli", "re-run the decision cores over a recorded log and compare"),
     "cluster": ("tailguard.cluster.cluster_cli", "local Spark cluster: up, down, status, throttle"),
     "bench": ("tailguard.bench.bench_cli", "tailguard vs Spark's speculation on a local cluster"),
+    "blocklist": (
+        "tailguard.blocklist.cli",
+        "the cluster-wide blocklist: list, add HOST, remove HOST (signed as operator)",
+    ),
 }
 
 # Seeing what a job did, from its archive (tailguard.inspect).

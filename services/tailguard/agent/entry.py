@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import time
@@ -97,6 +98,10 @@ def run(
         options.progress = progress
         use_services = services and log_mode == "kafka"
         options.services = use_services
+        if use_services and options.fleet_list is None:
+            from tailguard.log.fleet_topic import read_changes
+
+            options.fleet_list = functools.partial(read_changes, settings)
 
         # The driver's inbox exists before the consumer thread that feeds it starts.
         inbox: queue.Queue[InboxMessage] = queue.Queue()

@@ -1,6 +1,13 @@
-"""The blocklist service: its pure core behind the shared faust shell (`tailguard services up`)."""
+"""The blocklist service: its pure core behind the shared faust shell (`tailguard services up`).
 
-from tailguard.blocklist.policy import BlocklistTracker
+The core is the fleet blocklist (`fleet.py`), which wraps the per-job `BlocklistTracker`: each
+job's commands as before, plus one view of slow hosts across jobs, published on the compacted
+topic `tailguard.blocklist` (`tailguard.log.fleet_topic`).
+"""
+
+from tailguard.blocklist.fleet import FleetBlocklist
+from tailguard.log import fleet_topic
+from tailguard.model.fleet import FleetBlock
 from tailguard.model.records import FINDINGS_TOPIC
 from tailguard.shell import core_metrics as m
 from tailguard.shell.definition import ServiceDefinition
@@ -8,7 +15,8 @@ from tailguard.shell.definition import ServiceDefinition
 DEFINITION = ServiceDefinition(
     name="blocklist",
     input_topic=FINDINGS_TOPIC,
-    core=BlocklistTracker,
+    core=FleetBlocklist.publishing,
+    encoders={FleetBlock: lambda entry: fleet_topic.encode(_entry(entry))},
     metrics=(
         m.gauge(
             "blockedHosts",
@@ -35,7 +43,32 @@ DEFINITION = ServiceDefinition(
             "tailguard_blocklist_slow_attempts_blamed_on_task_total",
             "slow attempts not counted against their host: their subtask was slow on 2+ hosts",
         ),
+        m.gauge(
+            "fleetBlockedHosts",
+            "tailguard_blocklist_fleet_blocked_hosts",
+            "hosts on the fleet list now (tailguard.blocklist)",
+        ),
+        m.counter(
+            "fleetBlocks",
+            "tailguard_blocklist_fleet_blocks_total",
+            "hosts newly put on the fleet list (an extension is not counted)",
+        ),
+        m.counter(
+            "fleetBlocksSentToJobs",
+            "tailguard_blocklist_fleet_job_blocks_total",
+            "BlockNodes sent to jobs for fleet blocks they did not hold yet",
+        ),
+        m.counter(
+            "fleetBlocksRefusedByJobCap",
+            "tailguard_blocklist_fleet_job_blocks_refused_total",
+            "fleet blocks not sent to a job: over that job's blocklist.max-blocked-fraction",
+        ),
         m.same_as_emitted("blocksIssued", "BlockNodes"),
         m.same_as_emitted("unblocksIssued", "UnblockNodes"),
     ),
 )
+
+
+def _entry(record: object) -> FleetBlock:
+    assert isinstance(record, FleetBlock)
+    return record

@@ -32,6 +32,11 @@ PERMITTED: Mapping[str, frozenset[type[r.Command]]] = {
     "decider": frozenset({r.SetParallelism}),
     "failover": frozenset({r.RestartTasks, r.FailJob}),
 }
+# An operator draining a host (`tailguard blocklist add|remove`) signs as this; it commands no
+# job directly, it writes the fleet list, which jobs read when they start.
+OPERATOR = "operator"
+# Who may write `tailguard.blocklist` (the fleet list): the blocklist service and operators.
+FLEET_WRITERS = frozenset({"blocklist", OPERATOR})
 # The services whose decisions the agent takes itself when they do not answer.
 AGENT_STANDS_IN_FOR = frozenset({"decider", "failover"})
 

@@ -31,6 +31,8 @@ DEFAULTS: dict[str, str] = {
     # "0 ms": FLIP-168's every-slow-attempt rule). Defaults chosen with `make bench-sim`.
     "blocklist.min-slow-attempts": "2",
     "blocklist.evidence-window": "2 min",
+    # Whether a job takes the cluster-wide (fleet) blocklist when it starts (model/fleet.py).
+    "blocklist.fleet": "true",
     # FLIP-187 adaptive parallelism (Flink 1.17+ key names)
     "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "16 MiB",
     "execution.batch.adaptive.auto-parallelism.min-parallelism": "1",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from tailguard.model import records as r
@@ -25,6 +25,11 @@ class ServiceDefinition:
     core: Callable[[Settings], Core]
     # How each key of the core's metrics() is exported (a test checks that every key is listed).
     metrics: tuple[CoreMetric, ...] = ()
+    # Outputs that go to a topic of their own, not in the records' encoding: record type ->
+    # (key, value or None for a tombstone). The blocklist's fleet list uses it.
+    encoders: Mapping[type[r.Record], Callable[[r.Record], tuple[bytes, bytes | None]]] = (
+        field(default_factory=dict)
+    )
 
     @property
     def group_id(self) -> str:

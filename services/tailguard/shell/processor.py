@@ -26,7 +26,7 @@ log = logging.getLogger("tailguard.service")
 class Outgoing:
     topic: str
     key: bytes
-    value: bytes
+    value: bytes | None
     headers: Sequence[tuple[str, str | bytes | None]] = ()
     # The event time (ms) of the input record it answers; None for a dead letter.
     input_ts: int | None = None
@@ -72,7 +72,12 @@ class Processor:
         return [self._outgoing(o, record) for o in outputs]
 
     def _outgoing(self, record: Record, cause: Record) -> Outgoing:
-        topic, value = type(record).TOPIC, self.codec.encode(record)
+        topic, key, value = type(record).TOPIC, record.job_id.encode(), None
+        encoder = self.definition.encoders.get(type(record))
+        if encoder is None:
+            value = self.codec.encode(record)
+        else:
+            key, value = encoder(record)
         kind = type(record).__name__
         self.metrics.emitted(kind)
         caused_by = getattr(record, "caused_by", ())
@@ -85,8 +90,8 @@ class Processor:
             ", ".join(caused_by) or cause.id,
             extra={"job_id": record.job_id, "record_id": record.id, "caused_by": list(caused_by)},
         )
-        headers = self._signer.headers(topic, value)
-        return Outgoing(topic, record.job_id.encode(), value, headers, cause.ts)
+        headers = self._signer.headers(topic, value or b"")
+        return Outgoing(topic, key, value, headers, cause.ts)
 
     def replay(self, raw: bytes | None) -> None:
         """Feed an already processed input to rebuild state; its outputs were published before."""

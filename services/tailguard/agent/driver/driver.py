@@ -49,11 +49,13 @@ from tailguard.agent.executor.environment import ExecutorEnvironmentError
 from tailguard.agent.executor.protocol import AttemptEnded, AttemptProgressed, AttemptStarted
 from tailguard.agent.executor.sources import Split, discover_splits
 from tailguard.agent.executor.storage import Storage
+from tailguard.agent.fleet_blocks import apply_fleet_list
 from tailguard.agent.graph.api import Job
 from tailguard.agent.graph.chaining import ChainedJob, chain
 from tailguard.model import records as r
 from tailguard.model.authority import authority_problem
 from tailguard.model.config import SERVICES_KEY, Settings, recorded_config
+from tailguard.model.fleet import FleetBlock
 from tailguard.model.ids import event_id
 
 log = logging.getLogger("tailguard.agent")
@@ -78,6 +80,8 @@ class RunOptions:
     # Called once after JobSubmitted is published, with the driver (tests use it to act mid-job).
     on_start: Callable[[JobDriver], None] | None = None
     executor_wait_s: float = 60.0
+    # Reads the fleet blocklist's changes (tailguard.agent.fleet_blocks); None: not read.
+    fleet_list: Callable[[], list[FleetBlock]] | None = None
 
 
 @dataclass
@@ -243,6 +247,8 @@ class JobDriver:
         self.emit(r.JobSubmitted, name=self.job.name, graph=spec, config=config)
         launched = self.runtime.start(self.job_id, self.post)
         self._await_runners(launched)
+        if self.options.fleet_list is not None:  # before any attempt is placed
+            apply_fleet_list(self, self.options.fleet_list)
         if self.options.on_start is not None:
             self.options.on_start(self)
         self._initialize_static()

@@ -1,0 +1,274 @@
+"""The fleet blocklist: one view of slow hosts across every job, as a pure core.
+
+A host that is slow for one job is slow for the next, so evidence from any job counts against
+it. This core wraps the per-job `BlocklistTracker` (each job still gets exactly the blocks its
+own evidence earns, with the per-job rules of `policy.py`) and adds the fleet view:
+
+- **Evidence across jobs.** The rule of `policy.py` (`blocklist.min-slow-attempts` distinct
+  slow subtasks on the host within `blocklist.evidence-window`; a subtask slow on two hosts at
+  once blames the task, not a host) applied to the slow subtasks of every job together: two jobs
+  with one slow subtask each on a host block it where one job alone would not.
+- **One expiry.** A fleet block lasts until its last evidence's time plus
+  `execution.batch.speculative.block-slow-node-duration`, however many jobs it affects; new
+  evidence extends it (again only once the extension reaches half the duration, as the
+  detector repeats its findings every Tick).
+- **Every job that has the host** (any job seen in the findings within the block duration
+  whose registered hosts include it) gets one `BlockNodes` with the fleet's expiry, unless it
+  holds that block already; the per-job cap `blocklist.max-blocked-fraction` of *that job's*
+  hosts holds (`blocked_fraction_problem`), and the fleet itself never blocks more than that
+  fraction of all hosts it knows.
+- **The published view** (`publish_view`): each change is a `FleetBlock` for the compacted
+  topic `tailguard.blocklist`, a tombstone when the block's time is up. A job that starts reads
+  that topic (`tailguard.agent.fleet_blocks`).
+
+The view is a pure function of the findings in their order: time is the findings' `ts`, and the
+output ids are derived from the causing finding, the job and the hosts. Fleet blocks do not end
+early when evidence goes stale (the per-job rule does, for the job it concerns): the jobs that
+gave the evidence may simply have ended, which says nothing about the host.
+
+Findings from any producer count (the detector on tailguard's own jobs, observe mode on plain
+PySpark jobs): the core reads `SlowTasksDetected` records, whoever wrote them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from tailguard.blocklist.policy import (
+    MAX_TRACKED_JOBS,
+    BlocklistTracker,
+    _Rule,
+    blocked_fraction_problem,
+    max_blocked_hosts,
+)
+from tailguard.model.config import Settings
+from tailguard.model.fleet import FLEET_CAUSE_PREFIX, FleetBlock
+from tailguard.model.ids import derived_id
+from tailguard.model.records import BlockNodes, Record, SlowTasksDetected, UnblockNodes
+
+__all__ = ["FleetBlocklist"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Evidence:
+    """One slow subtask of one job on a host."""
+
+    job_id: str
+    vertex: str
+    subtask: int
+
+
+@dataclass
+class _Block:
+    until_ts: int
+    # Finding ids behind the block, oldest first (at most one per piece of evidence).
+    evidence: tuple[str, ...]
+    jobs: int
+
+
+@dataclass
+class _JobSeen:
+    hosts: frozenset[str] = frozenset()
+    last_ts: int = 0
+    # host -> until ts of the block this job was last sent (by its own tracker or the fleet).
+    holds: dict[str, int] = field(default_factory=dict)
+
+    def held(self, now: int) -> set[str]:
+        return {h for h, until in self.holds.items() if until > now}
+
+
+class FleetBlocklist:
+    SERVICE: ClassVar[str] = BlocklistTracker.SERVICE
+
+    def __init__(
+        self,
+        settings: Settings,
+        publish_view: bool = False,
+        max_tracked_jobs: int = MAX_TRACKED_JOBS,
+    ) -> None:
+        self.settings = settings
+        self._rule = _Rule.from_settings(settings)
+        self._per_job = BlocklistTracker(settings, max_tracked_jobs)
+        self._publish_view = publish_view
+        self._max_jobs = max_tracked_jobs
+        # host -> evidence -> (ts last seen slow, finding id that last reported it)
+        self._evidence: dict[str, dict[_Evidence, tuple[int, str]]] = {}
+        self._blocks: dict[str, _Block] = {}
+        self._jobs: OrderedDict[str, _JobSeen] = OrderedDict()
+        self._fleet_blocks = 0
+        self._jobs_told = 0
+        self._refused_by_job_cap = 0
+
+    @classmethod
+    def publishing(cls, settings: Settings) -> FleetBlocklist:
+        """The service's core: also emits the view's changes for `tailguard.blocklist`."""
+        return cls(settings, publish_view=True)
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            **self._per_job.metrics(),
+            "fleetBlockedHosts": float(len(self._blocks)),
+            "fleetBlocks": float(self._fleet_blocks),
+            "fleetBlocksSentToJobs": float(self._jobs_told),
+            "fleetBlocksRefusedByJobCap": float(self._refused_by_job_cap),
+        }
+
+    def view(self) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """host -> (until ts, evidence ids) of the fleet blocks held now."""
+        return {h: (b.until_ts, b.evidence) for h, b in sorted(self._blocks.items())}
+
+    def handle(self, record: Record) -> list[Record]:
+        if not isinstance(record, SlowTasksDetected):
+            return []
+        out = self._per_job.handle(record)
+        job = self._seen(record)
+        for command in out:
+            if isinstance(command, BlockNodes):
+                job.holds.update(dict.fromkeys(command.hosts, command.until_ts))
+            elif isinstance(command, UnblockNodes):
+                for host in command.hosts:
+                    job.holds.pop(host, None)
+        out.extend(self._expire(record))
+        changed = self._update_blocks(record, self._record_evidence(record))
+        out.extend(self._tell_jobs(record, changed))
+        return out
+
+    # ------------------------------------------------------------------ the view
+
+    def _seen(self, finding: SlowTasksDetected) -> _JobSeen:
+        job = self._jobs.pop(finding.job_id, None) or _JobSeen()
+        job.hosts = frozenset(finding.hosts)
+        job.last_ts = finding.ts
+        self._jobs[finding.job_id] = job
+        while len(self._jobs) > self._max_jobs:
+            self._jobs.popitem(last=False)
+        return job
+
+    def _record_evidence(self, finding: SlowTasksDetected) -> set[str]:
+        """Note each host's slow subtasks of this job; returns the hosts slow now."""
+        slow_now: set[str] = set()
+        registered = set(finding.hosts)
+        for subtask in finding.slow:
+            hosts = {a.host for a in subtask.live_attempts if a.slow and a.host in registered}
+            if not hosts or (len(hosts) > 1 and self._rule.window_ms > 0):
+                continue  # slow wherever it runs: the task's fault, not a host's
+            for host in hosts:
+                slow_now.add(host)
+                key = _Evidence(finding.job_id, finding.vertex, subtask.subtask)
+                self._evidence.setdefault(host, {})[key] = (finding.ts, finding.id)
+        return slow_now
+
+    def _fresh_evidence(self, host: str, now: int) -> list[tuple[int, str]]:
+        seen = self._evidence.get(host, {})
+        for key in [k for k, (ts, _) in seen.items() if ts < now - self._rule.window_ms]:
+            del seen[key]
+        if not seen:
+            self._evidence.pop(host, None)
+        return sorted(seen.values())
+
+    def _expire(self, finding: SlowTasksDetected) -> list[Record]:
+        ended = [h for h, b in self._blocks.items() if b.until_ts <= finding.ts]
+        for host in ended:
+            del self._blocks[host]
+        return [self._entry(finding, host, None) for host in sorted(ended)]
+
+    def _known_hosts(self, now: int) -> set[str]:
+        hosts: set[str] = set()
+        for _, job in self._active_jobs(now):
+            hosts |= job.hosts
+        return hosts
+
+    def _active_jobs(self, now: int) -> list[tuple[str, _JobSeen]]:
+        # A job silent for longer than a block lasts has most likely ended; one still running
+        # whose tasks are all healthy gets the list when it next reports (or at its next start).
+        horizon = now - self._rule.duration_ms
+        return [(j, s) for j, s in self._jobs.items() if s.last_ts >= horizon]
+
+    def _update_blocks(self, finding: SlowTasksDetected, slow_now: set[str]) -> list[str]:
+        """Block or extend the hosts the evidence of all jobs points at; returns those changed."""
+        rule, now = self._rule, finding.ts
+        until = now + rule.duration_ms
+        known = self._known_hosts(now)
+        candidates = []
+        for host in sorted(slow_now):
+            fresh = self._fresh_evidence(host, now)
+            if len(fresh) >= rule.min_evidence:
+                candidates.append((-len(fresh), host, fresh))
+        changed: list[str] = []
+        for _, host, fresh in sorted(candidates):
+            current = self._blocks.get(host)
+            if current is not None and until - current.until_ts < rule.duration_ms / 2:
+                continue
+            if current is None:
+                if len(self._blocks) + 1 > max_blocked_hosts(len(known), rule.fraction):
+                    continue
+                self._fleet_blocks += 1
+            evidence = tuple(dict.fromkeys(finding_id for _, finding_id in fresh))
+            jobs = len({e.job_id for e in self._evidence.get(host, {})})
+            self._blocks[host] = _Block(until, evidence, jobs)
+            changed.append(host)
+        return changed
+
+    def _entry(self, finding: SlowTasksDetected, host: str, block: _Block | None) -> FleetBlock:
+        if block is None:
+            return FleetBlock(
+                job_id=finding.job_id,
+                ts=finding.ts,
+                id=derived_id(self.SERVICE, "fleet", finding.id, "expired", host),
+                host=host,
+                until_ts=None,
+                cause="block expired",
+            )
+        return FleetBlock(
+            job_id=finding.job_id,
+            ts=finding.ts,
+            id=derived_id(self.SERVICE, "fleet", finding.id, host),
+            host=host,
+            until_ts=block.until_ts,
+            cause=f"slow attempts on {host} in {block.jobs} job(s)",
+            evidence=block.evidence,
+        )
+
+    # ------------------------------------------------------------------ the jobs
+
+    def _tell_jobs(self, finding: SlowTasksDetected, changed: list[str]) -> list[Record]:
+        out: list[Record] = []
+        if self._publish_view:
+            out.extend(self._entry(finding, h, self._blocks[h]) for h in changed)
+        now, half = finding.ts, self._rule.duration_ms / 2
+        for job_id, job in self._active_jobs(now):
+            held = job.held(now)
+            sending: list[str] = []
+            for host in changed:
+                block = self._blocks[host]
+                if host not in job.hosts or block.until_ts - job.holds.get(host, 0) < half:
+                    continue  # not this job's host, or it holds this block already
+                if host not in held and blocked_fraction_problem(
+                    held | set(sending), (host,), job.hosts, self._rule.fraction
+                ):
+                    self._refused_by_job_cap += 1
+                    continue
+                sending.append(host)
+            if sending:
+                out.append(self._block_job(finding, job_id, job, tuple(sending)))
+        return out
+
+    def _block_job(
+        self, finding: SlowTasksDetected, job_id: str, job: _JobSeen, hosts: tuple[str, ...]
+    ) -> BlockNodes:
+        until = max(self._blocks[h].until_ts for h in hosts)
+        evidence = tuple(dict.fromkeys(i for h in hosts for i in self._blocks[h].evidence))
+        job.holds.update(dict.fromkeys(hosts, until))
+        self._jobs_told += 1
+        return BlockNodes(
+            job_id=job_id,
+            ts=finding.ts,
+            id=derived_id(self.SERVICE, "fleet", finding.id, job_id, *hosts),
+            caused_by=evidence,
+            hosts=hosts,
+            until_ts=until,
+            cause=f"{FLEET_CAUSE_PREFIX}slow attempts on {', '.join(hosts)} across jobs"
+            f" (evidence {', '.join(evidence)})",
+        )
