@@ -128,8 +128,8 @@ def test_core_counters_count_from_the_end_of_the_rebuild() -> None:
     """What a restarted service re-reads was counted by its previous incarnation."""
     events = [CODEC.encode(e) for e in demo_inputs(r.EVENTS_TOPIC)]
     processor = Processor(load_definition("detector"), SETTINGS, CODEC)
-    for raw in events:
-        processor.replay(raw)
+    for offset, raw in enumerate(events):
+        processor.replay(raw, 0, offset)
     before = samples(processor)
     examined = ("tailguard_detector_attempts_examined_total", (("service", "detector"),))
     assert before[examined] > 0  # counted while rebuilding...

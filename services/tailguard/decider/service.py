@@ -4,10 +4,13 @@ from tailguard.decider.policy import ParallelismDecider
 from tailguard.model.records import EVENTS_TOPIC
 from tailguard.shell import core_metrics as m
 from tailguard.shell.definition import ServiceDefinition
+from tailguard.shell.retention import UntilJobFinished
 
 DEFINITION = ServiceDefinition(
     name="decider",
     input_topic=EVENTS_TOPIC,
+    # The core deletes a job at its JobFinished: a snapshot keeps only unfinished jobs' input.
+    retention=UntilJobFinished,
     core=ParallelismDecider,
     metrics=(
         m.jobs_tracked("jobs_active"),

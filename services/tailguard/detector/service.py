@@ -4,10 +4,13 @@ from tailguard.detector.policy import SlowTaskDetector
 from tailguard.model.records import EVENTS_TOPIC
 from tailguard.shell import core_metrics as m
 from tailguard.shell.definition import ServiceDefinition
+from tailguard.shell.retention import UntilJobFinished
 
 DEFINITION = ServiceDefinition(
     name="detector",
     input_topic=EVENTS_TOPIC,
+    # The core deletes a job at its JobFinished: a snapshot keeps only unfinished jobs' input.
+    retention=UntilJobFinished,
     core=SlowTaskDetector,
     metrics=(
         m.jobs_tracked("jobs"),

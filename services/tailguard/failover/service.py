@@ -4,10 +4,13 @@ from tailguard.failover.policy import FailoverStrategy
 from tailguard.model.records import EVENTS_TOPIC
 from tailguard.shell import core_metrics as m
 from tailguard.shell.definition import ServiceDefinition
+from tailguard.shell.retention import UntilJobFinished
 
 DEFINITION = ServiceDefinition(
     name="failover",
     input_topic=EVENTS_TOPIC,
+    # The core deletes a job at its JobFinished: a snapshot keeps only unfinished jobs' input.
+    retention=UntilJobFinished,
     core=FailoverStrategy,
     metrics=(
         m.jobs_tracked("jobs"),

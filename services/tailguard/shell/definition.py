@@ -10,6 +10,7 @@ from typing import Protocol
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.shell.core_metrics import CoreMetric
+from tailguard.shell.retention import EveryRecord, Retention
 
 
 class Core(Protocol):
@@ -27,9 +28,13 @@ class ServiceDefinition:
     metrics: tuple[CoreMetric, ...] = ()
     # Outputs that go to a topic of their own, not in the records' encoding: record type ->
     # (key, value or None for a tombstone). The blocklist's fleet list uses it.
-    encoders: Mapping[type[r.Record], Callable[[r.Record], tuple[bytes, bytes | None]]] = (
-        field(default_factory=dict)
+    encoders: Mapping[type[r.Record], Callable[[r.Record], tuple[bytes, bytes | None]]] = field(
+        default_factory=dict
     )
+    # Which input records its core's state still depends on: what a snapshot keeps, so that a
+    # restart folds only those and the tail (tailguard.shell.snapshot). Everything unless the
+    # service says how its core forgets.
+    retention: Callable[[], Retention] = EveryRecord
 
     @property
     def group_id(self) -> str:

@@ -3,7 +3,8 @@
 GET /metrics   the process's registry in the Prometheus text format: the shell's own metrics
                (records processed and emitted, dead letters, rebuild, lag, readiness, decision
                latency) and the core's, under the names its `*/service.py` gives them
-GET /health    200 "ready" once the service is consuming live, 503 "starting" before
+GET /health    200 "ready" once the service is consuming live and reaches its broker; 503 with
+               the reason otherwise ("starting", "broker unreachable for 12 s: ...")
 
 Every metric is listed, with its type, labels, unit and meaning, in docs/operations.md#metrics;
 the acceptance test checks the list against what a running service exports.
@@ -155,8 +156,9 @@ class MetricsServer:
         host: str,
         port: int,
         exposition: Callable[[], bytes],
-        ready: Callable[[], bool],
+        unhealthy: Callable[[], str | None],
     ) -> None:
+        """`unhealthy()` is None when the service is healthy, else why not (one line)."""
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -164,8 +166,11 @@ class MetricsServer:
                 if self.path.startswith("/metrics"):
                     self._send(200, outer.exposition(), CONTENT_TYPE_LATEST)
                 elif self.path.startswith("/health"):
-                    ok = outer.ready()
-                    self._send(200 if ok else 503, b"ready\n" if ok else b"starting\n")
+                    reason = outer.unhealthy()
+                    if reason is None:
+                        self._send(200, b"ready\n")
+                    else:
+                        self._send(503, f"{reason}\n".encode())
                 else:
                     self._send(404, b"not found\n")
 
@@ -180,7 +185,7 @@ class MetricsServer:
                 pass  # scrapes every few seconds would drown the service's own log
 
         self.exposition = exposition
-        self.ready = ready
+        self.unhealthy = unhealthy
         self._server = ThreadingHTTPServer((host, port), Handler)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)

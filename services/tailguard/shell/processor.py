@@ -18,6 +18,8 @@ from tailguard.model.config import Settings
 from tailguard.model.records import Record
 from tailguard.shell.definition import Core, ServiceDefinition
 from tailguard.shell.metrics_http import ServiceMetrics
+from tailguard.shell.retention import Retained
+from tailguard.shell.snapshot import Position, Snapshot, digest
 
 log = logging.getLogger("tailguard.service")
 
@@ -46,11 +48,21 @@ class Processor:
         # Every output is signed, findings too: one rule for everything a service emits, and a
         # reader holding the key can tell who wrote any decision (the agent checks commands).
         self._signer = signer_for(settings, definition.name)
+        # What a snapshot would hold now: the retained input, and how far it was read.
+        self._retention = definition.retention()
+        self._positions: dict[int, Position] = {}
+        # partition -> offset below which input is already in the state restored from a snapshot
+        # (read past the group's committed offset before the restart): not fed twice.
+        self.restored_up_to: dict[int, int] = {}
 
     def process(self, raw: bytes | None, partition: int, offset: int) -> list[Outgoing]:
         """The messages to publish for one input message (outputs, or its dead letter)."""
+        if offset < self.restored_up_to.get(partition, 0):
+            # Its outputs were published (a snapshot covers only acknowledged input).
+            return []
         self.metrics.processed.inc()
         topic = self.definition.input_topic
+        self._positions[partition] = Position(offset + 1, digest(raw))
         try:
             record = self.codec.decode(raw or b"")
         except DecodeError as err:
@@ -68,6 +80,7 @@ class Processor:
             headers = dead_letter_headers(topic, partition, offset, str(err))
             return [Outgoing(dlq_topic(topic), b"", raw or b"", headers)]
         with self._lock:
+            self._retention.keep(record, Retained(partition, offset, raw or b""))
             outputs = self.core.handle(record)
         return [self._outgoing(o, record) for o in outputs]
 
@@ -93,15 +106,37 @@ class Processor:
         headers = self._signer.headers(topic, value or b"")
         return Outgoing(topic, key, value, headers, cause.ts)
 
-    def replay(self, raw: bytes | None) -> None:
+    def replay(self, raw: bytes | None, partition: int, offset: int) -> None:
         """Feed an already processed input to rebuild state; its outputs were published before."""
         self.metrics.rebuilt.inc()
+        self._positions[partition] = Position(offset + 1, digest(raw))
         try:
             record = self.codec.decode(raw or b"")
         except DecodeError:
             return  # it went to the dead-letter topic the first time
         with self._lock:
+            self._retention.keep(record, Retained(partition, offset, raw or b""))
             self.core.handle(record)
+
+    def restore(self, snapshot: Snapshot) -> int:
+        """Fold a snapshot's records into the (fresh) core; returns how many."""
+        for kept in snapshot.records:
+            self.replay(kept.value, kept.partition, kept.offset)
+        # Read up to there, whatever the last retained record was.
+        self._positions = dict(snapshot.positions)
+        return len(snapshot.records)
+
+    def snapshot(self) -> Snapshot:
+        """The state now, as the input it depends on. Taken between two inputs (on the stream's
+        loop, after the previous input's outputs were acknowledged), so it covers only input whose
+        outputs are on the broker."""
+        with self._lock:
+            return Snapshot(
+                self.definition.name,
+                self.definition.input_topic,
+                dict(self._positions),
+                tuple(self._retention.records()),
+            )
 
     def _core_values(self) -> dict[str, float]:
         with self._lock:

@@ -1,7 +1,8 @@
 """Rebuilding a service's state after a restart.
 
 The cores keep their state in memory. On start, before the live stream resumes from the group's
-committed offsets, the service reads its input topic from the beginning up to those offsets and
+committed offsets, the service folds its last snapshot (tailguard.shell.snapshot), then reads its
+input topic from the snapshot's positions (from the beginning without one) up to those offsets and
 feeds the core with the outputs suppressed: what it emitted for those records was published by
 its previous incarnation. Records after the committed offsets are processed live again, so a
 decision whose input was not committed is re-emitted — with the same id, which the agent ignores.
@@ -10,11 +11,13 @@ decision whose input was not committed is re-emitted — with the same id, which
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from tailguard.log.kafka_config import client_config
+from tailguard.shell.snapshot import Position, digest
 
 # Read-only: never commit on the service group's behalf.
 _REBUILD_CONSUMER = {"enable.auto.commit": False, "auto.offset.reset": "earliest"}
@@ -37,44 +40,105 @@ def committed_offsets(consumer: Consumer, group_topic: str, timeout: float) -> d
     return {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
 
 
+@dataclass(frozen=True)
+class Rebuilt:
+    fed: int  # records read from the topic and fed to the core
+    committed: dict[int, int]  # partition -> the group's committed offset, where it has one
+
+
 def rebuild(
     settings: Mapping[str, str],
     group_id: str,
     topic: str,
-    feed: Callable[[bytes | None], None],
+    feed: Callable[[bytes | None, int, int], None],
+    start_at: Mapping[int, int] | None = None,
     timeout: float = 10.0,
     progress: Callable[[int], None] | None = None,
-) -> int:
-    """Feed every record below the group's committed offsets to `feed`; returns the count."""
+) -> Rebuilt:
+    """Feed `feed(value, partition, offset)` every record from `start_at` (a snapshot's positions;
+    the beginning by default) up to the group's committed offsets."""
     consumer = Consumer(rebuild_config(settings, group_id))
-    fed = 0
     try:
         ends = committed_offsets(consumer, topic, timeout)
-        if not ends:
-            return 0
-        consumer.assign([TopicPartition(topic, p, 0) for p in sorted(ends)])
-        remaining = {p: end for p, end in ends.items() if end > 0}
-        for p in set(ends) - set(remaining):
-            consumer.pause([TopicPartition(topic, p)])
-        while remaining:
-            msg = consumer.poll(timeout)
-            if msg is None:
-                raise TimeoutError(
-                    f"rebuild of {group_id} from {topic} stalled with {remaining} left to read"
-                )
-            if msg.error():
-                raise KafkaException(msg.error())
-            partition, offset = msg.partition(), msg.offset()
-            end = remaining.get(partition)
-            if end is None or offset >= end:
-                continue
-            feed(msg.value())
-            fed += 1
-            if progress is not None and fed % 10_000 == 0:
-                progress(fed)
-            if offset + 1 >= end:
-                del remaining[partition]
-                consumer.pause([TopicPartition(topic, partition)])
-        return fed
+        starts = dict(start_at or {})
+        ranges = {p: (starts.get(p, 0), end) for p, end in ends.items() if end > starts.get(p, 0)}
+        fed = _read(consumer, topic, ranges, feed, timeout, progress)
+        return Rebuilt(fed, ends)
     finally:
         consumer.close()
+
+
+def snapshot_mismatch(
+    settings: Mapping[str, str],
+    group_id: str,
+    topic: str,
+    positions: Mapping[int, Position],
+    timeout: float = 10.0,
+) -> str | None:
+    """Why a snapshot's positions are not on this topic's log, or None if they are: the record
+    before each position must still be the one the snapshot read last (an embedded broker
+    restarts empty and numbers its log from 0 again; real Kafka never renumbers). A record
+    already deleted by retention cannot be checked and is taken as matching."""
+    consumer = Consumer(rebuild_config(settings, group_id))
+    try:
+        ranges: dict[int, tuple[int, int]] = {}
+        for partition, position in positions.items():
+            if position.next_offset <= 0:
+                continue
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=timeout
+            )
+            if high < position.next_offset:
+                return (
+                    f"{topic}[{partition}] ends at offset {high}, the snapshot read up to "
+                    f"{position.next_offset}: another log"
+                )
+            if low < position.next_offset:
+                ranges[partition] = (position.next_offset - 1, position.next_offset)
+        found: dict[int, str] = {}
+
+        def check(value: bytes | None, partition: int, offset: int) -> None:
+            found[partition] = digest(value)
+
+        _read(consumer, topic, ranges, check, timeout, None)
+        for partition, seen in sorted(found.items()):
+            if seen != positions[partition].last_digest:
+                offset = positions[partition].next_offset - 1
+                return f"{topic}[{partition}]@{offset} is not the record the snapshot read there"
+        return None
+    finally:
+        consumer.close()
+
+
+def _read(
+    consumer: Consumer,
+    topic: str,
+    ranges: Mapping[int, tuple[int, int]],
+    feed: Callable[[bytes | None, int, int], None],
+    timeout: float,
+    progress: Callable[[int], None] | None,
+) -> int:
+    """Feed the records of [start, end) on each partition; returns how many."""
+    if not ranges:
+        return 0
+    consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in sorted(ranges.items())])
+    remaining = {p: end for p, (_, end) in ranges.items()}
+    fed = 0
+    while remaining:
+        msg = consumer.poll(timeout)
+        if msg is None:
+            raise TimeoutError(f"reading {topic} stalled with {remaining} left to read")
+        if msg.error():
+            raise KafkaException(msg.error())
+        partition, offset = msg.partition(), msg.offset()
+        end = remaining.get(partition)
+        if end is None or offset >= end:
+            continue
+        feed(msg.value(), partition, offset)
+        fed += 1
+        if progress is not None and fed % 10_000 == 0:
+            progress(fed)
+        if offset + 1 >= end:
+            del remaining[partition]
+            consumer.pause([TopicPartition(topic, partition)])
+    return fed

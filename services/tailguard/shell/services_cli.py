@@ -1,9 +1,10 @@
 """`tailguard services up|down|status|run`: the five services as separate processes.
 
 `up`, `down` and `status` manage background processes (the verbs of `tailguard broker` and
-`tailguard cluster`; `status` exits 0 when every named service runs, 1 otherwise). `run NAME`
-runs one service in this process, in the foreground, logging to standard error until SIGTERM or
-Ctrl-C: what a container's command is (compose/docker-compose.yml).
+`tailguard cluster`; `status` exits 0 when every named service runs and is ready, 1 otherwise,
+and says why one is not: starting, or its broker unreachable). `run NAME` runs one service in
+this process, in the foreground, logging to standard error until SIGTERM or Ctrl-C: what a
+container's command is (compose/docker-compose.yml).
 """
 
 from __future__ import annotations
@@ -108,14 +109,16 @@ def run(args: argparse.Namespace) -> int:
                 print("no service was running")
             return 0
         current = running(work_dir)
+        healthy = True
         for name in names:
             service = current.get(name)
             if service is None:
                 print(f"{name}: not running")
             else:
-                state = "ready" if service.healthy() else "starting"
-                print(f"{name}: {state}, pid {service.pid}, {service.metrics_url}/metrics")
-        return 0 if all(n in current for n in names) else 1
+                health = service.health()
+                healthy = healthy and health == "ready"
+                print(f"{name}: {health}, pid {service.pid}, {service.metrics_url}/metrics")
+        return 0 if healthy and all(n in current for n in names) else 1
     except ServiceError as err:
         print(f"tailguard services: {err}", file=sys.stderr)
         return 1

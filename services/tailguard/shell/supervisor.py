@@ -35,11 +35,18 @@ class RunningService:
     metrics_url: str
 
     def healthy(self, timeout: float = 1.0) -> bool:
+        return self.health(timeout) == "ready"
+
+    def health(self, timeout: float = 1.0) -> str:
+        """ "ready", or why not: what its /health says ("starting", "broker unreachable for
+        12 s: ..."), or that it does not answer."""
         try:
             with urllib.request.urlopen(f"{self.metrics_url}/health", timeout=timeout) as reply:
-                return bool(reply.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+                return str(reply.read().decode().strip())
+        except urllib.error.HTTPError as refused:
+            return str(refused.read().decode().strip() or f"HTTP {refused.code}")
+        except (urllib.error.URLError, OSError) as err:
+            return f"no answer from {self.metrics_url}/health ({err})"
 
     def metrics(self, timeout: float = 2.0) -> dict[str, float]:
         """Its samples by name, each with its labels but `service` (the same on all of them):

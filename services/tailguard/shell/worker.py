@@ -1,9 +1,10 @@
 """Running one service: `python -m tailguard.shell.worker NAME` (what `tailguard services up`
 starts, once per service, as its own process).
 
-Start-up order matters: metrics first (so a supervisor sees the process), then the state rebuild
-from the input topic up to the group's committed offsets, then the faust stream from those
-offsets. `/health` turns ready only when the stream runs.
+Start-up order matters: metrics first (so a supervisor sees the process), then the state: the
+last snapshot (tailguard.shell.snapshot) and the input topic's tail after it up to the group's
+committed offsets, then the faust stream from those offsets. `/health` turns ready only when the
+stream runs, and unready again while the broker cannot be reached (tailguard.shell.broker_watch).
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from tailguard.codec import codec_for
 from tailguard.log.kafka_config import faust_app_options
 from tailguard.model.config import ConfigError, Settings
 from tailguard.settings_file import load_settings
+from tailguard.shell.broker_watch import BrokerWatch
 from tailguard.shell.definition import SERVICE_NAMES, ServiceDefinition, load_definition
+from tailguard.shell.log_limits import RepeatLimiter
 from tailguard.shell.metrics_http import MetricsServer
 from tailguard.shell.processor import Processor
-from tailguard.shell.rebuild import rebuild
+from tailguard.shell.rebuild import rebuild, snapshot_mismatch
+from tailguard.shell.snapshot import PeriodicSnapshots, SnapshotError, SnapshotStore
 from tailguard.shell.supervisor import announce
 
 log = logging.getLogger("tailguard.service")
@@ -64,8 +68,15 @@ def _shorten_fetch_wait(max_wait_ms: int) -> None:
 
 
 class ServiceState:
-    def __init__(self) -> None:
+    def __init__(self, broker: BrokerWatch | None = None) -> None:
         self.ready = False
+        self.broker = broker
+
+    def unhealthy(self) -> str | None:
+        """What /health reports: None when healthy, else why not."""
+        if not self.ready:
+            return "starting"
+        return self.broker.unhealthy_reason() if self.broker is not None else None
 
 
 def build_app(
@@ -74,6 +85,7 @@ def build_app(
     processor: Processor,
     state: ServiceState,
     data_dir: Path,
+    snapshots: PeriodicSnapshots | None = None,
 ) -> faust.App:
     """The service's faust app; `connection` is `faust_app_options(settings)` (the broker and
     the credentials built from the same `kafka.*` settings as every librdkafka client)."""
@@ -108,6 +120,8 @@ def build_app(
     async def process(stream: Any) -> None:
         async for event in stream.events():
             message = event.message
+            if snapshots is not None:
+                snapshots.before_input()
             outputs = processor.process(event.value, message.partition, message.offset)
             for out in outputs:
                 # Sent at once and awaited: the input is acknowledged (and later committed)
@@ -120,6 +134,8 @@ def build_app(
                 processor.metrics.decision_sent(outputs[0].input_ts, time.time())
             highwater = app.consumer.highwater(message.tp)
             processor.metrics.lag.set(max(0, (highwater or 0) - message.offset - 1))
+            if snapshots is not None:
+                snapshots.after_input()
 
     @app.task
     async def started() -> None:
@@ -143,21 +159,44 @@ def serve(
     connection = faust_app_options(settings)
     codec = codec_for(settings)
     processor = Processor(definition, settings, codec)
-    state = ServiceState()
+    broker = BrokerWatch(settings)
+    state = ServiceState(broker)
 
     metrics = MetricsServer(
-        metrics_host, metrics_port, processor.metrics.exposition, lambda: state.ready
+        metrics_host, metrics_port, processor.metrics.exposition, state.unhealthy
     )
     metrics.start()
     metrics_url = f"http://{metrics_host}:{metrics.port}"
     announce(work_dir, name, os.getpid(), metrics_url)
     log.info("%s metrics on %s/metrics", name, metrics_url)
-    rebuilt = rebuild(settings, definition.group_id, definition.input_topic, processor.replay)
-    processor.metrics.mark_live()
-    log.info("%s rebuilt its state from %d committed input records", name, rebuilt)
     data_dir = work_dir / "services" / name
     data_dir.mkdir(parents=True, exist_ok=True)
-    app = build_app(definition, connection, processor, state, data_dir)
+    store = SnapshotStore(data_dir / "snapshot.avro")
+    started = time.monotonic()
+    start_at, restored = restore(settings, definition, processor, store)
+    rebuilt = rebuild(
+        settings, definition.group_id, definition.input_topic, processor.replay, start_at
+    )
+    # Input the snapshot holds beyond the committed offsets: the stream resumes at those
+    # offsets, and must not feed it to the core a second time.
+    processor.restored_up_to = {
+        p: at for p, at in start_at.items() if at > rebuilt.committed.get(p, 0)
+    }
+    processor.metrics.mark_live()
+    log.info(
+        "%s rebuilt its state in %.2f s: %d records from its snapshot, %d from the topic",
+        name,
+        time.monotonic() - started,
+        restored,
+        rebuilt.fed,
+    )
+    snapshots = PeriodicSnapshots(store, processor.snapshot)
+    # A snapshot now, so the next restart does not read this one's tail again.
+    snapshots.take_now()
+    broker.start()
+    app = build_app(definition, connection, processor, state, data_dir, snapshots)
+    # aiokafka logs every failed reconnect while the broker is away.
+    log_handler.addFilter(RepeatLimiter())
     # faust (mode) replaces the root logger's handlers when the worker starts: hand it ours
     # (app.conf.loghandlers) and an incremental config that changes no level, so the levels
     # `logs.configure` set stay (tailguard's INFO, other libraries' WARNING). A level below
@@ -176,8 +215,37 @@ def serve(
     except SystemExit as done:
         return int(done.code or 0)
     finally:
+        broker.stop()
+        snapshots.close()
         metrics.stop()
     return 0
+
+
+def restore(
+    settings: Settings, definition: ServiceDefinition, processor: Processor, store: SnapshotStore
+) -> tuple[dict[int, int], int]:
+    """Fold the service's snapshot into its core if it is one of this topic's log; returns the
+    positions to read the topic from (none: from the beginning) and the records folded."""
+    try:
+        snapshot = store.read(definition.name, definition.input_topic)
+    except SnapshotError as err:
+        log.warning("%s: snapshot ignored, rebuilding from the topic: %s", definition.name, err)
+        return {}, 0
+    if snapshot is None:
+        return {}, 0
+    mismatch = snapshot_mismatch(
+        settings, definition.group_id, definition.input_topic, snapshot.positions
+    )
+    if mismatch is not None:
+        log.warning(
+            "%s: snapshot %s ignored, rebuilding from the topic: %s",
+            definition.name,
+            store.path,
+            mismatch,
+        )
+        return {}, 0
+    restored = processor.restore(snapshot)
+    return {p: pos.next_offset for p, pos in snapshot.positions.items()}, restored
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,95 @@
+"""Whether a service can reach its broker, for `/health` and `tailguard services status`.
+
+faust's client (aiokafka) retries a lost broker by itself, forever, and reconnects when the
+broker is back (at the same address; aio-libs/aiokafka#876 is what it looks like when it does not);
+what it does not do is tell anyone that it is cut off: the stream simply stops. So a probe of
+its own asks the broker for metadata every `interval_s`, from a thread (a blocked event loop must
+not make the service look healthy or unhealthy), and remembers since when it has failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException, Producer
+
+from tailguard.log.kafka_config import client_config
+
+log = logging.getLogger("tailguard.service")
+
+# One metadata request per second: negligible for a broker, and /health turns within ~2 s.
+PROBE_INTERVAL_S = 1.0
+PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class BrokerState:
+    reachable: bool
+    since: float  # time.monotonic() of the last change
+    reason: str = ""
+
+
+class BrokerWatch:
+    def __init__(
+        self,
+        settings: Mapping[str, str],
+        interval_s: float = PROBE_INTERVAL_S,
+        timeout_s: float = PROBE_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        # librdkafka's own connection errors are this probe's business, said once per change
+        # below; its log would repeat them at every reconnect attempt.
+        config = client_config(settings, "producer", {"log_level": 0})
+        self._client = Producer(config)
+        self._interval = interval_s
+        self._timeout = timeout_s
+        self._clock = clock
+        self._state = BrokerState(True, clock())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="broker-watch", daemon=True)
+
+    @property
+    def state(self) -> BrokerState:
+        return self._state
+
+    def probe(self) -> BrokerState:
+        try:
+            self._client.list_topics(timeout=self._timeout)
+        except KafkaException as err:
+            self._changed(False, f"no broker answered within {self._timeout:g} s ({err})")
+        else:
+            self._changed(True, "")
+        return self._state
+
+    def _changed(self, reachable: bool, reason: str) -> None:
+        before = self._state
+        if before.reachable == reachable:
+            return
+        now = self._clock()
+        self._state = BrokerState(reachable, now, reason)
+        if reachable:
+            log.warning("broker reachable again after %.1f s", now - before.since)
+        else:
+            log.error("broker unreachable: %s", reason)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(self._timeout + self._interval)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.probe()
+            self._stop.wait(self._interval)
+
+    def unhealthy_reason(self) -> str | None:
+        state = self._state
+        if state.reachable:
+            return None
+        return f"broker unreachable for {self._clock() - state.since:.0f} s: {state.reason}"
