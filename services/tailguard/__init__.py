@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Job", "run"]
+__all__ = ["Job", "observe", "run"]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,4 +26,8 @@ def __getattr__(name: str) -> Any:
         from tailguard.agent.entry import run
 
         return run
+    if name == "observe":
+        from tailguard.observe import observe
+
+        return observe
     raise AttributeError(f"module 'tailguard' has no attribute {name!r}")

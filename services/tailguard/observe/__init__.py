@@ -1,0 +1,99 @@
+"""Observe mode: tailguard's detector and blocklist on PySpark jobs tailguard does not run.
+
+    import tailguard
+    observation = tailguard.observe(spark)      # any running SparkSession or SparkContext
+    ... the job, unchanged ...
+    observation.close()                          # or spark.stop(): the relay ends with the app
+
+or with no code at all (docs/observe.md):
+
+    spark-submit --jars "$(python -m tailguard.observe jar)" \\
+      --conf spark.extraListeners=tailguard.observe.TaskEventListener job.py
+
+A JVM listener (`java/`) writes Spark's task events to a relay process (`relay.py`), which
+translates them (`translate.py`) into tailguard events and publishes them (`publisher.py`).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from tailguard.observe.jar import LISTENER_CLASS, JarBuildError, listener_jar
+
+__all__ = ["JarBuildError", "Observation", "listener_jar", "observe"]
+
+
+class Observation:
+    """A listener attached to a running SparkContext; `close()` detaches it and waits until the
+    relay has published everything (the services' last decisions included)."""
+
+    def __init__(self, sc: Any, listener: Any, app_id: str) -> None:
+        self._sc = sc
+        self._listener = listener
+        self.app_id = app_id
+        self.exit_status: int | None = None
+
+    def close(self, timeout_s: float = 60.0) -> int:
+        """The relay's exit status (0: all published; -1: it did not end within the timeout)."""
+        if self.exit_status is None:
+            self._sc._jsc.sc().removeSparkListener(self._listener)
+            now = int(time.time() * 1000)
+            self.exit_status = int(self._listener.finish(now, int(timeout_s * 1000)))
+        return self.exit_status
+
+    def __enter__(self) -> Observation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def observe(
+    spark: Any,
+    settings: Mapping[str, str] | None = None,
+    *,
+    python: str | None = None,
+) -> Observation:
+    """Attach tailguard's listener to the SparkContext behind `spark` (a SparkSession or a
+    SparkContext). Its Spark jobs from now on are published as tailguard jobs.
+
+    `settings` are tailguard settings (as in the TOML file: policy keys, `bootstrap.servers`,
+    `tailguard.archive-dir`, ...) over the environment's; `python` runs the relay (default: this
+    interpreter).
+    """
+    sc = getattr(spark, "sparkContext", spark)
+    jsc = getattr(sc, "_jsc", None)
+    if jsc is None:
+        raise TypeError(f"observe() needs a SparkSession or SparkContext, not {type(spark).__name__}")
+    jvm = sc._jvm
+    gateway = sc._gateway
+    urls = gateway.new_array(jvm.java.net.URL, 1)
+    urls[0] = jvm.java.io.File(str(listener_jar())).toURI().toURL()
+    # A loader of its own: the driver's classpath was fixed when its JVM started. The listener's
+    # parent is Spark's loader, so it is the SparkListenerInterface Spark knows.
+    loader = jvm.java.net.URLClassLoader(urls, jsc.getClass().getClassLoader())
+    cls = loader.loadClass(LISTENER_CLASS)
+    listener = cls.getConstructor(gateway.new_array(jvm.java.lang.Class, 0)).newInstance(
+        gateway.new_array(jvm.java.lang.Object, 0)
+    )
+    argv = [python or sys.executable, "-m", "tailguard.observe.relay"]
+    command = gateway.new_array(jvm.java.lang.String, len(argv))
+    for i, arg in enumerate(argv):
+        command[i] = arg
+    listener.setCommand(command)
+    for key, value in (settings or {}).items():
+        listener.setting(str(key), str(value))
+    app_id = sc.applicationId
+    now = int(time.time() * 1000)
+    listener.attached(now, app_id, sc.appName)
+    # Executors that registered before the listener: their hosts are the nodes of every job.
+    executors = jsc.sc().statusStore().executorList(True)
+    for i in range(executors.size()):
+        summary = executors.apply(i)
+        host = summary.hostPort().rsplit(":", 1)[0]
+        listener.executor(now, summary.id(), host, summary.totalCores())
+    jsc.sc().addSparkListener(listener)
+    return Observation(sc, listener, app_id)

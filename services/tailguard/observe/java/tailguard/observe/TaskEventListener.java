@@ -1,0 +1,217 @@
+package tailguard.observe;
+
+import java.io.BufferedWriter;
+import java.io.IOException;
+import java.io.OutputStreamWriter;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.TimeUnit;
+
+import org.apache.spark.SparkConf;
+import org.apache.spark.executor.TaskMetrics;
+import org.apache.spark.scheduler.JobSucceeded$;
+import org.apache.spark.scheduler.SparkListener;
+import org.apache.spark.scheduler.SparkListenerApplicationEnd;
+import org.apache.spark.scheduler.SparkListenerApplicationStart;
+import org.apache.spark.scheduler.SparkListenerExecutorAdded;
+import org.apache.spark.scheduler.SparkListenerExecutorRemoved;
+import org.apache.spark.scheduler.SparkListenerJobEnd;
+import org.apache.spark.scheduler.SparkListenerJobStart;
+import org.apache.spark.scheduler.SparkListenerTaskEnd;
+import org.apache.spark.scheduler.SparkListenerTaskStart;
+import org.apache.spark.scheduler.StageInfo;
+import org.apache.spark.scheduler.TaskInfo;
+import scala.Tuple2;
+import scala.jdk.javaapi.CollectionConverters;
+
+/**
+ * Spark's own task events, as tab-separated lines on the standard input of tailguard's relay
+ * process (python -m tailguard.observe.relay), which turns them into tailguard events.
+ *
+ * Why a JVM listener and not a Python one over py4j: Spark calls listeners on its listener-bus
+ * thread, one event at a time, and a queue that backs up drops events for every listener of the
+ * application, the UI's included. A py4j callback costs a socket round trip per event plus one per
+ * field read; here an event costs one formatted line written to a pipe (microseconds), and the
+ * relay does the rest in its own process, off the driver's JVM and off the job's Python.
+ *
+ * Two ways in: spark.extraListeners=tailguard.observe.TaskEventListener (Spark calls the SparkConf
+ * constructor; the relay starts with the application), or tailguard.observe(spark), which creates
+ * one from Python, configures it and adds it to a running SparkContext.
+ */
+public class TaskEventListener extends SparkListener {
+    private static final String PREFIX = "spark.tailguard.";
+
+    private final List<String> command = new ArrayList<>();
+    private final List<String[]> settings = new ArrayList<>();
+    private Process relay;
+    private BufferedWriter out;
+    private boolean broken;
+
+    public TaskEventListener() {}
+
+    /** The spark.extraListeners form: settings are the spark.tailguard.* keys (prefix dropped). */
+    public TaskEventListener(SparkConf conf) {
+        for (Tuple2<String, String> kv : conf.getAllWithPrefix(PREFIX)) {
+            if (kv._1().equals("observe.python")) continue;
+            settings.add(new String[] {kv._1(), kv._2()});
+        }
+        String python = conf.get(PREFIX + "observe.python", defaultPython());
+        command.add(python);
+        command.add("-m");
+        command.add("tailguard.observe.relay");
+    }
+
+    private static String defaultPython() {
+        Map<String, String> env = System.getenv();
+        for (String key : new String[] {"PYSPARK_DRIVER_PYTHON", "PYSPARK_PYTHON"}) {
+            String value = env.get(key);
+            if (value != null && !value.isEmpty()) return value;
+        }
+        return "python3";
+    }
+
+    // ------------------------------------------------------------------ the Python form
+
+    public void setCommand(String[] argv) {
+        command.clear();
+        for (String a : argv) command.add(a);
+    }
+
+    public void setting(String key, String value) {
+        settings.add(new String[] {key, value});
+    }
+
+    /** The application, for a listener added after the application started. */
+    public void attached(long time, String appId, String appName) {
+        write("A", time, appId, appName);
+    }
+
+    public void executor(long time, String executorId, String host, int cores) {
+        write("X", time, executorId, host, cores);
+    }
+
+    /** Ends the stream and waits for the relay to publish what it holds; its exit status. */
+    public synchronized int finish(long time, long timeoutMs) throws InterruptedException {
+        write("E", time);
+        if (relay == null) return 0;
+        try {
+            out.close();
+        } catch (IOException e) {
+            broken = true;
+        }
+        if (!relay.waitFor(timeoutMs, TimeUnit.MILLISECONDS)) {
+            relay.destroy();
+            return -1;
+        }
+        return relay.exitValue();
+    }
+
+    // ------------------------------------------------------------------ Spark's events
+
+    @Override
+    public void onApplicationStart(SparkListenerApplicationStart event) {
+        String appId = event.appId().isDefined() ? event.appId().get() : "app";
+        write("A", event.time(), appId, event.appName());
+    }
+
+    @Override
+    public void onApplicationEnd(SparkListenerApplicationEnd event) {
+        try {
+            finish(event.time(), 60_000);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+    }
+
+    @Override
+    public void onExecutorAdded(SparkListenerExecutorAdded event) {
+        write("X", event.time(), event.executorId(), event.executorInfo().executorHost(),
+              event.executorInfo().totalCores());
+    }
+
+    @Override
+    public void onExecutorRemoved(SparkListenerExecutorRemoved event) {
+        write("XR", event.time(), event.executorId(), event.reason());
+    }
+
+    @Override
+    public void onJobStart(SparkListenerJobStart event) {
+        List<StageInfo> stages = CollectionConverters.asJava(event.stageInfos());
+        write("J", event.time(), event.jobId(), stages.size());
+        for (StageInfo stage : stages) {
+            StringBuilder parents = new StringBuilder();
+            for (Object parent : CollectionConverters.asJava(stage.parentIds())) {
+                if (parents.length() > 0) parents.append(',');
+                parents.append(parent);
+            }
+            write("G", event.jobId(), stage.stageId(), stage.numTasks(), parents, stage.name());
+        }
+    }
+
+    @Override
+    public void onJobEnd(SparkListenerJobEnd event) {
+        boolean ok = event.jobResult() == JobSucceeded$.MODULE$;
+        write("JE", event.time(), event.jobId(), ok ? "SUCCEEDED" : "FAILED");
+    }
+
+    @Override
+    public void onTaskStart(SparkListenerTaskStart event) {
+        TaskInfo t = event.taskInfo();
+        write("TS", t.launchTime(), t.taskId(), event.stageId(), event.stageAttemptId(), t.index(),
+              t.partitionId(), t.attemptNumber(), t.executorId(), t.host(), t.speculative() ? 1 : 0);
+    }
+
+    @Override
+    public void onTaskEnd(SparkListenerTaskEnd event) {
+        TaskInfo t = event.taskInfo();
+        TaskMetrics m = event.taskMetrics();  // null when a task failed before it reported any
+        long inBytes = -1, inRecords = -1, shuffleBytes = -1, shuffleRecords = -1;
+        if (m != null) {
+            inBytes = m.inputMetrics().bytesRead();
+            inRecords = m.inputMetrics().recordsRead();
+            shuffleBytes = m.shuffleReadMetrics().totalBytesRead();
+            shuffleRecords = m.shuffleReadMetrics().recordsRead();
+        }
+        String reason = event.reason().getClass().getSimpleName().replace("$", "");
+        String message = reason.equals("Success") ? "" : event.reason().toString();
+        if (message.length() > 500) message = message.substring(0, 500);
+        write("TE", t.finishTime(), t.taskId(), event.stageId(), event.stageAttemptId(), reason,
+              inBytes, inRecords, shuffleBytes, shuffleRecords, message);
+    }
+
+    // ------------------------------------------------------------------ the pipe
+
+    private synchronized void write(Object... fields) {
+        if (broken || command.isEmpty()) return;
+        try {
+            if (out == null) start();
+            StringBuilder line = new StringBuilder(96);
+            for (int i = 0; i < fields.length; i++) {
+                if (i > 0) line.append('\t');
+                // Names are free text: a tab or a line break would split the record.
+                line.append(String.valueOf(fields[i]).replace('\t', ' ').replace('\n', ' ').replace('\r', ' '));
+            }
+            line.append('\n');
+            out.write(line.toString());
+            // One write per event: the relay sees each event as it happens.
+            out.flush();
+        } catch (IOException e) {
+            // The relay is gone: stop writing, never fail the application for it.
+            broken = true;
+            System.err.println("tailguard observe: the relay stopped (" + e + "); events are no longer published");
+        }
+    }
+
+    private void start() throws IOException {
+        ProcessBuilder builder = new ProcessBuilder(command);
+        builder.redirectOutput(ProcessBuilder.Redirect.INHERIT);
+        builder.redirectError(ProcessBuilder.Redirect.INHERIT);
+        relay = builder.start();
+        out = new BufferedWriter(new OutputStreamWriter(relay.getOutputStream(), StandardCharsets.UTF_8), 1 << 16);
+        // Settings travel on the pipe, not the command line, where any user of the host could read
+        // a secret among them.
+        for (String[] kv : settings) write("C", kv[0], kv[1]);
+    }
+}

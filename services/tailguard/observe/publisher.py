@@ -1,0 +1,106 @@
+"""Where an observed application's events go: the agent's own publisher, for many jobs at once.
+
+An observed application is a series of tailguard jobs (one per Spark job, `translate.py`), all
+written to one archive, `<archive-dir>/<application id>.avro`, and one producer. The services'
+findings and commands about those jobs are received and archived as the agent archives them,
+so `tailguard replay` audits an observed application like a job tailguard ran; the commands are
+never applied: Spark schedules a native job's tasks itself (docs/observe.md, "What tailguard can
+act on").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from tailguard import filesystems
+from tailguard.agent.adapters.kafka import ArchivePublisher
+from tailguard.codec import codec_for
+from tailguard.log.archive import ArchiveWriter
+from tailguard.log.consumer import RecordConsumer
+from tailguard.log.producer import RecordProducer
+from tailguard.model import records as r
+from tailguard.model.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+class ObservedAppPublisher(ArchivePublisher):
+    """The agent's archive publisher, plus Kafka: events out, every decision about the
+    application's jobs in (archived as received, never applied). One producer and one consumer
+    for the whole application however many Spark jobs it runs."""
+
+    def __init__(
+        self,
+        archive: ArchiveWriter,
+        settings: Settings,
+        app_id: str,
+        *,
+        drain_quiet_ms: int = 750,
+        drain_max_ms: int = 5000,
+    ) -> None:
+        codec = codec_for(settings)
+        super().__init__(archive, codec)
+        self.job_prefix = f"{app_id}-job-"
+        self._producer = RecordProducer(settings, codec)
+        self._consumer = RecordConsumer(
+            settings, codec, [r.FINDINGS_TOPIC, r.COMMANDS_TOPIC], group_id=f"tailguard-observe-{app_id}"
+        )
+        self._drain_quiet_ms = drain_quiet_ms
+        self._drain_max_ms = drain_max_ms
+        self._last_seen = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._consume, name="tg-observe-decisions", daemon=True)
+        self._thread.start()
+
+    def publish(self, record: r.Record) -> None:
+        # Keyed by the record's job id, as the agent's: per-job order is what the services need.
+        self._producer.send(record)
+        super().publish(record)
+
+    def _consume(self) -> None:
+        while not self._stop.is_set():
+            for item in self._consumer.poll(0.1):
+                record = item.record
+                if not record.job_id.startswith(self.job_prefix):
+                    continue
+                self._last_seen = time.monotonic()
+                # Spark schedules a native job's tasks itself: a command is recorded for the
+                # audit and the replay, and nothing applies it (docs/observe.md).
+                self.received(record)
+
+    def close(self) -> None:
+        """Flush, then listen until the services have gone quiet about the application's last
+        events, so their decisions reach the archive; then close it."""
+        try:
+            self._producer.flush(10.0)
+            started = time.monotonic()
+            while (time.monotonic() - started) * 1000 < self._drain_max_ms:
+                if (time.monotonic() - self._last_seen) * 1000 >= self._drain_quiet_ms:
+                    break
+                self._stop.wait(0.05)
+        finally:
+            self._stop.set()
+            self._thread.join(timeout=10)
+            self._consumer.close()
+            # A live librdkafka client keeps reconnecting (and logging) after the broker is gone.
+            del self._producer
+            super().close()
+
+
+def archive_for(settings: Settings, app_id: str) -> ArchiveWriter:
+    work_dir = settings.get("tailguard.work-dir") or "work"
+    archive_dir = settings.get("tailguard.archive-dir") or f"{work_dir}/archive"
+    return ArchiveWriter(
+        filesystems.join(filesystems.normalise(archive_dir), f"{app_id}.avro"),
+        spool_dir=f"{work_dir}/archive-spool",
+    )
+
+
+def publisher_for(settings: Settings, app_id: str, *, kafka: bool = True) -> ArchivePublisher:
+    """Kafka and the archive, or the archive alone (no broker: a record of what was seen)."""
+    archive = archive_for(settings, app_id)
+    if kafka:
+        return ObservedAppPublisher(archive, settings, app_id)
+    return ArchivePublisher(archive, codec_for(settings))
