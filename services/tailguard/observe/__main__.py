@@ -1,18 +1,24 @@
-"""`python -m tailguard.observe jar`: the listener's jar path, for `spark-submit --jars`."""
+"""`python -m tailguard.observe jar|export`: the listener's jar path (for `spark-submit --jars`),
+and the fleet blocklist in a platform's form (`export.py`)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
+from tailguard.observe.export import add_export_arguments, run_export
 from tailguard.observe.jar import JarBuildError, listener_jar
-
-USAGE = "usage: python -m tailguard.observe jar"
 
 
 def main(argv: list[str]) -> int:
-    if argv != ["jar"]:
-        print(USAGE, file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(prog="python -m tailguard.observe")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+    verbs.add_parser("jar", help="build (once) and print the listener's jar")
+    add_export_arguments(verbs.add_parser("export", help="the fleet blocklist for submission"))
+    args = parser.parse_args(argv)
+    if args.verb == "export":
+        return run_export(args)
     try:
         print(listener_jar())
     except JarBuildError as exc:
