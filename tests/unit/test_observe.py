@@ -68,11 +68,16 @@ def test_a_spark_job_becomes_a_tailguard_job_with_stages_as_vertices() -> None:
     ]
     deploying = [e for e in events if isinstance(e, r.AttemptDeploying)]
     assert [(e.subtask, e.attempt, e.host) for e in deploying] == [
-        (0, 0, "a"), (1, 0, "a"), (2, 0, "a"), (3, 0, "b")
+        (0, 0, "a"),
+        (1, 0, "a"),
+        (2, 0, "a"),
+        (3, 0, "b"),
     ]
     finished = [e for e in events if isinstance(e, r.AttemptFinished)]
     assert [(e.subtask, e.input_bytes, e.records, e.ts) for e in finished] == [
-        (0, 100, 10, 1200), (1, 100, 10, 1210), (2, 100, 10, 1220)
+        (0, 100, 10, 1200),
+        (1, 100, 10, 1210),
+        (2, 100, 10, 1220),
     ]
     # Ids are the job's sequence: unique, and the same for the same lines.
     assert len({e.id for e in events}) == len(events)
@@ -89,7 +94,9 @@ def test_the_detector_finds_the_straggler_on_the_slow_host_unchanged() -> None:
     assert finding.vertex == "stage-0"
     [slow] = finding.slow
     assert slow.subtask == 3
-    assert [(a.host, a.execution_time_ms, a.slow) for a in slow.live_attempts] == [("b", 1500, True)]
+    assert [(a.host, a.execution_time_ms, a.slow) for a in slow.live_attempts] == [
+        ("b", 1500, True)
+    ]
     assert finding.hosts == ("a", "b")
 
 
@@ -113,7 +120,10 @@ JE|2600|0|SUCCEEDED
     assert (cancel.subtask, cancel.attempt, cancel.reason) == (3, 0, r.CancelReason.LOST_RACE)
     [failed] = [e for e in events if isinstance(e, r.AttemptFailed)]
     assert (failed.vertex, failed.attempt, failed.error, failed.message) == (
-        "stage-1", 0, r.ErrorKind.USER, "boom"
+        "stage-1",
+        0,
+        r.ErrorKind.USER,
+        "boom",
     )
     reduce_done = [e for e in events if isinstance(e, r.AttemptFinished) and e.vertex == "stage-1"]
     assert [(e.attempt, e.input_bytes, e.records) for e in reduce_done] == [(1, 50, 5)]
@@ -131,7 +141,10 @@ def test_ticks_go_to_running_jobs_only_and_never_back_in_time() -> None:
 
 def test_a_task_of_a_job_started_before_the_listener_is_ignored() -> None:
     translator = SparkEventTranslator()
-    assert translate("A|0|app-1|x\nTS|5|1|7|0|0|0|0|1|a|0\nTE|6|1|7|0|Success|1|1|-1|-1|", translator) == []
+    assert (
+        translate("A|0|app-1|x\nTS|5|1|7|0|0|0|0|1|a|0\nTE|6|1|7|0|Success|1|1|-1|-1|", translator)
+        == []
+    )
     assert translator.ignored == 2
 
 

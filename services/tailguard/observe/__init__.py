@@ -67,7 +67,9 @@ def observe(
     sc = getattr(spark, "sparkContext", spark)
     jsc = getattr(sc, "_jsc", None)
     if jsc is None:
-        raise TypeError(f"observe() needs a SparkSession or SparkContext, not {type(spark).__name__}")
+        raise TypeError(
+            f"observe() needs a SparkSession or SparkContext, not {type(spark).__name__}"
+        )
     jvm = sc._jvm
     gateway = sc._gateway
     urls = gateway.new_array(jvm.java.net.URL, 1)

@@ -45,13 +45,18 @@ class ObservedAppPublisher(ArchivePublisher):
         self.job_prefix = f"{app_id}-job-"
         self._producer = RecordProducer(settings, codec)
         self._consumer = RecordConsumer(
-            settings, codec, [r.FINDINGS_TOPIC, r.COMMANDS_TOPIC], group_id=f"tailguard-observe-{app_id}"
+            settings,
+            codec,
+            [r.FINDINGS_TOPIC, r.COMMANDS_TOPIC],
+            group_id=f"tailguard-observe-{app_id}",
         )
         self._drain_quiet_ms = drain_quiet_ms
         self._drain_max_ms = drain_max_ms
         self._last_seen = time.monotonic()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._consume, name="tg-observe-decisions", daemon=True)
+        self._thread = threading.Thread(
+            target=self._consume, name="tg-observe-decisions", daemon=True
+        )
         self._thread.start()
 
     def publish(self, record: r.Record) -> None:

@@ -74,25 +74,31 @@ def relay(stream: IO[bytes], environ_settings: Settings | None = None) -> int:
         log.error("observe: %s must be kafka or archive, not %r", LOG_MODE_KEY, mode)
         return 2
     publisher = publisher_for(settings, translator.app_id, kafka=mode == "kafka")
-    log.info("observe: application %s (%s) -> %s", translator.app_id, translator.app_name,
-             publisher.archive_path)
+    log.info(
+        "observe: application %s (%s) -> %s",
+        translator.app_id,
+        translator.app_name,
+        publisher.archive_path,
+    )
     interval_ms = settings.duration_ms("slow-task-detector.check-interval")
     pending: queue.Queue[list[str] | None] = queue.Queue()
     # The relay ends when the listener closes the pipe (after its end line, or with the JVM):
     # the reader thread has then finished, and no thread is left blocked on stdin.
-    reader = threading.Thread(target=_reader, args=(lines, pending), name="tg-observe-in",
-                              daemon=True)
+    reader = threading.Thread(
+        target=_reader, args=(lines, pending), name="tg-observe-in", daemon=True
+    )
     reader.start()
     bad = 0
     next_tick = time.monotonic()
     try:
         while True:
             try:
-                fields = pending.get(timeout=max(0.0, next_tick - time.monotonic()))
+                item = pending.get(timeout=max(0.0, next_tick - time.monotonic()))
             except queue.Empty:
-                fields = []
-            if fields is None:
+                item = []
+            if item is None:
                 break
+            fields = item
             if fields:
                 try:
                     for event in translator.handle(fields):
@@ -107,14 +113,20 @@ def relay(stream: IO[bytes], environ_settings: Settings | None = None) -> int:
     finally:
         publisher.close()
     reader.join()
-    log.info("observe: application %s: %d lines, %d ignored, %d malformed", translator.app_id,
-             translator.lines, translator.ignored, bad)
+    log.info(
+        "observe: application %s: %d lines, %d ignored, %d malformed",
+        translator.app_id,
+        translator.lines,
+        translator.ignored,
+        bad,
+    )
     return 0
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
+    )
     return relay(sys.stdin.buffer)
 
 

@@ -8,15 +8,14 @@ the records a test or a replay derives from the same lines.
 
 The mapping:
 
-| Spark | tailguard |
-|---|---|
-| a Spark job (`SparkListenerJobStart`) | a tailguard job, id `<application id>-job-<n>`, its stages as the graph |
-| a stage | a vertex `stage-<id>`, parallelism fixed at the stage's task count (`decided_by="spark"`) |
-| a stage's parent stages | ALL_TO_ALL edges (a shuffle) |
-| a task (its partition) | a subtask |
-| a task attempt (`TaskInfo`) | an attempt, numbered per subtask in launch order, speculative as Spark says |
-| an executor's host | a node |
-| task end: success / killed / failed | `AttemptFinished` / `AttemptCanceled` / `AttemptFailed` |
+- a Spark job (`SparkListenerJobStart`): a tailguard job `<application id>-job-<n>`, its
+  stages as the graph;
+- a stage: a vertex `stage-<id>`, parallelism fixed at the stage's task count
+  (`decided_by="spark"`); its parent stages: ALL_TO_ALL edges (a shuffle);
+- a task (its partition): a subtask; a task attempt (`TaskInfo`): an attempt, numbered per
+  subtask in launch order, speculative as Spark says;
+- an executor's host: a node;
+- a task's end: `AttemptFinished` (success), `AttemptCanceled` (killed), `AttemptFailed`.
 
 Why a Spark job and not the application as the tailguard job: a tailguard job declares its whole
 graph in `JobSubmitted`, and an application's stages are only known job by job (adaptive query
@@ -31,8 +30,9 @@ them, as FLIP-168 does when sizes are unknown.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from tailguard.model import records as r
 from tailguard.model.ids import event_id
@@ -229,7 +229,7 @@ class SparkEventTranslator:
             self.ignored += 1
             return []
         job = task.job
-        common = {
+        common: dict[str, Any] = {
             "job_id": job.job_id,
             "ts": ts,
             "id": job.next_id(),
@@ -255,12 +255,17 @@ class SparkEventTranslator:
             lost_race = "another attempt succeeded" in message
             cancel = r.CancelReason.LOST_RACE if lost_race else r.CancelReason.JOB_CANCELED
             return [r.AttemptCanceled(**common, reason=cancel)]
-        return [r.AttemptFailed(**common, error=_ERROR_KINDS.get(reason, r.ErrorKind.INFRA),
-                                message=message or reason)]
+        return [
+            r.AttemptFailed(
+                **common,
+                error=_ERROR_KINDS.get(reason, r.ErrorKind.INFRA),
+                message=message or reason,
+            )
+        ]
 
     def _application_ended(self, f: Sequence[str]) -> list[r.Event]:
         ts = int(f[0])
-        out = [
+        out: list[r.Event] = [
             self._finished(job, ts, "CANCELED", "the application ended before the job")
             for job in self._jobs.values()
             if job.submitted
@@ -268,7 +273,9 @@ class SparkEventTranslator:
         self._jobs.clear()
         return out
 
-    _HANDLERS = {
+    _HANDLERS: ClassVar[
+        dict[str, Callable[[SparkEventTranslator, Sequence[str]], list[r.Event]]]
+    ] = {
         "A": _application,
         "X": _executor_added,
         "XR": _executor_removed,
@@ -300,8 +307,8 @@ class SparkEventTranslator:
         job.submitted = True
         job.last_tick = job.submitted_ts
         in_job = {s.stage for s in job.stages}
-        vertices = []
-        edges = []
+        vertices: list[r.VertexSpec] = []
+        edges: list[r.EdgeSpec] = []
         for s in sorted(job.stages, key=lambda s: s.stage):
             parents = [p for p in s.parents if p in in_job]
             vertices.append(
@@ -314,7 +321,9 @@ class SparkEventTranslator:
                 )
             )
             edges.extend(
-                r.EdgeSpec(stage_vertex(p), stage_vertex(s.stage), r.Distribution.ALL_TO_ALL, index=i)
+                r.EdgeSpec(
+                    stage_vertex(p), stage_vertex(s.stage), r.Distribution.ALL_TO_ALL, index=i
+                )
                 for i, p in enumerate(parents)
             )
             # A stage shared with a running job keeps running for the job that started it.
@@ -360,8 +369,9 @@ class SparkEventTranslator:
         for task_id in [t for t, task in self._tasks.items() if task.job is job]:
             del self._tasks[task_id]
         status = r.JobStatus(result) if result in r.JobStatus.__members__ else r.JobStatus.FAILED
-        return r.JobFinished(job_id=job.job_id, ts=ts, id=job.next_id(), status=status,
-                             message=message)
+        return r.JobFinished(
+            job_id=job.job_id, ts=ts, id=job.next_id(), status=status, message=message
+        )
 
 
 # Spark's TaskEndReason classes -> tailguard's error kinds. A fetch failure is a lost shuffle
