@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 VENV35  := .venv-spark35
 STAMP35 := $(VENV35)/.installed
 
-.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet clean
+.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
@@ -90,6 +90,10 @@ bench-sim: $(STAMP)
 # Peak RSS of the Python worker running an attempt, streamed vs whole-partition (docs/benchmarks.md).
 bench-memory: $(STAMP)
 	$(BIN)/python benchmarks/memory.py
+
+# What observe mode costs an unmodified job, plain vs observed interleaved (docs/observe.md).
+bench-observe: $(STAMP)
+	$(BIN)/python benchmarks/observe_overhead.py
 
 bench-fleet: $(STAMP)
 	$(BIN)/python benchmarks/fleet_five_jobs.py
