@@ -88,6 +88,11 @@ class BrokerWatch:
             self.probe()
             self._stop.wait(self._interval)
 
+    def lost_within(self, seconds: float) -> bool:
+        """Whether the broker is unreachable now or was within the last `seconds`."""
+        state = self._state
+        return not state.reachable or self._clock() - state.since <= seconds
+
     def unhealthy_reason(self) -> str | None:
         state = self._state
         if state.reachable:

@@ -162,6 +162,19 @@ def _rows(records: Iterable[Retained]) -> Iterator[dict[str, object]]:
         yield {"partition": r.partition, "offset": r.offset, "value": r.value}
 
 
+def carried_over(snapshot: Snapshot) -> Snapshot:
+    """The same state for a new log of the topic (an embedded broker restarted empty numbers it
+    from 0 again): no positions (read the new log from its start), and the records renumbered
+    below 0 in their order, so they stay before every record of the new log."""
+    records = sorted(snapshot.records)
+    return Snapshot(
+        snapshot.service,
+        snapshot.topic,
+        {},
+        tuple(Retained(0, i - len(records), r.value) for i, r in enumerate(records)),
+    )
+
+
 class PeriodicSnapshots:
     """Takes a snapshot every `every_records` inputs or `every_s` seconds (whichever first) and
     writes it in a thread of its own, so the stream waits only for the capture (a copy of the
@@ -216,6 +229,10 @@ class PeriodicSnapshots:
             # The previous snapshot stays in place: a later restart reads a longer tail.
             service, path = snapshot.service, self.store.path
             log.error("snapshot of %s not written to %s: %s", service, path, err)
+
+    @property
+    def answering(self) -> bool:
+        return self._answering
 
     def close(self) -> None:
         """At a clean stop: a last snapshot (so the next start reads no tail), unless the stream

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import faust
+from confluent_kafka import KafkaException
 from faust.worker import Worker
 
 from tailguard import logs
@@ -32,7 +33,12 @@ from tailguard.shell.log_limits import RepeatLimiter
 from tailguard.shell.metrics_http import MetricsServer
 from tailguard.shell.processor import Processor
 from tailguard.shell.rebuild import rebuild, snapshot_mismatch
-from tailguard.shell.snapshot import PeriodicSnapshots, SnapshotError, SnapshotStore
+from tailguard.shell.snapshot import (
+    PeriodicSnapshots,
+    SnapshotError,
+    SnapshotStore,
+    carried_over,
+)
 from tailguard.shell.supervisor import announce
 
 log = logging.getLogger("tailguard.service")
@@ -48,6 +54,11 @@ SESSION_TIMEOUT_S = 6.0
 # data arrives meanwhile: every decision would wait ~0.75 s on average (measured: round trip
 # p50 1.4 s). A short wait costs a few more fetch requests per second and nothing on real Kafka.
 FETCH_MAX_WAIT_MS = 20
+
+# faust ends its worker when the broker it comes back to has lost the group (an embedded broker
+# restarted empty: GroupIdNotFound in the heartbeat). Within this long of a lost broker, such an
+# end is a reconnect to make, not a failure to report.
+RECONNECT_WINDOW_S = 120.0
 
 
 def _shorten_fetch_wait(max_wait_ms: int) -> None:
@@ -210,15 +221,49 @@ def serve(
         redirect_stdouts=False,
         logging_config={"version": 1, "incremental": True},
     )
+    code = 0
     try:
         worker.execute_from_commandline()
     except SystemExit as done:
-        return int(done.code or 0)
+        code = int(done.code or 0)
     finally:
         broker.stop()
-        snapshots.close()
         metrics.stop()
-    return 0
+    if code != 0 and broker.lost_within(RECONNECT_WINDOW_S) and not snapshots.answering:
+        snapshots.close()
+        carry_over(settings, definition, processor, store)
+        # faust cannot be started twice in one process: the same command again, which folds
+        # the state just written and reconnects (the metrics socket is closed at exec).
+        log.warning("%s: its stream ended after the broker was lost; starting again", name)
+        logging.shutdown()
+        os.execv(sys.executable, sys.orig_argv)
+    snapshots.close()
+    return code
+
+
+def carry_over(
+    settings: Settings, definition: ServiceDefinition, processor: Processor, store: SnapshotStore
+) -> None:
+    """Keep the state across a broker's loss. A broker back with the same log (real Kafka) gets
+    the snapshot as it is; an embedded broker restarted empty has lost every record the state
+    was folded from, so the state is carried over to its new log (snapshot.carried_over): the
+    jobs that were running go on being decided as one continuous history."""
+    snapshot = processor.snapshot()
+    try:
+        mismatch = snapshot_mismatch(
+            settings, definition.group_id, definition.input_topic, snapshot.positions
+        )
+    except KafkaException as err:
+        log.warning(
+            "%s: cannot compare with the broker's log (%s): snapshot kept", definition.name, err
+        )
+        mismatch = None
+    if mismatch is not None:
+        log.warning(
+            "%s: the broker's log is new (%s): state carried over", definition.name, mismatch
+        )
+        snapshot = carried_over(snapshot)
+    store.write(snapshot)
 
 
 def restore(
