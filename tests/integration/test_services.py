@@ -148,7 +148,7 @@ def test_decider_service_decides_dead_letters_and_reports(tailguard_services: Se
 
 def test_kill_9_mid_job_changes_no_decision(tailguard_services: Services) -> None:
     settings = tailguard_services.settings
-    decider = tailguard_services.restart("decider")
+    tailguard_services.restart("decider")
     producer = RecordProducer(settings, codec_for(settings))
     events = job_events("job-b")
     first, rest = events[:-1], events[-1:]  # agg is decided only by the last event
@@ -159,12 +159,12 @@ def test_kill_9_mid_job_changes_no_decision(tailguard_services: Services) -> Non
         lambda: len(commands_of(settings, "job-b", 1, timeout_s=2)) >= 1, 30, "the source decision"
     )
     rebuilt = "tailguard_service_records_rebuilt_total"
-    before = decider.metrics()[rebuilt]
 
     tailguard_services.kill("decider")  # SIGKILL, and back once it is gone
     restarted = tailguard_services.start(["decider"])
-    # The topic from offset 0 to the committed offset went back in.
-    assert restarted["decider"].metrics()[rebuilt] >= before
+    # Its state went back in: job-b's events, from the snapshot and the topic's tail (finished
+    # jobs' events are no longer read, so the count can be below the previous start's).
+    assert restarted["decider"].metrics()[rebuilt] >= len(first)
 
     for event in rest:
         producer.send(event)
