@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
-from tailguard.blocklist.policy import BlocklistTracker
+from tailguard.blocklist.fleet import FleetBlocklist
 from tailguard.decider.policy import ParallelismDecider
 from tailguard.detector.policy import SlowTaskDetector
 from tailguard.failover.policy import FailoverStrategy
@@ -57,7 +57,7 @@ class ServiceSpec:
 SERVICES: tuple[ServiceSpec, ...] = (
     ServiceSpec("detector", r.EVENTS_TOPIC, "findings", SlowTaskDetector),
     ServiceSpec("speculator", r.FINDINGS_TOPIC, "commands", SpeculationStrategy),
-    ServiceSpec("blocklist", r.FINDINGS_TOPIC, "commands", BlocklistTracker),
+    ServiceSpec("blocklist", r.FINDINGS_TOPIC, "commands", FleetBlocklist),
     ServiceSpec("decider", r.EVENTS_TOPIC, "commands", ParallelismDecider),
     ServiceSpec("failover", r.EVENTS_TOPIC, "commands", FailoverStrategy),
 )
