@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 VENV35  := .venv-spark35
 STAMP35 := $(VENV35)/.installed
 
-.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe clean
+.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe bench-load clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
@@ -97,6 +97,10 @@ bench-observe: $(STAMP)
 
 bench-fleet: $(STAMP)
 	$(BIN)/python benchmarks/fleet_five_jobs.py
+
+# Decision latency of the five services against N concurrent synthetic jobs (docs/reliability.md).
+bench-load: $(STAMP)
+	$(BIN)/python benchmarks/load.py
 
 bench: $(STAMP)
 	$(BIN)/tailguard bench

@@ -1,0 +1,195 @@
+"""Decision latency of the five services against the number of concurrent jobs (make bench-load).
+
+The services run as `tailguard services up` runs them, on an embedded broker of their own. N
+simulated agents publish the event stream of a synthetic job of 1,000 tasks each (the job of
+benchmarks/policy_throughput.py: four vertices in waves over 50 hosts with 2 slots, 3 of them 4x
+slow, so the detector finds stragglers and the speculator and blocklist answer), paced in wall
+time: one simulated second (one Tick) every `1/--speedup` s, the jobs' starts spread over one
+second. Each job's stream is the recorded one under its own job id.
+
+Decision latency is event in -> command out: from the moment the simulated agent handed the
+causing event to its producer to the moment the command (or finding) reached this harness's
+consumer, following `caused_by` (a command caused by a finding is charged from the finding's
+causing event). Reported per N: records published, outputs seen, latency p50, p99 and max, the
+services' busiest lag, and where the p99 target (100 ms) breaks.
+
+    make bench-load         # or: .venv/bin/python benchmarks/load.py --jobs 1,5,10,20,40
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from policy_throughput import Shape, SyntheticJob
+from tailguard.codec import codec_for
+from tailguard.log.broker import EmbeddedBroker
+from tailguard.log.consumer import RecordConsumer
+from tailguard.log.producer import RecordProducer
+from tailguard.model import records as r
+from tailguard.model.config import Settings
+from tailguard.model.ids import event_id
+from tailguard.shell import supervisor
+
+TARGET_P99_MS = 100.0
+
+
+def recorded_job(tasks: int, seed: int) -> list[r.Event]:
+    job = SyntheticJob(Shape(tasks, hosts=50, slow_hosts=3, slots=2, seed=seed), Settings(), False)
+    job.run()
+    return job.recorded
+
+
+def as_job(events: list[r.Event], job: str) -> list[r.Event]:
+    return [
+        dataclasses.replace(e, job_id=job, id=event_id(job, i)) for i, e in enumerate(events, 1)
+    ]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Outputs(threading.Thread):
+    """Reads findings and commands; charges each to the send time of its first causing event."""
+
+    def __init__(self, settings: Settings, jobs: set[str], sent: dict[str, float]) -> None:
+        super().__init__(daemon=True)
+        self.consumer = RecordConsumer(
+            settings,
+            codec_for(settings),
+            [r.FINDINGS_TOPIC, r.COMMANDS_TOPIC],
+            group_id=f"bench-load-{os.getpid()}-{time.time_ns()}",
+        )
+        self.jobs = jobs
+        self.sent = sent
+        self.latencies_ms: list[float] = []
+        self.outputs = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for item in self.consumer.poll(0.05):
+                now = time.monotonic()
+                record = item.record
+                if record.job_id not in self.jobs:
+                    continue
+                self.outputs += 1
+                causes = [self.sent[c] for c in getattr(record, "caused_by", ()) if c in self.sent]
+                if causes:
+                    self.latencies_ms.append((now - min(causes)) * 1000)
+                    self.sent.setdefault(record.id, min(causes))
+        self.consumer.close()
+
+
+def run_load(
+    settings: Settings, template: list[r.Event], jobs: int, speedup: float, tag: str
+) -> dict[str, float]:
+    names = [f"load-{tag}-{jobs}-{j}" for j in range(jobs)]
+    sent: dict[str, float] = {}
+    outputs = Outputs(settings, set(names), sent)
+    outputs.start()
+    producer = RecordProducer(settings, codec_for(settings))
+    t0 = template[0].ts
+    begin = time.monotonic() + 1.0
+    # (due, job index, position): one merged schedule for every simulated agent.
+    schedule = [
+        (begin + j / jobs + (e.ts - t0) / 1000 / speedup, j, i)
+        for j in range(jobs)
+        for i, e in enumerate(template)
+    ]
+    heapq.heapify(schedule)
+    streams = [as_job(template, name) for name in names]
+    late = 0.0
+    while schedule:
+        due, j, i = heapq.heappop(schedule)
+        wait = due - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)  # pacing the simulated agents' clock, not synchronisation
+        else:
+            late = max(late, -wait)
+        event = streams[j][i]
+        sent[event.id] = time.monotonic()
+        producer.send(event)
+    producer.flush(30)
+    # The last decisions: until no output arrived for 3 s.
+    seen = -1
+    while seen != outputs.outputs:
+        seen = outputs.outputs
+        time.sleep(3.0)
+    outputs.stop.set()
+    outputs.join()
+    producer.close()
+    lat = outputs.latencies_ms
+    return {
+        "jobs": jobs,
+        "events": len(template) * jobs,
+        "outputs": outputs.outputs,
+        "measured": len(lat),
+        "p50": statistics.median(lat) if lat else float("nan"),
+        "p99": percentile(lat, 0.99) if lat else float("nan"),
+        "max": max(lat) if lat else float("nan"),
+        "publisher_late_ms": late * 1000,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", default="1,5,10,20,40", help="comma-separated N values")
+    parser.add_argument("--tasks", type=int, default=1_000)
+    parser.add_argument("--speedup", type=float, default=10.0, help="simulated s per wall s")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    counts = [int(n) for n in args.jobs.split(",") if n.strip()]
+    if not counts or min(counts) < 1:
+        parser.error(f"--jobs needs positive job counts, not {args.jobs!r}")
+    template = recorded_job(args.tasks, args.seed)
+    span_s = (template[-1].ts - template[0].ts) / 1000 / args.speedup
+    print(
+        f"bench-load: jobs of {args.tasks:,} tasks, {len(template):,} events each over "
+        f"{span_s:.0f} s wall (speedup {args.speedup:g}); load {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"reproduce: {sys.executable} benchmarks/load.py --jobs {args.jobs} "
+        f"--tasks {args.tasks} --speedup {args.speedup:g} --seed {args.seed}",
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="tailguard-load-") as tmp:
+        work = Path(tmp)
+        broker = EmbeddedBroker(work)
+        broker.start()
+        try:
+            supervisor.start(work, report=lambda _: None)
+            settings = Settings({"tailguard.work-dir": str(work)})
+            print(
+                f"{'jobs':>5} {'events':>8} {'outputs':>8} {'p50 ms':>8} {'p99 ms':>8} "
+                f"{'max ms':>8} {'late ms':>8}  load"
+            )
+            for n in counts:
+                row = run_load(settings, template, n, args.speedup, str(os.getpid()))
+                verdict = "" if row["p99"] <= TARGET_P99_MS else "  <- p99 over 100 ms"
+                print(
+                    f"{n:>5} {row['events']:>8,.0f} {row['outputs']:>8,.0f} {row['p50']:>8.1f} "
+                    f"{row['p99']:>8.1f} {row['max']:>8.1f} {row['publisher_late_ms']:>8.0f}  "
+                    f"{os.getloadavg()[0]:.1f}{verdict}",
+                    flush=True,
+                )
+        finally:
+            supervisor.stop(work, report=lambda _: None)
+            broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
