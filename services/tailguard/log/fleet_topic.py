@@ -187,7 +187,9 @@ def _checked(msg: Message, verifier: Any) -> FleetBlock | None:
 def publish(settings: Mapping[str, str], entry: FleetBlock, signer: str) -> None:
     """Put one change of the list on the topic, signed as `signer`, and wait for delivery."""
     key, value = encode(entry)
-    headers = signer_for(settings, signer).headers(BLOCKLIST_TOPIC, value or b"")
+    headers: list[tuple[str, str | bytes | None]] = list(
+        signer_for(settings, signer).headers(BLOCKLIST_TOPIC, value or b"")
+    )
     producer = Producer(producer_config(settings))
     errors: list[str] = []
     producer.produce(
