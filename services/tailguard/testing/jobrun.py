@@ -228,6 +228,7 @@ def run_job(
     options: RunOptions | None = None,
     ship_code: bool = True,
     job_id: str | None = None,
+    storage: str | None = None,
 ) -> JobRun:
     """Run `job` on `spark` and return its `JobRun`, whatever the job's outcome.
 
@@ -239,6 +240,8 @@ def run_job(
     - `options`: `RunOptions` hooks (`on_event`, `on_start`, `fail_attempts`).
     - `ship_code`: send the user's own modules behind the operators by value (see
       `modules_to_ship`); switch off to see what executors without that code would do.
+    - `storage`: where result partitions live (a path or a URI such as `s3://bucket/x`;
+      default `<work_dir>/work/storage`).
     """
     from tailguard.agent.entry import run
 
@@ -255,5 +258,6 @@ def run_job(
         progress=False,
         options=options,
         job_id=job_id,
+        storage=storage,
     )
     return JobRun(job, result, run_with, directory)
