@@ -6,13 +6,14 @@ STAMP  := $(VENV)/.installed
 VENV35  := .venv-spark35
 STAMP35 := $(VENV35)/.installed
 
-.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe bench-load clean
+.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe bench-load chaos clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
 	@echo "make test   lint, type-check, the whole test suite, and the Spark tests again on PySpark 3.5"
 	@echo "make test-spark35   every Spark integration and e2e test, in $(VENV35) (PySpark 3.5; make test runs a core subset)"
 	@echo "make test-packaging a fresh venv: '.[services]' pulls no pyspark and its services come up"
+	@echo "make chaos  the fault-injection suite: kills, garbage, lost partitions, storage down (minutes; not in make test)"
 	@echo "make test-multihost the multi-host test (network namespaces, root; minutes, not in make test)"
 	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim, bench-memory)"
 
@@ -68,6 +69,12 @@ test-packaging: $(STAMP)
 # run packs the environment (~3.5 min), later runs reuse it from work/multihost/env (~1.5 min).
 test-multihost: $(STAMP)
 	TAILGUARD_MULTIHOST=1 $(BIN)/python -m pytest -q tests/integration/test_multihost.py
+
+# Fault injection on the 3-worker cluster with the services (issue 14; docs/reliability.md): each
+# case kills or breaks one thing mid-job and records the outcome, exact output, replay
+# differences, commands applied twice and time to recover in build/chaos/report.json.
+chaos: $(STAMP)
+	$(BIN)/python -m pytest -q -m chaos tests/chaos
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

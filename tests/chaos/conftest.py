@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from tests.chaos.toolkit import CaseResult
 
 REPORT = Path("build/chaos/report.json")
@@ -38,14 +37,33 @@ def _cell(value: Any) -> str:
 
 def table(results: list[CaseResult]) -> str:
     """The Markdown table of the cases (the one docs/reliability.md shows)."""
-    head = ["case", "job", "exact output", "replay differences", "applied twice", "faults",
-            "recover (s)", "job (s)", "targets", "note"]  # fmt: skip
+    head = [
+        "case",
+        "job",
+        "exact output",
+        "replay differences",
+        "applied twice",
+        "faults",
+        "recover (s)",
+        "job (s)",
+        "targets",
+        "note",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for result in results:
         missed = result.missed()
-        cells = [result.case, result.outcome, result.exact, result.replay_differences,
-                 result.applied_twice, result.faults, result.recover_s, result.job_s,
-                 "met" if not missed else "missed: " + ", ".join(missed), result.note]  # fmt: skip
+        cells = [
+            result.case,
+            result.outcome,
+            result.exact,
+            result.replay_differences,
+            result.applied_twice,
+            result.faults,
+            result.recover_s,
+            result.job_s,
+            "met" if not missed else "missed: " + ", ".join(missed),
+            result.note,
+        ]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.chaos.toolkit import HEAD, Fault
+
 from tailguard.agent.executor.partitions import partition_dir
 from tailguard.cluster import procs
 from tailguard.codec import codec_for
@@ -25,8 +27,6 @@ from tailguard.model import records as r
 from tailguard.model.authority import UNAUTHENTICATED_COMMANDS_TOPIC
 from tailguard.model.ids import derived_id
 from tailguard.testing import Broker, Services
-
-from tests.chaos.toolkit import HEAD, Fault
 
 # The prefix of every record id a forging case makes up: replay flags such records as
 # unattributed (no service emits them), which is right, and the case counts them apart.
@@ -112,10 +112,11 @@ class BrokerKill(Fault):
         self.recoveries.append(time.monotonic() - began)
         same = bootstrap == self.broker.bootstrap
         self.notes.append(
-            "restarted on the same address" if same else
-            f"restarted on a new address ({self.broker.bootstrap} -> {bootstrap}): clients "
+            "restarted on the same address"
+            if same
+            else f"restarted on a new address ({self.broker.bootstrap} -> {bootstrap}): clients "
             "configured with the old one cannot reach it"
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + self.wait_healthy_s
         unhealthy = set(self.services.names)
         while unhealthy and time.monotonic() < deadline:
@@ -166,8 +167,9 @@ class HostProcessKill(Fault):
         procs.signal_all(victims, signal.SIGKILL)
         self.injected = 1
         self.victim = (attempt.vertex, attempt.subtask, attempt.host)
-        self.notes.append(f"killed the {self.what} of {attempt.host} under "
-                          f"{attempt.vertex}#{attempt.subtask}")  # fmt: skip
+        self.notes.append(
+            f"killed the {self.what} of {attempt.host} under {attempt.vertex}#{attempt.subtask}"
+        )
         self.recovered_when(finished(attempt.vertex, attempt.subtask), began)
 
 
@@ -203,9 +205,11 @@ class PartitionDamage(Fault):
         self.injected = 1
 
         def reproduced(later: r.Event) -> bool:
-            return finished(ref.vertex, ref.subtask)(later) and isinstance(
-                later, r.AttemptFinished
-            ) and later.attempt != ref.attempt
+            return (
+                finished(ref.vertex, ref.subtask)(later)
+                and isinstance(later, r.AttemptFinished)
+                and later.attempt != ref.attempt
+            )
 
         self.recovered_when(reproduced, time.monotonic())
 
@@ -220,8 +224,12 @@ def every_topic(settings: dict[str, str]) -> list[str]:
 
     from tailguard.model.fleet import BLOCKLIST_TOPIC
 
-    defined = [*r.TOPICS, *(dlq_topic(t) for t in r.TOPICS), UNAUTHENTICATED_COMMANDS_TOPIC,
-               BLOCKLIST_TOPIC]  # fmt: skip
+    defined = [
+        *r.TOPICS,
+        *(dlq_topic(t) for t in r.TOPICS),
+        UNAUTHENTICATED_COMMANDS_TOPIC,
+        BLOCKLIST_TOPIC,
+    ]
     admin = AdminClient({"bootstrap.servers": settings["bootstrap.servers"]})
     present = admin.list_topics(timeout=10).topics
     return sorted(set(defined) | {t for t in present if not t.startswith("__")})
@@ -244,34 +252,83 @@ def invalid_records(job_id: str, ts: int, hosts: list[str]) -> list[r.Record]:
 
     ghost = "chaos-no-such-job"
     return [
-        r.AttemptFinished(vertex="no-such-vertex", subtask=0, attempt=0, host=hosts[0],
-                          input_bytes=1, records=1, bytes_per_subpartition=(1,), checksums=("x",),
-                          **fields("finished-unknown-vertex")),
-        r.AttemptFinished(vertex=HEAD, subtask=999, attempt=7, host="10.9.9.9",
-                          input_bytes=-5, records=-1, bytes_per_subpartition=(), checksums=(),
-                          **fields("finished-unknown-subtask")),
-        r.AttemptFailed(vertex=HEAD, subtask=998, attempt=0, host="10.9.9.9",
-                        error=r.ErrorKind.NODE_LOST, message="forged",
-                        **fields("failed-unknown-subtask")),
+        r.AttemptFinished(
+            vertex="no-such-vertex",
+            subtask=0,
+            attempt=0,
+            host=hosts[0],
+            input_bytes=1,
+            records=1,
+            bytes_per_subpartition=(1,),
+            checksums=("x",),
+            **fields("finished-unknown-vertex"),
+        ),
+        r.AttemptFinished(
+            vertex=HEAD,
+            subtask=999,
+            attempt=7,
+            host="10.9.9.9",
+            input_bytes=-5,
+            records=-1,
+            bytes_per_subpartition=(),
+            checksums=(),
+            **fields("finished-unknown-subtask"),
+        ),
+        r.AttemptFailed(
+            vertex=HEAD,
+            subtask=998,
+            attempt=0,
+            host="10.9.9.9",
+            error=r.ErrorKind.NODE_LOST,
+            message="forged",
+            **fields("failed-unknown-subtask"),
+        ),
         r.NodeAdded(host="10.9.9.9", slots=-3, **fields("node-negative-slots")),
-        r.SlowTasksDetected(vertex="no-such-vertex", speculation_safe=True, baseline_ms=-1,
-                            baseline_ns_per_byte=None, hosts=("10.9.9.9",),
-                            slow=(r.SlowSubtask(subtask=42, latest_attempt=9, live_attempts=(
-                                r.SlowAttempt(attempt=9, host="10.9.9.9",
-                                              execution_time_ms=-1),)),),
-                            **fields("finding-unknown-vertex")),
-        r.SlowTasksDetected(vertex=HEAD, speculation_safe=True, baseline_ms=1, hosts=(),
-                            baseline_ns_per_byte=None, slow=(), **fields("finding-ghost", ghost)),
-        r.SetParallelism(vertex="no-such-vertex", parallelism=0, subtask_inputs=(),
-                         **fields("set-unknown-vertex")),
+        r.SlowTasksDetected(
+            vertex="no-such-vertex",
+            speculation_safe=True,
+            baseline_ms=-1,
+            baseline_ns_per_byte=None,
+            hosts=("10.9.9.9",),
+            slow=(
+                r.SlowSubtask(
+                    subtask=42,
+                    latest_attempt=9,
+                    live_attempts=(
+                        r.SlowAttempt(attempt=9, host="10.9.9.9", execution_time_ms=-1),
+                    ),
+                ),
+            ),
+            **fields("finding-unknown-vertex"),
+        ),
+        r.SlowTasksDetected(
+            vertex=HEAD,
+            speculation_safe=True,
+            baseline_ms=1,
+            hosts=(),
+            baseline_ns_per_byte=None,
+            slow=(),
+            **fields("finding-ghost", ghost),
+        ),
+        r.SetParallelism(
+            vertex="no-such-vertex",
+            parallelism=0,
+            subtask_inputs=(),
+            **fields("set-unknown-vertex"),
+        ),
         r.LaunchSpeculativeAttempts(vertex=HEAD, subtask=999, count=0, **fields("spec-bad")),
         r.BlockNodes(hosts=("10.9.9.9",), until_ts=ts - 1, **fields("block-unknown-host")),
         r.UnblockNodes(hosts=("10.9.9.8",), **fields("unblock-unknown-host")),
-        r.RestartTasks(tasks=(r.TaskRef("no-such-vertex", 3),), reason="forged", not_before_ts=0,
-                       **fields("restart-unknown-vertex")),
-        r.SetParallelism(vertex=HEAD, parallelism=1, subtask_inputs=(),
-                         **fields("set-ghost", ghost)),
-    ]  # fmt: skip
+        r.RestartTasks(
+            tasks=(r.TaskRef("no-such-vertex", 3),),
+            reason="forged",
+            not_before_ts=0,
+            **fields("restart-unknown-vertex"),
+        ),
+        r.SetParallelism(
+            vertex=HEAD, parallelism=1, subtask_inputs=(), **fields("set-ghost", ghost)
+        ),
+    ]
 
 
 class ForgedRecords(Fault):
@@ -307,8 +364,9 @@ class ForgedRecords(Fault):
             if self.topics is None or type(record).TOPIC in self.topics:
                 producer.send(record)
         producer.flush(10.0)
-        self.notes.append(f"undecodable bytes on {len(topics)} topics, "
-                          f"{len(self.forged)} invalid records")  # fmt: skip
+        self.notes.append(
+            f"undecodable bytes on {len(topics)} topics, {len(self.forged)} invalid records"
+        )
 
     def is_forged(self, record: r.Record) -> bool:
         return record.id.startswith(FORGED) or record.id in {x.id for x in self.forged}

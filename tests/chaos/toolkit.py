@@ -196,7 +196,9 @@ def run_case(
     result.replay_differences = replay_differences(run, replay_ignores, fault.notes)
     result.applied_twice = applied_twice(run)
     if errors:
-        fault.notes.append("fault errors: " + " | ".join(e.strip().splitlines()[-1] for e in errors))
+        fault.notes.append(
+            "fault errors: " + " | ".join(e.strip().splitlines()[-1] for e in errors)
+        )
     result.note = "; ".join(fault.notes)[:500]
     return run
 
