@@ -23,6 +23,7 @@ from tailguard.shell.snapshot import (
     Snapshot,
     SnapshotError,
     SnapshotStore,
+    carried_over,
 )
 
 DEMO = Path(__file__).parent / "recorded" / "demo-speculation.avro"
@@ -160,3 +161,23 @@ def test_periodic_snapshots_wait_for_the_answer(tmp_path: Path) -> None:
     snapshots.close()  # answered: the stop takes one
     assert len(taken) == 3
     assert store.read("decider", r.EVENTS_TOPIC) is not None
+
+
+def test_state_carried_over_to_a_new_log_stays_before_it() -> None:
+    definition = load_definition("decider")
+    inputs = three_jobs(r.EVENTS_TOPIC)
+    old = Processor(definition, SETTINGS, CODEC)
+    cut = len(inputs) // 2
+    list(outputs(old, inputs[:cut], 0))
+    moved = carried_over(old.snapshot())
+    assert moved.positions == {}
+    assert [x.offset for x in moved.records] == list(range(-len(moved.records), 0))
+    assert [x.value for x in moved.records] == [x.value for x in sorted(old.snapshot().records)]
+    # The rest of the input arrives on the new log from offset 0: decided as one history.
+    new = Processor(definition, SETTINGS, CODEC)
+    new.restore(moved)
+    whole = Processor(definition, SETTINGS, CODEC)
+    list(outputs(whole, inputs[:cut], 0))
+    expected = list(outputs(whole, inputs, cut))
+    rest = [o for i, raw in enumerate(inputs[cut:]) for o in new.process(raw, 0, i)]
+    assert [(o.topic, o.value) for o in rest] == expected
