@@ -84,6 +84,10 @@ FIELD_DOCS: dict[str, str] = {
     "parallelism": "Number of subtasks.",
     "VertexSpec.parallelism": "Fixed parallelism chosen by the user; null lets the decider choose.",
     "max_parallelism": "Upper bound of the parallelism; null: the job's default applies.",
+    "min_parallelism": (
+        "Lower bound of the parallelism the decider chooses; null: the job's min-parallelism "
+        "applies."
+    ),
     "speculation_safe": "Whether concurrent attempts of one subtask are allowed.",
     "split_bytes": "Sources only: size in bytes of each split, in deterministic split order.",
     "operators": (

@@ -114,7 +114,9 @@ def attempt(state: ExecutionState, vertex: str, index: int, host: str) -> Attemp
 def job() -> FakeJob:
     state = ExecutionState(chain(the_job()), 8)
     for name in ("src", "u→out_u", "p1", "p2→out_p"):
-        inputs = plans.static_subtask_inputs(state, name, SPLITS.get(name, [Split("x", 0, 1)]))
+        inputs = plans.static_subtask_inputs(
+            state, name, SPLITS.get(name, [Split("x", 0, 1)]), wait_for_decider=False
+        )
         assert inputs is not None
         parallelism = state.vertices[name].definition.parallelism
         assert parallelism is not None

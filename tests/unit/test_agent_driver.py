@@ -36,6 +36,9 @@ P = "sales→score→partial"  # the producer chain
 F = "final→out"  # the consumer chain
 FAST_RESTART = {"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": "0"}
 SMALL = {"execution.batch.adaptive.auto-parallelism.max-parallelism": "12"}
+# For tests with the services on but no decider running: a fixed vertex waits for the decider's
+# byte-balanced ranges (plans.static_subtask_inputs), so the local decision applies at once.
+NO_DECIDER = {**SMALL, "decider.timeout": "0 ms"}
 
 
 def score(t: pa.Table) -> pa.Table:
@@ -143,7 +146,7 @@ def test_a_consumer_waits_while_its_input_is_re_produced_and_the_job_finishes(
     final#0 while other final subtasks are queued for slots. No final subtask may be deployed
     until partial#0 is produced again, and the job ends with the exact output."""
     runtime = FakeRuntime.hosts(h1=1, h2=1, h3=1)
-    settings = {**SMALL, "slow-task-detector.check-interval": "20 ms"}
+    settings = {**NO_DECIDER, "slow-task-detector.check-interval": "20 ms"}
     h = Harness(
         sales_job(tmp_path),
         runtime,
@@ -195,7 +198,11 @@ def test_a_restarted_producer_is_deployed_at_once_behind_stale_consumer_requests
 ) -> None:
     runtime = FakeRuntime.hosts(h1=1)
     h = Harness(
-        sales_job(tmp_path), runtime, Storage(str(tmp_path / "st")), settings=SMALL, services=True
+        sales_job(tmp_path),
+        runtime,
+        Storage(str(tmp_path / "st")),
+        settings=NO_DECIDER,
+        services=True,
     )
     h.start()
     try:
@@ -352,7 +359,7 @@ def test_a_cancelled_attempts_slot_goes_to_the_next_queued_task(tmp_path: Path) 
     b = src.partition_by("region").map(lambda t: t, name="b", parallelism=3)
     b.write_parquet(str(tmp_path / "out"), name="out", parallelism=3)
     runtime = FakeRuntime.hosts(h1=1, h2=1)
-    h = Harness(job, runtime, Storage(str(tmp_path / "st")), services=True, settings=SMALL)
+    h = Harness(job, runtime, Storage(str(tmp_path / "st")), services=True, settings=NO_DECIDER)
     h.start()
     try:
         assert runtime.keys() == [("src", 0, 0)] and runtime.of(("src", 0, 0)).slot == "h1/s0"

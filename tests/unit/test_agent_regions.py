@@ -59,7 +59,7 @@ def initialise(state: ExecutionState) -> None:
     """Initialise every vertex as the driver does for fixed parallelisms."""
     for name in state.vertices:
         splits = SPLITS if name == "src" else None
-        inputs = plans.static_subtask_inputs(state, name, splits)
+        inputs = plans.static_subtask_inputs(state, name, splits, wait_for_decider=False)
         assert inputs is not None, name
         parallelism = state.vertices[name].definition.parallelism
         assert parallelism is not None
@@ -115,9 +115,14 @@ def test_pipelined_groups_are_the_connected_vertices() -> None:
 
 def test_forward_pipelined_edge_pairs_subtasks_once_both_are_initialised() -> None:
     state = execution_state(pipelined_job())
-    state.initialize("src", 2, plans.static_subtask_inputs(state, "src", SPLITS) or (), "fixed")
+    state.initialize(
+        "src",
+        2,
+        plans.static_subtask_inputs(state, "src", SPLITS, wait_for_decider=False) or (),
+        "fixed",
+    )
     assert state.regions == {}  # mid is not initialised yet: no region known
-    initialise_rest = plans.static_subtask_inputs(state, "mid", None)
+    initialise_rest = plans.static_subtask_inputs(state, "mid", None, wait_for_decider=False)
     assert initialise_rest is not None
     state.initialize("mid", 2, initialise_rest, "fixed")
     assert state.region_of("src", 0) == (("src", 0), ("mid", 0))

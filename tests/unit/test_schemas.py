@@ -156,6 +156,7 @@ RELEASED_DIGESTS = {
     "v1": "57936d85fcda9b78",
     "v2": "a5c757f91357308a",
     "v3": "5d07312017e2afc8",
+    "v4": "e9b1ce82f62795e8",
 }
 
 
@@ -186,6 +187,22 @@ def test_v3_added_non_recoverable_to_attempt_failed() -> None:
     assert added == [
         {"name": "non_recoverable", "doc": added[0]["doc"], "type": "boolean", "default": False}
     ]
+
+
+def test_v4_added_min_parallelism_to_vertex_spec() -> None:
+    v3, v4 = released_schemas()["v3"], released_schemas()["v4"]
+    assert set(v4) == set(v3)
+    changed = {name for name in v4 if v4[name].fingerprint != v3[name].fingerprint}
+    assert changed == {"JobSubmitted"}
+    graph = next(f for f in v4["JobSubmitted"].raw["fields"] if f["name"] == "graph")["type"]
+    vertices = next(f for f in graph["fields"] if f["name"] == "vertices")["type"]
+    added = vertices["items"]["fields"][-1]
+    assert added == {
+        "name": "min_parallelism",
+        "doc": added["doc"],
+        "type": ["null", "long"],
+        "default": None,
+    }
 
 
 def _crc64_avro(data: bytes) -> bytes:

@@ -88,6 +88,8 @@ class VertexSpec:
     # The user's operators this vertex runs as one chain, head first (Flink's operator
     # chaining); empty in records written before chaining, where the vertex is one operator.
     operators: tuple[str, ...] = ()
+    # None: the job's min-parallelism applies (Flink 2.1's per-vertex `vertexMinParallelism`).
+    min_parallelism: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,10 +144,17 @@ def _guard_set_parallelism(c: r.SetParallelism, view: JobView) -> str | None:
     for producer in expected - {SPLITS_INPUT}:
         if not state.vertices[producer].initialized:
             return f"input {producer!r} is not initialised yet"
+    pointwise = {
+        i.producer for i in vertex.definition.inputs if i.distribution is r.Distribution.POINTWISE
+    }
     for s in c.subtask_inputs:
         names = [i.input for i in s.inputs]
-        if sorted(names) != sorted(expected):
-            return f"subtask {s.subtask}: inputs {sorted(names)} != {sorted(expected)}"
+        if sorted(set(names)) != sorted(expected):
+            return f"subtask {s.subtask}: inputs {sorted(set(names))} != {sorted(expected)}"
+        # A POINTWISE input may be read as a run of several ranges; any other as one.
+        repeated = sorted({n for n in names if names.count(n) > 1} - pointwise)
+        if repeated:
+            return f"subtask {s.subtask}: several ranges of non-POINTWISE input(s) {repeated}"
         for rng in s.inputs:
             problem = _range_problem(view, c.vertex, rng)
             if problem:

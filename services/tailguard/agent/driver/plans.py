@@ -16,17 +16,29 @@ from tailguard.agent.executor.sources import Split
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.chaining import ChainDef
 from tailguard.decider.policy import static_subtask_inputs as _static_inputs
+from tailguard.decider.policy.assign import InputInfo
+from tailguard.decider.policy.decider import waits_for_decider
+from tailguard.decider.policy.flink import flink_data_bound
 from tailguard.model.config import ConfigError, Settings
-from tailguard.model.records import SPLITS_INPUT, PartitionRef, SubtaskInputs
+from tailguard.model.records import SPLITS_INPUT, InputRange, PartitionRef, SubtaskInputs
 
 
 def static_subtask_inputs(
-    state: ExecutionState, name: str, splits: list[Split] | None
+    state: ExecutionState,
+    name: str,
+    splits: list[Split] | None,
+    wait_for_decider: bool = True,
 ) -> tuple[SubtaskInputs, ...] | None:
-    """Ranges for a vertex with a fixed parallelism, or None while an input is not initialised.
+    """Ranges for a vertex with a fixed parallelism, or None while an input is not initialised
+    or while the vertex waits for the decider's byte-balanced ranges.
 
     Uses the decider's own range rules, so a fixed vertex reads its inputs exactly as an
-    adaptive one would at the same parallelism.
+    adaptive one would at the same parallelism. A fixed vertex whose edges are all blocking
+    waits for the decider's byte-balanced ranges (`SetParallelism`, from the service or the
+    local fallback, once its inputs have finished: `waits_for_decider`), unless its inputs
+    cannot feed that many subtasks at all: then the count-based ranges here name the problem at
+    once, rather than the job waiting for a decision the decider declines (`fixed_beyond_data`).
+    `wait_for_decider=False` gives the count-based ranges regardless (tools and tests).
     """
     vertex = state.vertices[name]
     parallelism = vertex.definition.parallelism
@@ -38,6 +50,14 @@ def static_subtask_inputs(
             return None
         assert producer.parallelism is not None
         producers[i.producer] = (producer.parallelism, producer.subpartitions)
+    if wait_for_decider and _waits(state, vertex.definition):
+        infos = [
+            InputInfo(i.producer, i.distribution, *producers[i.producer])
+            for i in vertex.definition.inputs
+        ]
+        bound = flink_data_bound(infos)
+        if bound is None or parallelism <= bound:
+            return None
     split_bytes = tuple(s.bytes for s in splits) if splits is not None else None
     return _static_inputs(
         parallelism=parallelism,
@@ -45,6 +65,14 @@ def static_subtask_inputs(
         producers=producers,
         split_bytes=split_bytes,
     )
+
+
+def _waits(state: ExecutionState, definition: ChainDef) -> bool:
+    outputs = [
+        state.job.vertices[consumer].inputs[index].exchange
+        for consumer, index in state.consumers[definition.name]
+    ]
+    return waits_for_decider([i.exchange for i in definition.inputs], outputs)
 
 
 BATCH_SIZE_KEY = "python.fn-execution.arrow.batch.size"
@@ -81,29 +109,34 @@ def task_spec(
         if rng.input == SPLITS_INPUT:
             chosen_splits += tuple(splits[rng.partition_start : rng.partition_end + 1])
             continue
-    by_producer = {rng.input: rng for rng in subtask.inputs if rng.input != SPLITS_INPUT}
+    # A producer's ranges in the order given: one, or a POINTWISE run of up to three.
+    by_producer: dict[str, list[InputRange]] = {}
+    for rng in subtask.inputs:
+        if rng.input != SPLITS_INPUT:
+            by_producer.setdefault(rng.input, []).append(rng)
     for i in definition.inputs:
-        rng = by_producer[i.producer]
+        first, *more = by_producer[i.producer]
         producer = state.vertices[i.producer]
         attempts: dict[int, int] = {}
         checksums: dict[tuple[int, int], str] = {}
         pipelined = False
-        for p in range(rng.partition_start, rng.partition_end + 1):
-            if ExecutionVertexId(i.producer, p) in together:
-                attempts[p] = together[ExecutionVertexId(i.producer, p)]
-                pipelined = True
-                continue
-            winner = producer.subtasks[p].winner
-            if winner is None or winner.outcome is None or not producer.subtasks[p].available:
-                # The scheduler deploys only tasks whose inputs are available; reaching this
-                # is a driver bug, which fails the job cleanly rather than the attempt.
-                raise RuntimeError(
-                    f"{subtask.vertex}#{subtask.index}: input {i.producer}#{p} is not available"
-                )
-            attempts[p] = winner.number
-            for sp in range(rng.subpartition_start, rng.subpartition_end + 1):
-                checksums[(p, sp)] = winner.outcome.checksums[sp]
-        inputs.append(InputPlan(rng, i.distribution, attempts, checksums, pipelined))
+        for rng in (first, *more):
+            for p in range(rng.partition_start, rng.partition_end + 1):
+                if ExecutionVertexId(i.producer, p) in together:
+                    attempts[p] = together[ExecutionVertexId(i.producer, p)]
+                    pipelined = True
+                    continue
+                winner = producer.subtasks[p].winner
+                if winner is None or winner.outcome is None or not producer.subtasks[p].available:
+                    # The scheduler deploys only tasks whose inputs are available; reaching this
+                    # is a driver bug, which fails the job cleanly rather than the attempt.
+                    raise RuntimeError(
+                        f"{subtask.vertex}#{subtask.index}: input {i.producer}#{p} is not available"
+                    )
+                attempts[p] = winner.number
+                for sp in range(rng.subpartition_start, rng.subpartition_end + 1):
+                    checksums[(p, sp)] = winner.outcome.checksums[sp]
+        inputs.append(InputPlan(first, i.distribution, attempts, checksums, pipelined, tuple(more)))
     output = None
     if definition.sink is None:
         distribution, keys = state.output_distribution(definition.name)

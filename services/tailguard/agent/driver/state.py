@@ -19,6 +19,7 @@ from tailguard.agent.driver.slots import (
 from tailguard.agent.executor.attempt import AttemptKey, AttemptOutcome
 from tailguard.agent.graph.api import pipelined_groups
 from tailguard.agent.graph.chaining import ChainDef, ChainedJob
+from tailguard.decider.policy.flink import pointwise_subpartitions
 from tailguard.model.records import (
     SPLITS_INPUT,
     Distribution,
@@ -130,12 +131,18 @@ class ExecutionState:
 
     def _subpartitions_of(self, producer: str) -> int:
         """ALL_TO_ALL consumers read ranges of max-parallelism subpartitions (FLIP-187);
-        FORWARD, POINTWISE and BROADCAST consumers read whole partitions: one subpartition."""
+        POINTWISE consumers runs of (partition, subpartition) slices, enough of them to reach
+        their parallelism (`pointwise_subpartitions`, known once the producer's parallelism
+        is); FORWARD and BROADCAST consumers read whole partitions: one subpartition."""
         counts = {1}
+        producers = self.vertices[producer].parallelism
         for consumer, index in self.consumers[producer]:
             distribution = self.job.vertices[consumer].inputs[index].distribution
             if distribution is Distribution.ALL_TO_ALL:
                 counts.add(self.max_parallelism(consumer))
+            elif distribution is Distribution.POINTWISE and producers is not None:
+                reach = self.job.vertices[consumer].parallelism or self.max_parallelism(consumer)
+                counts.add(pointwise_subpartitions(reach, producers))
         return max(counts)
 
     def output_distribution(self, producer: str) -> tuple[Distribution, tuple[str, ...]]:
@@ -152,6 +159,7 @@ class ExecutionState:
         by_index = {s.subtask: s.inputs for s in subtask_inputs}
         vertex.parallelism = parallelism
         vertex.decided_by = by
+        vertex.subpartitions = self._subpartitions_of(name)
         vertex.subtasks = [Subtask(name, k, by_index.get(k, ())) for k in range(parallelism)]
         for group in self.pipelined_groups:
             if name in group and all(self.vertices[v].initialized for v in group):

@@ -70,6 +70,13 @@ class InputPlan:
     # none yet: its checksums come from its completion marker
     checksums: dict[tuple[int, int], str]
     pipelined: bool = False
+    # Further ranges of the same input, read after `range` as one stream: a POINTWISE consumer
+    # reads a run of (partition, subpartition) slices, up to three ranges (decider/policy/flink.py).
+    more_ranges: tuple[InputRange, ...] = ()
+
+    @property
+    def ranges(self) -> tuple[InputRange, ...]:
+        return (self.range, *self.more_ranges)
 
 
 # How long a pipelined consumer waits for a producer deployed with it. A producer that fails or
@@ -153,20 +160,22 @@ def _awaited_checksums(
 ) -> dict[tuple[int, int], str]:
     """The plan's checksums completed from the markers of producers deployed with this attempt
     (waiting for each to finish writing)."""
-    rng = plan.range
     checksums = dict(plan.checksums)
 
     def abandon() -> str | None:
         # A producer that fails or is cancelled restarts the region, which cancels this attempt.
         return "this attempt was cancelled" if control.cancelled else None
 
-    for p in range(rng.partition_start, rng.partition_end + 1):
-        if (p, rng.subpartition_start) in checksums:
-            continue
-        producer = PartitionRef(rng.input, p, plan.attempts[p])
-        written = await_partition(spec.storage, spec.job_id, producer, PIPELINED_WAIT_S, abandon)
-        for sp in range(rng.subpartition_start, rng.subpartition_end + 1):
-            checksums[(p, sp)] = written.checksums[sp]
+    for rng in plan.ranges:
+        for p in range(rng.partition_start, rng.partition_end + 1):
+            if (p, rng.subpartition_start) in checksums:
+                continue
+            producer = PartitionRef(rng.input, p, plan.attempts[p])
+            written = await_partition(
+                spec.storage, spec.job_id, producer, PIPELINED_WAIT_S, abandon
+            )
+            for sp in range(rng.subpartition_start, rng.subpartition_end + 1):
+                checksums[(p, sp)] = written.checksums[sp]
     return checksums
 
 
@@ -190,17 +199,18 @@ def _input_stream(
     spec: TaskSpec, plan: InputPlan, control: AttemptControl
 ) -> Iterator[pa.RecordBatch]:
     checksums = _awaited_checksums(spec, plan, control) if plan.pipelined else plan.checksums
-    batches = subpartition_batches(
-        spec.storage,
-        spec.job_id,
-        plan.range.input,
-        plan.attempts,
-        (plan.range.partition_start, plan.range.partition_end),
-        (plan.range.subpartition_start, plan.range.subpartition_end),
-        checksums,
-        check=control.check,
-    )
-    yield from _counted(batches, control)
+    for rng in plan.ranges:
+        batches = subpartition_batches(
+            spec.storage,
+            spec.job_id,
+            rng.input,
+            plan.attempts,
+            (rng.partition_start, rng.partition_end),
+            (rng.subpartition_start, rng.subpartition_end),
+            checksums,
+            check=control.check,
+        )
+        yield from _counted(batches, control)
 
 
 def _failing_after_first(

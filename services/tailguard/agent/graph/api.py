@@ -84,6 +84,9 @@ class VertexDef:
     step: OperatorStep | None = None
     parallelism: int | None = None
     max_parallelism: int | None = None
+    # A lower bound for the decider (Flink 2.1's per-vertex min parallelism); None: the job's
+    # `execution.batch.adaptive.auto-parallelism.min-parallelism` applies.
+    min_parallelism: int | None = None
     speculation_safe: bool = True
     source: SourceDef | None = None
     sink: SinkDef | None = None
@@ -198,10 +201,9 @@ class Job:
             )
         if vertex.name in self.vertices:
             raise JobDefinitionError(f"duplicate vertex name {vertex.name!r}")
-        for option in ("parallelism", "max_parallelism"):
-            value = getattr(vertex, option)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise JobDefinitionError(f"{vertex.name}: {option} must be a positive integer")
+        for option in ("parallelism", "max_parallelism", "min_parallelism"):
+            _check_positive(vertex.name, option, getattr(vertex, option))
+        _check_bounds(vertex)
         self.vertices[vertex.name] = vertex
         return vertex
 
@@ -324,8 +326,27 @@ def _descendants(job: Graph) -> dict[str, set[str]]:
     return reach
 
 
+def _check_positive(vertex: str, option: str, value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise JobDefinitionError(f"{vertex}: {option} must be a positive integer, got {value!r}")
+
+
+def _check_bounds(vertex: VertexDef) -> None:
+    """min ≤ max, and a fixed parallelism within both: a contradiction in one vertex's own
+    options is the user's mistake, named here rather than resolved silently by the decider."""
+    low, high, fixed = vertex.min_parallelism, vertex.max_parallelism, vertex.parallelism
+    if low is not None and high is not None and low > high:
+        raise JobDefinitionError(
+            f"{vertex.name}: min_parallelism {low} is above max_parallelism {high}"
+        )
+    if fixed is not None and low is not None and fixed < low:
+        raise JobDefinitionError(
+            f"{vertex.name}: parallelism {fixed} is below its min_parallelism {low}"
+        )
+
+
 def _vertex_options(options: dict[str, Any]) -> dict[str, Any]:
-    allowed = {"parallelism", "max_parallelism", "speculation_safe"}
+    allowed = {"parallelism", "max_parallelism", "min_parallelism", "speculation_safe"}
     unknown = set(options) - allowed
     if unknown:
         raise JobDefinitionError(
@@ -562,6 +583,13 @@ class Dataset(_Operators):
         """Round-robin redistribution (ALL_TO_ALL) to even out sizes."""
         return Exchanged(self, Distribution.ALL_TO_ALL)
 
+    def rescale(self) -> Exchanged:
+        """Round-robin to a subset of the consumers (POINTWISE, Flink's `rescale`): each
+        consumer subtask reads a byte-balanced run of the producer's (partition, subpartition)
+        slices, so the consumer's parallelism is free of the producer's, with no all-to-all
+        exchange."""
+        return Exchanged(self, Distribution.POINTWISE)
+
     def broadcast(self) -> Exchanged:
         """Every consumer subtask reads all of it (the small side of a join)."""
         return Exchanged(self, Distribution.BROADCAST)
@@ -587,15 +615,28 @@ class Dataset(_Operators):
         return self.job.vertices[self.name]
 
     def with_parallelism(self, parallelism: int) -> Dataset:
-        if not isinstance(parallelism, int) or parallelism < 1:
-            raise JobDefinitionError(f"{self.name}: parallelism must be a positive integer")
-        self._vertex().parallelism = parallelism
-        return self
+        return self._bound("parallelism", parallelism)
 
     def with_max_parallelism(self, max_parallelism: int) -> Dataset:
-        if not isinstance(max_parallelism, int) or max_parallelism < 1:
-            raise JobDefinitionError(f"{self.name}: max_parallelism must be a positive integer")
-        self._vertex().max_parallelism = max_parallelism
+        return self._bound("max_parallelism", max_parallelism)
+
+    def with_min_parallelism(self, min_parallelism: int) -> Dataset:
+        """The decider gives this vertex at least `min_parallelism` subtasks, as far as its
+        inputs can feed them (Flink 2.1's per-vertex min parallelism)."""
+        return self._bound("min_parallelism", min_parallelism)
+
+    def _bound(
+        self, option: Literal["parallelism", "max_parallelism", "min_parallelism"], value: int
+    ) -> Dataset:
+        vertex = self._vertex()
+        _check_positive(self.name, option, value)
+        before = getattr(vertex, option)
+        setattr(vertex, option, value)
+        try:
+            _check_bounds(vertex)
+        except JobDefinitionError:
+            setattr(vertex, option, before)
+            raise
         return self
 
     def speculation_unsafe(self) -> Dataset:

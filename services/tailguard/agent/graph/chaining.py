@@ -81,6 +81,9 @@ class ChainDef:
     operators: tuple[str, ...]
     # The members' steps, in order (sources and sinks have none).
     steps: tuple[OperatorStep, ...]
+    # The largest min parallelism a member declares (every member runs at the chain's
+    # parallelism, so each one's lower bound applies); None when none declares one.
+    min_parallelism: int | None = None
 
     @property
     def head(self) -> str:
@@ -126,6 +129,7 @@ class ChainedJob:
                 speculation_safe=c.speculation_safe,
                 split_bytes=split_bytes.get(c.name, split_bytes.get(c.head, ())),
                 operators=c.operators,
+                min_parallelism=c.min_parallelism,
             )
             for c in self.vertices.values()
         )
@@ -212,6 +216,7 @@ def _chain_def(members: list[VertexDef], chain_name: Mapping[str, str]) -> Chain
     else:
         kind = VertexKind.OPERATOR
     declared_max = [m.max_parallelism for m in members if m.max_parallelism is not None]
+    declared_min = [m.min_parallelism for m in members if m.min_parallelism is not None]
     return ChainDef(
         name=chain_name[head.name],
         kind=kind,
@@ -223,4 +228,5 @@ def _chain_def(members: list[VertexDef], chain_name: Mapping[str, str]) -> Chain
         sink=tail.sink,
         operators=tuple(m.name for m in members),
         steps=tuple(m.step for m in members if m.step is not None),
+        min_parallelism=max(declared_min) if declared_min else None,
     )

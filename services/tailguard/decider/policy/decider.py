@@ -22,6 +22,7 @@ a replay and the agent's local fallback all emit the same id, and the agent appl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -97,8 +98,8 @@ class _Job:
     def vertex_min(self, vertex: str) -> int:
         """The vertex's own min parallelism, when the job graph gives one (Flink 2.1's
         `vertexMinParallelism`); 1 otherwise."""
-        own = getattr(self.graph.vertices[vertex], "min_parallelism", None)
-        return own if isinstance(own, int) and own > 0 else 1
+        own = self.graph.vertices[vertex].min_parallelism
+        return own if own is not None and own > 0 else 1
 
     def complete(self, vertex: str) -> bool:
         produced = self.results.get(vertex)
@@ -160,13 +161,17 @@ class ParallelismDecider:
             self._counters["config_errors"] += 1
             params = DeciderParams.from_settings(self.settings)
         graph = GraphView.of(event.graph)
-        # Fixed vertices are the agent's to initialise. Under Flink 2.1's rules a fixed vertex
-        # with inputs still gets byte-balanced ranges from the decider when its inputs have
-        # finished, if the agent has not initialised it by then (`VertexInitialized` settles it).
+        # Fixed vertices are the agent's to initialise, except those with blocking edges only:
+        # they get byte-balanced ranges from the decider once their inputs have finished, and
+        # the agent waits for them (`waits_for_decider`).
         fixed = {
             name
             for name, v in graph.vertices.items()
-            if v.parallelism is not None and (params.algorithm != FLINK or not graph.inputs[name])
+            if v.parallelism is not None
+            and not waits_for_decider(
+                [e.exchange for e in graph.inputs[name]],
+                [e.exchange for e in event.graph.edges if e.source == name],
+            )
         }
         job = _Job(params, graph, settled=fixed)
         for leader, members in graph.members.items():
@@ -273,7 +278,9 @@ class ParallelismDecider:
         infos = self._inputs(job, name)
         if infos is None:
             return None
-        if job.params.algorithm == FLINK:
+        if job.params.algorithm == FLINK or job.graph.vertices[name].parallelism is not None:
+            # A fixed vertex gets Flink 2.1's byte-balanced ranges at its parallelism under
+            # either algorithm: the agent waits for them whichever decides adaptive vertices.
             return self._decide_flink(job, cause, name, infos)
         hard = job.bound(name)
         data = data_bound(infos)
@@ -369,6 +376,25 @@ class ParallelismDecider:
             parallelism=parallelism,
             subtask_inputs=inputs,
         )
+
+
+def waits_for_decider(
+    input_exchanges: Sequence[r.Exchange], output_exchanges: Sequence[r.Exchange]
+) -> bool:
+    """Whether a vertex with a fixed parallelism takes its ranges from the decider (once its
+    inputs have finished) rather than the agent's count-based ones at once.
+
+    As in Flink 2.1, a fixed vertex still gets byte-balanced ranges
+    (`DefaultVertexParallelismAndInputInfosDecider` decides input infos for every vertex, at
+    the fixed parallelism), under either `decider.algorithm`; they need its inputs' sizes. A source has no input to size; a vertex with a
+    PIPELINED input is deployed with its producer, before any size exists, and one with a
+    PIPELINED output belongs to a pipelined region, whose tasks are placed as one bulk
+    (FLIP-119) from the parallelisms fixed at submission.
+    """
+    return (
+        bool(input_exchanges)
+        and all(e is r.Exchange.BLOCKING for e in (*input_exchanges, *output_exchanges))
+    )
 
 
 def _split_bytes(infos: list[InputInfo]) -> tuple[int, int]:

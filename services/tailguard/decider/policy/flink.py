@@ -68,6 +68,28 @@ def flink_data_bound(inputs: Sequence[InputInfo]) -> int | None:
     return min(bounds) if bounds else None
 
 
+def pointwise_subpartitions(consumer_parallelism: int, producers: int) -> int:
+    """How many subpartitions each of `producers` partitions holds for a POINTWISE consumer
+    that may run `consumer_parallelism` subtasks (its fixed parallelism, else its max).
+
+    Flink sizes a dynamic graph's partitions so the consumer can reach that parallelism with
+    every subtask reading at least one (partition, subpartition) slice
+    (`IntermediateResultPartition.computeNumberOfMaxPossiblePartitionConsumers`): through Flink
+    2.0, ceil(P / producers); later Flink, P / gcd(P, producers), which makes the slice count a
+    multiple of P so that even the count-based fallback splits evenly, at up to P subpartitions
+    per partition. tailguard takes the first: each subpartition here is a file of its own (an
+    open, a checksum and a footer each), and ceil(P / producers) is the fewest files with which
+    the consumer still reaches P subtasks and the packer still has P slices to balance bytes
+    with (e.g. 4 producers, P 128: 32 files each, where the gcd rule also gives 32; 3
+    producers: 43 each, not 128).
+    """
+    if consumer_parallelism < 1 or producers < 1:
+        raise ValueError(
+            f"parallelism must be positive: consumer {consumer_parallelism}, producers {producers}"
+        )
+    return -(-consumer_parallelism // producers)
+
+
 def compute_vertex_inputs(
     inputs: Sequence[InputInfo],
     parallelism: int,
