@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tailguard.agent.driver.driver import JobDriver, RunOptions
+from tailguard.agent.executor.environment import tailguard_build
 from tailguard.examples import sales_by_region as example
 from tailguard.model import records as r
 from tailguard.testing import JobRun, Services, assert_output_equals, run_job
@@ -164,6 +165,11 @@ def run_case(
     """Run the sales job under `fault` and fill `result` with what happened. `replay_ignores`
     names records the case itself put in the job's log (forged ones) that replay is right to
     flag: they are counted apart, in the note."""
+    # The driver caches its build digest once per process, and the executors compute theirs
+    # at each job's start: a .py file edited since this process's first job (other work in
+    # the same tree) would refuse every later job's runners ("build differs"). Each case
+    # compares the tree as it is at its own start.
+    tailguard_build.cache_clear()
     began = time.monotonic()
     try:
         job = example.make_job(data.path, work / "out", work=work_per_row, name=result.case)
