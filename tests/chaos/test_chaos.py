@@ -44,7 +44,7 @@ from tailguard.examples import sales_by_region as example
 from tailguard.log.broker import EmbeddedBroker
 from tailguard.model import records as r
 from tailguard.shell.definition import SERVICE_NAMES
-from tailguard.testing import Broker, Services, run_settings
+from tailguard.testing import Broker, Harness, Services, run_settings
 from tailguard.testing.harness import toml_settings
 
 SLOW_HOST = "127.0.0.4"
@@ -249,14 +249,17 @@ def _recover_supported() -> bool:
 
 def test_driver_killed_then_recovered(
     data: SalesData,
+    tailguard_harness: Harness,
     tailguard_cluster: Any,
-    tailguard_spark: Any,
     tailguard_services: Services,
     tmp_path: Path,
     chaos_report: list[CaseResult],
 ) -> None:
     if not _recover_supported():
         pytest.skip("`tailguard run --recover JOB_ID` does not exist yet (issue 14 item 1)")
+    # The driver is a process of its own here, and the pytest session's application would hold
+    # every core of the cluster: its executors would never start.
+    tailguard_harness.release_spark()
     result = CaseResult("kill-9-driver-recover")
     chaos_report.append(result)
     settings = run_settings(tmp_path, tailguard_services, None)
