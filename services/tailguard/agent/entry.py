@@ -5,18 +5,26 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from tailguard import filesystems
 from tailguard.agent.driver.driver import JobDriver, RunOptions, new_job_id
-from tailguard.agent.driver.ports import CommandReceived, InboxMessage, Publisher
+from tailguard.agent.driver.ports import (
+    AgentThreadFailed,
+    CommandReceived,
+    InboxMessage,
+    Publisher,
+)
 from tailguard.agent.driver.result import RunResult
 from tailguard.agent.executor import partitions
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
-from tailguard.log.archive import ArchiveWriter
+from tailguard.log.archive import ArchiveWriter, archive_exists
 from tailguard.logs import hide_secrets, job_context
 from tailguard.model.authority import Unauthentic
 from tailguard.model.config import Settings, parse_duration_ms
@@ -27,6 +35,16 @@ LOG_MODES = ("kafka", "archive")
 # How often a remote archive's new records are uploaded: the most a lost driver can lose.
 ARCHIVE_UPLOAD_INTERVAL = "tailguard.archive.upload-interval"
 DEFAULT_ARCHIVE_UPLOAD_INTERVAL = "10 s"
+# How far before its first fact a job's agent starts reading decisions: the most the clocks of
+# the services' hosts may lag the driver's (a command is stamped by the service that made it).
+START_MARGIN = "tailguard.agent.start-margin"
+DEFAULT_START_MARGIN = "60 s"
+# Threads of the agent (named so by whoever starts them): one that dies fails its job.
+AGENT_THREAD_PREFIX = "tg-"
+
+
+class JobIdInUse(ValueError):
+    """A job id that has run before: its archive exists."""
 
 
 def run(
@@ -72,6 +90,8 @@ def run(
     work_dir = Path(settings.get("tailguard.work-dir") or "work")
     archive_dir = settings.get("tailguard.archive-dir") or str(work_dir / "archive")
     store = Storage(storage or str(work_dir / "storage"))
+    if job_id is not None:  # a new id is new
+        refuse_used_job_id(archive_dir, job_id)
     swept = partitions.sweep_abandoned(store, partitions.local_owner_alive)
     if swept:
         log.info("swept the leftovers of %d crashed job(s): %s", len(swept), ", ".join(swept))
@@ -106,6 +126,9 @@ def run(
         # The driver's inbox exists before the consumer thread that feeds it starts.
         inbox: queue.Queue[InboxMessage] = queue.Queue()
 
+        def thread_failed(error: BaseException) -> None:
+            inbox.put(AgentThreadFailed(threading.current_thread().name, error))
+
         def deliver(command: CommandReceived) -> None:
             if not isinstance(command.origin, Unauthentic):  # a forged timestamp proves nothing
                 job_metrics.command_received(command.command, int(time.time() * 1000))
@@ -115,7 +138,17 @@ def run(
         if log_mode == "kafka":
             from tailguard.agent.adapters.kafka import KafkaPublisher
 
-            publisher = KafkaPublisher(archive, codec, settings, job_id, deliver)
+            # The job's decisions are read from its first fact on, less a margin for the
+            # clocks of the services' hosts.
+            publisher = KafkaPublisher(
+                archive,
+                codec,
+                settings,
+                job_id,
+                deliver,
+                start_at_ms=_now_ms() - start_margin_ms(settings),
+                on_failure=thread_failed,
+            )
         else:
             from tailguard.agent.adapters.kafka import ArchivePublisher
 
@@ -125,7 +158,8 @@ def run(
         driver = JobDriver(job, runtime, metered, settings, options, job_id=job_id, inbox=inbox)
         partitions.mark_job_running(store, job_id, partitions.JobOwner.current())
         try:
-            result = driver.run()
+            with agent_threads_fail(thread_failed):
+                result = driver.run()
         finally:
             # The publisher is closed (late decisions drained): the job's series are complete.
             metrics.push(settings, job_metrics)
@@ -133,3 +167,46 @@ def run(
         if metrics_url is not None:
             result.extra["metrics_url"] = metrics_url
         return result
+
+
+def refuse_used_job_id(archive_dir: str, job_id: str) -> None:
+    """`JobIdInUse` if a job ran under `job_id` before (its archive exists): a new run would
+    append itself to that job's archive, and replay would compare two runs as one."""
+    location = filesystems.join(filesystems.normalise(archive_dir), f"{job_id}.avro")
+    if archive_exists(location):
+        raise JobIdInUse(
+            f"job id {job_id!r} has run before (its archive {location} exists): run the job "
+            f"under a new id, or take over the run whose driver died with "
+            f"`tailguard run --recover {job_id}` (Python: tailguard.run(..., recover={job_id!r}))"
+        )
+
+
+def start_margin_ms(settings: Settings) -> int:
+    return parse_duration_ms(settings.get(START_MARGIN) or DEFAULT_START_MARGIN)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@contextmanager
+def agent_threads_fail(report: Callable[[BaseException], None]) -> Iterator[None]:
+    """While the job runs, an exception that ends one of the agent's threads (runner
+    connections, runner jobs...) goes to `report` as well as to the usual hook, so the job fails
+    with it instead of going on without that thread. (A driver running several jobs at once
+    cannot tell whose thread it was: each running job is told.)"""
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        thread = args.thread.name if args.thread is not None else ""
+        if thread.startswith(AGENT_THREAD_PREFIX) and args.exc_value is not None:
+            report(args.exc_value)
+        previous(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        # Restored only if nothing replaced it meanwhile (another job's run, in another thread).
+        if threading.excepthook is hook:
+            threading.excepthook = previous

@@ -454,3 +454,14 @@ def _read_long(handle: IO[bytes]) -> int | None:
         if not byte[0] & 0x80:
             return (accum >> 1) ^ -(accum & 1)
         shift += 7
+
+
+def archive_exists(location: str | Path) -> bool:
+    """Whether an archive with any content is at `location` (a path or a URI: its object, or
+    the parts a writer uploaded before it died)."""
+    location = _location(location)
+    if filesystems.is_local(location):
+        path = Path(location)
+        return path.exists() and path.stat().st_size > 0
+    fs, inner = filesystems.open_location(location)
+    return _remote_bytes(fs, inner, location) is not None

@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import Message
 
 from tailguard.log.codec_api import Codec
-from tailguard.log.dead_letters import dead_letter_headers, dlq_topic
+from tailguard.log.dead_letters import dead_letter
 from tailguard.log.producer import RecordProducer
 from tailguard.log.topic_reader import TopicReader
 from tailguard.model.records import Record
@@ -58,6 +58,11 @@ class RecordConsumer:
     A message whose bytes fail to decode goes to `<topic>.dlq` (original key and bytes, headers
     with its topic/partition/offset and the error) and is skipped: one bad record never stops
     the consumer. Its offset counts as read, so it is committed like the others.
+
+    With `keys`, only messages with one of those keys (or none: a message nobody else claims)
+    are decoded; the others are skipped unread. A job's agent reads only its own job's records
+    this way, and never files another job's undecodable record as a dead letter (every agent
+    would file it again). `start_at_ms`: see `TopicReader`.
     """
 
     def __init__(
@@ -68,14 +73,22 @@ class RecordConsumer:
         group_id: str,
         *,
         from_beginning: bool = True,
+        start_at_ms: int | None = None,
+        keys: Iterable[bytes] | None = None,
         config: Mapping[str, Any] | None = None,
         max_batch: int = 1000,
     ) -> None:
         self.codec = codec
         self.group_id = group_id
         self.max_batch = max_batch
+        self.keys = frozenset(keys) if keys is not None else None
         self._reader = TopicReader(
-            settings, topics, group_id, from_beginning=from_beginning, config=config
+            settings,
+            topics,
+            group_id,
+            from_beginning=from_beginning,
+            start_at_ms=start_at_ms,
+            config=config,
         )
         self._settings = settings
         self._dlq: RecordProducer | None = None
@@ -89,6 +102,8 @@ class RecordConsumer:
         """The records that arrive within `timeout` seconds (possibly none)."""
         out: list[Consumed] = []
         for msg in self._reader.poll(timeout, self.max_batch):
+            if self.keys is not None and msg.key() is not None and msg.key() not in self.keys:
+                continue
             consumed = self._decode(msg)
             if consumed is not None:
                 out.append(consumed)
@@ -106,8 +121,7 @@ class RecordConsumer:
             log.warning("dead letter %s[%d]@%d: %s", topic, partition, offset, error)
             if self._dlq is None:
                 self._dlq = RecordProducer(self._settings)
-            headers = dead_letter_headers(topic, partition, offset, error)
-            self._dlq.send_bytes(dlq_topic(topic), msg.key(), raw, headers)
+            self._dlq.send_bytes(*dead_letter(topic, partition, offset, msg.key(), raw, error))
             self.dead_letters += 1
             return None
         _, timestamp = msg.timestamp()

@@ -33,6 +33,15 @@ def dlq_topic(topic: str) -> str:
     return topic + DLQ_SUFFIX
 
 
+def dead_letter(
+    topic: str, partition: int, offset: int, key: bytes | None, value: bytes, error: str
+) -> tuple[str, bytes | None, bytes, Headers]:
+    """The dead letter of a record read at `topic[partition]@offset`, as `send_bytes` takes
+    it: its topic, the record's own key (so it stays with its job's partition and a reader can
+    tell whose it was), the record's bytes and the headers."""
+    return dlq_topic(topic), key, value, dead_letter_headers(topic, partition, offset, error)
+
+
 def dead_letter_headers(topic: str, partition: int, offset: int, error: str) -> Headers:
     return [
         (HEADER_TOPIC, topic.encode()),

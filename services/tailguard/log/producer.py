@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -60,6 +61,10 @@ class DeliveryError(RuntimeError):
         super().__init__(", ".join(parts) + (f" ({shown})" if shown else ""))
 
 
+class QueueFull(BufferError):
+    """The producer's local queue stayed full for as long as the caller would wait."""
+
+
 class RecordProducer:
     """Encodes and publishes records; `flush()` raises if any delivery failed."""
 
@@ -90,8 +95,13 @@ class RecordProducer:
         key: bytes | str | None,
         value: bytes,
         headers: Headers | None = None,
+        *,
+        wait_s: float | None = None,
     ) -> None:
-        """Publish already-encoded bytes (dead letters, replays of an archive)."""
+        """Publish already-encoded bytes (dead letters, replays of an archive). While the local
+        queue is full, wait for room: for ever, or `wait_s` seconds and then raise `QueueFull`
+        (the record is not sent)."""
+        deadline = None if wait_s is None else time.monotonic() + wait_s
         while True:
             try:
                 self._producer.produce(
@@ -99,6 +109,11 @@ class RecordProducer:
                 )
                 break
             except BufferError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise QueueFull(
+                        f"the producer's queue ({len(self._producer)} records) stayed full for "
+                        f"{wait_s:g} s: no broker takes them"
+                    ) from None
                 # The local queue is full: let librdkafka drain it, then retry this record.
                 self._producer.poll(0.05)
         self._unpolled += 1
@@ -118,6 +133,14 @@ class RecordProducer:
         if self._errors or pending:
             errors, self._errors = self._errors, []
             raise DeliveryError(errors, pending)
+
+    def purge(self) -> int:
+        """Drop what is still queued (it will not be delivered); how many records that was."""
+        dropped = len(self._producer)
+        self._producer.purge()
+        self._producer.poll(0)  # serve the purged records' reports: nothing waits on them
+        self._errors.clear()
+        return dropped
 
     def __len__(self) -> int:
         """Records sent but not yet delivered."""

@@ -9,7 +9,13 @@ topic appears after the consumer joined (seen with librdkafka 2.16).
 
 Topics need not exist yet (the embedded broker creates a topic on its first produce): a missing
 topic is looked up again every `discovery_interval_s` while polling, and assigned from its
-committed offsets (or the beginning/end) as soon as it appears.
+committed offsets (or the beginning/end, or `start_at_ms`) as soon as it appears. A broker that
+cannot be reached meanwhile only delays that: the lookup is tried again, the reader goes on.
+
+`start_at_ms` (a reader without committed offsets, such as a job's agent) starts each partition
+at its first record stamped at or after that time (Kafka's offsets-for-times index), so what the
+reader skips does not depend on how much history the topic holds. No record stamped from then on
+is skipped, however late the partition is assigned: see `start_offsets`.
 """
 
 from __future__ import annotations
@@ -58,12 +64,14 @@ class TopicReader:
         group_id: str,
         *,
         from_beginning: bool = True,
+        start_at_ms: int | None = None,
         config: Mapping[str, Any] | None = None,
         discovery_interval_s: float = 0.1,
     ) -> None:
         self.topics = list(dict.fromkeys(topics))
         self.group_id = group_id
         self.from_beginning = from_beginning
+        self.start_at_ms = start_at_ms
         self.discovery_interval_s = discovery_interval_s
         defaults = {
             **READER_DEFAULTS,
@@ -94,21 +102,66 @@ class TopicReader:
             return
         self._next_discovery = now + self.discovery_interval_s
         for topic in sorted(self._missing):
-            meta = self.consumer.list_topics(topic, timeout=_METADATA_TIMEOUT_S).topics.get(topic)
-            if meta is None or meta.error is not None or not meta.partitions:
+            try:
+                assigned = self._assign(topic)
+            except KafkaException as err:
+                if err.args and isinstance(err.args[0], KafkaError) and err.args[0].fatal():
+                    raise
+                # The broker is out of reach (or restarting): looked up again next time.
+                log.debug("%s: topic lookup failed, retrying: %s", topic, err)
                 continue
-            wanted = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
-            committed = self.consumer.committed(wanted, timeout=_METADATA_TIMEOUT_S)
+            if assigned:
+                self._missing.discard(topic)
+
+    def _assign(self, topic: str) -> bool:
+        """Assign `topic`'s partitions if it exists; whether it did."""
+        meta = self.consumer.list_topics(topic, timeout=_METADATA_TIMEOUT_S).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return False
+        wanted = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+        committed = self.consumer.committed(wanted, timeout=_METADATA_TIMEOUT_S)
+        unread = [tp for tp in committed if tp.offset < 0]
+        if self.start_at_ms is not None and unread:
+            starts = self.start_offsets(unread, self.start_at_ms)
+        else:
             default = OFFSET_BEGINNING if self.from_beginning else OFFSET_END
-            start = [
-                TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else default)
-                for tp in committed
-            ]
-            self.consumer.incremental_assign(start)
-            for tp in committed:
-                if tp.offset >= 0:
-                    self._resume_at[(tp.topic, tp.partition)] = tp.offset
-            self._missing.discard(topic)
+            starts = {(tp.topic, tp.partition): default for tp in unread}
+        start = [
+            TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else
+                           starts[(tp.topic, tp.partition)])
+            for tp in committed
+        ]  # fmt: skip
+        self.consumer.incremental_assign(start)
+        for tp in committed:
+            if tp.offset >= 0:
+                self._resume_at[(tp.topic, tp.partition)] = tp.offset
+        return True
+
+    def start_offsets(
+        self, partitions: list[TopicPartition], start_at_ms: int
+    ) -> dict[tuple[str, int], int]:
+        """Per partition, the offset of its first record stamped at or after `start_at_ms`.
+
+        Where there is none yet, the partition's end offset read *before* the lookup: every
+        record below it was on the broker when the lookup found none stamped late enough, so
+        skipping them skips nothing wanted, and whatever arrives meanwhile lies at or above it.
+        (The end read after the lookup, or `OFFSET_END` resolved at the first fetch, would skip a
+        record that arrived in between.)"""
+        ends = {
+            (tp.topic, tp.partition): self.consumer.get_watermark_offsets(
+                tp, timeout=_METADATA_TIMEOUT_S
+            )[1]
+            for tp in partitions
+        }
+        found = self.consumer.offsets_for_times(
+            [TopicPartition(tp.topic, tp.partition, start_at_ms) for tp in partitions],
+            timeout=_METADATA_TIMEOUT_S,
+        )
+        starts = {}
+        for tp in found:
+            where = (tp.topic, tp.partition)
+            starts[where] = tp.offset if tp.offset >= 0 else ends[where]
+        return starts
 
     def poll(self, timeout: float, max_messages: int = 1000) -> list[Message]:
         """The messages that arrive within `timeout` seconds, errors filtered out."""

@@ -17,11 +17,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from tailguard.agent.driver.ports import CommandReceived
 from tailguard.codec import RecordCodec
 from tailguard.log.archive import ArchiveWriter
+from tailguard.log.consumer import Consumed
+from tailguard.log.producer import DeliveryError, Headers, QueueFull
 from tailguard.log.signing import NoVerification, signer_for, verifier_for
 from tailguard.model import records as r
 from tailguard.model.authority import AGENT, UNAUTHENTICATED_COMMANDS_TOPIC, Unauthentic
@@ -58,6 +61,24 @@ class ArchivePublisher:
             self._archive.close()
 
 
+# The agent's producer waits for a broker as long as it takes (no message timeout): its queue
+# is the ordered backlog of what a lost broker missed, sent when one is back, in order and once
+# (idempotence). An archive-fed backlog would re-send what librdkafka already holds in order.
+# Reconnecting within 1 s of a restart, not librdkafka's 10 s backoff: decisions wait for it.
+AGENT_PRODUCER_CONFIG: Mapping[str, Any] = {
+    "message.timeout.ms": 0,
+    "reconnect.backoff.max.ms": 1000,
+}
+# How long `publish` waits for room in a full producer queue (1M records: the broker has been
+# gone a long while) before giving Kafka up for the rest of the job; the archive keeps all.
+QUEUE_FULL_WAIT_S = 1.0
+# How long the job's end waits for a broker to take what is still queued.
+CLOSE_FLUSH_S = 10.0
+# How long the job's end waits for the decision reader to stop (each of its broker lookups
+# gives up after 5 s while no broker answers).
+READER_STOP_S = 15.0
+
+
 class KafkaPublisher(ArchivePublisher):
     """Facts to Kafka and the archive; decisions from Kafka to the runner.
 
@@ -66,6 +87,11 @@ class KafkaPublisher(ArchivePublisher):
     applied on the driver's thread); findings are only archived, because the agent acts on
     commands, not on findings — but the findings are the speculator's and blocklist's input,
     which a replay needs.
+
+    Only this job's records are read (by key), from `start_at_ms` on: see docs/log.md#agent.
+    Should that thread die, `on_failure` gets the exception (the driver fails the job with it).
+    A broker that goes away stops nothing: records queue up and go when it is back (see
+    `AGENT_PRODUCER_CONFIG`), and the archive is closed at the end whatever Kafka does.
     """
 
     def __init__(
@@ -75,6 +101,9 @@ class KafkaPublisher(ArchivePublisher):
         settings: Settings,
         job_id: str,
         deliver: Callable[[CommandReceived], None],
+        *,
+        start_at_ms: int,
+        on_failure: Callable[[BaseException], None],
         drain_quiet_ms: int = 750,
         drain_max_ms: int = 5000,
     ) -> None:
@@ -84,6 +113,7 @@ class KafkaPublisher(ArchivePublisher):
         super().__init__(archive, codec)
         self.job_id = job_id
         self._deliver = deliver
+        self._on_failure = on_failure
         self._signer = signer_for(settings, AGENT)
         self._verifier = verifier_for(settings)
         if isinstance(self._verifier, NoVerification):
@@ -93,13 +123,16 @@ class KafkaPublisher(ArchivePublisher):
                 job_id,
                 r.COMMANDS_TOPIC,
             )
-        self._producer = RecordProducer(settings, codec)
+        self._producer: RecordProducer | None = RecordProducer(
+            settings, codec, config=AGENT_PRODUCER_CONFIG
+        )
         self._consumer = RecordConsumer(
             settings,
             codec,
             [r.FINDINGS_TOPIC, r.COMMANDS_TOPIC],
             group_id=f"tailguard-agent-{job_id}",
-            from_beginning=True,
+            start_at_ms=start_at_ms,
+            keys=[job_id.encode()],
         )
         self._stop = threading.Event()
         self._drain_quiet_ms = drain_quiet_ms
@@ -108,9 +141,25 @@ class KafkaPublisher(ArchivePublisher):
         self._thread = threading.Thread(target=self._consume, name="tg-decisions", daemon=True)
         self._thread.start()
 
+    def _send(self, topic: str, value: bytes, headers: Headers | None = None) -> None:
+        if self._producer is None:
+            return
+        try:
+            self._producer.send_bytes(
+                topic, self.job_id.encode(), value, headers, wait_s=QUEUE_FULL_WAIT_S
+            )
+        except QueueFull as err:
+            log.error(
+                "job %s: %s; publishing to Kafka stops for the rest of the job (the archive "
+                "keeps every record; decisions are the local fallbacks')",
+                self.job_id,
+                err,
+            )
+            self._drop_producer()
+
     def publish(self, record: r.Record) -> None:
-        self._producer.send(record)
         # Per-job order on the topic is what the services depend on; the producer keeps it.
+        self._send(type(record).TOPIC, self.codec.encode(record))
         super().publish(record)
 
     def local(self, record: r.Record) -> None:
@@ -118,42 +167,79 @@ class KafkaPublisher(ArchivePublisher):
         # `tailguard replay --topic`; the agent ignores its own decision when it comes back,
         # as it does any id it has applied.
         topic, value = type(record).TOPIC, self.codec.encode(record)
-        headers = self._signer.headers(topic, value)
-        self._producer.send_bytes(topic, record.job_id.encode(), value, list(headers))
+        self._send(topic, value, list(self._signer.headers(topic, value)))
         super().local(record)
 
     def _consume(self) -> None:
-        while not self._stop.is_set():
-            for item in self._consumer.poll(0.1):
-                record = item.record
-                if record.job_id != self.job_id:
-                    continue
-                self._last_seen = time.monotonic()
-                if not isinstance(record, r.Command):
-                    self.received(record)
-                    continue
-                origin = self._verifier.verify(item.topic, item.raw, item.headers)
-                # Archived on arrival, including what comes after the driver stopped applying.
-                unauthentic = isinstance(origin, Unauthentic)
-                self._append(
-                    record, "received", UNAUTHENTICATED_COMMANDS_TOPIC if unauthentic else None
-                )
-                self._deliver(CommandReceived(record, origin))
+        try:
+            while not self._stop.is_set():
+                for item in self._consumer.poll(0.1):
+                    self._take(item)
+        except BaseException as err:  # the job must not go on without its decisions, unseen
+            log.exception("job %s: the decision reader died", self.job_id)
+            self._on_failure(err)
+
+    def _take(self, item: Consumed) -> None:
+        record = item.record
+        if record.job_id != self.job_id:  # its key said otherwise: a forged or broken record
+            return
+        self._last_seen = time.monotonic()
+        if not isinstance(record, r.Command):
+            self.received(record)
+            return
+        origin = self._verifier.verify(item.topic, item.raw, item.headers)
+        # Archived on arrival, including what comes after the driver stopped applying.
+        unauthentic = isinstance(origin, Unauthentic)
+        self._append(record, "received", UNAUTHENTICATED_COMMANDS_TOPIC if unauthentic else None)
+        self._deliver(CommandReceived(record, origin))
 
     def close(self) -> None:
         """Flush, then keep listening until the services have gone quiet, so the decisions
-        they made about the job's last events still reach the archive."""
-        self._producer.flush(10.0)
+        they made about the job's last events still reach the archive. The archive is closed
+        whatever happens to Kafka meanwhile: what Kafka did not take is in it."""
+        try:
+            self._flush_for_close()
+            self._drain()
+        finally:
+            try:
+                self._stop_reader()
+            finally:
+                super().close()
+
+    def _flush_for_close(self) -> None:
+        if self._producer is None:
+            return
+        try:
+            self._producer.flush(CLOSE_FLUSH_S)
+        except DeliveryError as err:
+            log.warning(
+                "job %s: Kafka did not take every record before the job's end (%s); the "
+                "archive holds them all: `tailguard replay` reads it",
+                self.job_id,
+                err,
+            )
+        finally:
+            self._drop_producer()
+
+    def _drain(self) -> None:
         started = time.monotonic()
         while (time.monotonic() - started) * 1000 < self._drain_max_ms:
             quiet_ms = (time.monotonic() - self._last_seen) * 1000
-            if quiet_ms >= self._drain_quiet_ms:
+            if quiet_ms >= self._drain_quiet_ms or not self._thread.is_alive():
                 break
             self._stop.wait(0.05)
+
+    def _stop_reader(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=READER_STOP_S)
+        if self._thread.is_alive():  # still inside a broker call: closing under it would crash
+            log.warning("job %s: the decision reader did not stop; left to exit", self.job_id)
+            return
         self._consumer.close()
-        # Drop the producer now: a live librdkafka client keeps reconnecting (and logging)
-        # after the broker is gone.
-        del self._producer
-        super().close()
+
+    def _drop_producer(self) -> None:
+        # A live librdkafka client keeps reconnecting (and logging) after the broker is gone;
+        # what it still holds is in the archive.
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.purge()

@@ -20,6 +20,7 @@ from tailguard.agent.driver import plans
 from tailguard.agent.driver.commands import handler_for
 from tailguard.agent.driver.fallbacks import LocalFallbacks
 from tailguard.agent.driver.ports import (
+    AgentThreadFailed,
     CommandReceived,
     FromRunner,
     InboxMessage,
@@ -150,6 +151,7 @@ class JobDriver:
             RunnerLost: self._on_runner_lost,
             FromRunner: self._on_runner_report,
             CommandReceived: self._on_command,
+            AgentThreadFailed: self._on_thread_failed,
         }
 
     # ================================================================ the views commands use
@@ -323,6 +325,12 @@ class JobDriver:
         self._update_progress()
 
     # ================================================================ runners
+
+    def _on_thread_failed(self, message: AgentThreadFailed) -> None:
+        # Raised here, on the driver's thread: `run` fails the job with it (JobFinished FAILED).
+        raise RuntimeError(
+            f"agent thread {message.thread} died: {message.error!r}"
+        ) from message.error
 
     def _on_runner_connected(self, message: RunnerConnected) -> None:
         if self._pool.add_slot(message.host, message.slot):

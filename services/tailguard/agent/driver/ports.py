@@ -60,7 +60,16 @@ class CommandReceived:
     origin: Origin = field(default_factory=Unchecked)
 
 
-InboxMessage = RunnerConnected | RunnerLost | FromRunner | CommandReceived
+@dataclass(frozen=True)
+class AgentThreadFailed:
+    """A background thread of the agent died (the decision reader, a runner connection...):
+    the job fails with its error rather than going on without what the thread did."""
+
+    thread: str
+    error: BaseException
+
+
+InboxMessage = RunnerConnected | RunnerLost | FromRunner | CommandReceived | AgentThreadFailed
 Post = Callable[[InboxMessage], None]
 
 
