@@ -1,4 +1,4 @@
-"""Restart cost of a service with 1 million events of history (make bench-load runs it after the latency curve).
+"""Restart cost of a service with 1 million events of history (docs/reliability.md).
 
 The decider's input: `--history` events of finished jobs (the 1,000-task job of
 benchmarks/policy_throughput.py under many job ids), then `--live` jobs halfway through. Measured

@@ -146,15 +146,18 @@ class SnapshotStore:
                     int(p): Position(int(at), str(last))
                     for p, (at, last) in meta["positions"].items()
                 }
-                records = tuple(
-                    Retained(row["partition"], row["offset"], row["value"])  # type: ignore[call-overload, index]
-                    for row in reader
-                )
+                records = tuple(_retained(row) for row in reader)
             except SnapshotError:
                 raise
             except (ValueError, KeyError, TypeError, EOFError, OSError) as err:
                 raise SnapshotError(f"{self.path}: not a readable snapshot: {err}") from err
         return Snapshot(service, topic, positions, records)
+
+
+def _retained(row: object) -> Retained:
+    if not isinstance(row, dict):
+        raise ValueError(f"a snapshot row is a record, not {type(row).__name__}")
+    return Retained(int(row["partition"]), int(row["offset"]), bytes(row["value"]))
 
 
 def _rows(records: Iterable[Retained]) -> Iterator[dict[str, object]]:
