@@ -18,6 +18,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,45 +71,45 @@ def check(result: CaseResult) -> None:
     assert not result.missed(), f"{result.case}: {', '.join(result.missed())}. {result.note}"
 
 
-def case(
-    name: str,
-    fault: Fault,
+@dataclass
+class Chaos:
+    """What every case on the cluster shares: the data, the Spark session on the cluster, the
+    services, the case's directory and the report."""
+
+    data: SalesData
+    spark: Any
+    services: Services
+    work: Path
+    report: list[CaseResult]
+
+    def run(self, name: str, fault: Fault, **kwargs: Any) -> CaseResult:
+        """Run the job under `fault`, add the case's figures to the report, check the targets."""
+        result = CaseResult(name)
+        self.report.append(result)
+        run_case(result, fault, self.data, self.spark, self.services, self.work,
+                 work_per_row=WORK, **kwargs)  # fmt: skip
+        check(result)
+        return result
+
+
+@pytest.fixture
+def chaos(
     data: SalesData,
-    spark: Any,
-    services: Services,
-    work: Path,
-    report: list[CaseResult],
-    **kwargs: Any,
-) -> CaseResult:
-    result = CaseResult(name)
-    report.append(result)
-    run_case(result, fault, data, spark, services, work, work_per_row=WORK, **kwargs)
-    return result
+    tailguard_spark: Any,
+    tailguard_services: Services,
+    tmp_path: Path,
+    chaos_report: list[CaseResult],
+) -> Chaos:
+    return Chaos(data, tailguard_spark, tailguard_services, tmp_path, chaos_report)
 
 
 # ---------------------------------------------------------------------- services
 
 
 @pytest.mark.parametrize("name", SERVICE_NAMES)
-def test_service_killed_twice_per_job(
-    name: str,
-    data: SalesData,
-    tailguard_spark: Any,
-    tailguard_services: Services,
-    tmp_path: Path,
-    chaos_report: list[CaseResult],
-) -> None:
-    fault = ServiceKills(tailguard_services, name, times=2)
-    result = case(
-        f"kill-9-{name}-x2",
-        fault,
-        data,
-        tailguard_spark,
-        tailguard_services,
-        tmp_path,
-        chaos_report,
-    )
-    check(result)
+def test_service_killed_twice_per_job(name: str, chaos: Chaos) -> None:
+    fault = ServiceKills(chaos.services, name, times=2)
+    chaos.run(f"kill-9-{name}-x2", fault)
     assert fault.injected == 2, f"killed {fault.injected} time(s): the job ended first"
 
 
@@ -116,54 +117,26 @@ def test_service_killed_twice_per_job(
 
 
 @pytest.mark.parametrize("how", ["delete", "corrupt"])
-def test_result_partition_damaged_before_it_is_read(
-    how: str,
-    data: SalesData,
-    tailguard_spark: Any,
-    tailguard_services: Services,
-    tmp_path: Path,
-    chaos_report: list[CaseResult],
-) -> None:
-    fault = PartitionDamage(how)
-    result = case(
-        f"partition-{how}d",
-        fault,
-        data,
-        tailguard_spark,
-        tailguard_services,
-        tmp_path,
-        chaos_report,
-    )
-    check(result)
+def test_result_partition_damaged_before_it_is_read(how: str, chaos: Chaos) -> None:
+    chaos.run(f"partition-{how}d", PartitionDamage(how))
 
 
 # ---------------------------------------------------------------------- garbage
 
 
-def test_garbage_and_invalid_records_on_every_topic(
-    data: SalesData,
-    tailguard_spark: Any,
-    tailguard_services: Services,
-    tmp_path: Path,
-    chaos_report: list[CaseResult],
-) -> None:
-    fault = ForgedRecords(dict(tailguard_services.settings.overrides()))
-    result = case(
-        "garbage-every-topic",
-        fault,
-        data,
-        tailguard_spark,
-        tailguard_services,
-        tmp_path,
-        chaos_report,
-        replay_ignores=fault.is_forged,
-    )
-    # Every service survived the bytes and records it could not use.
-    dead = sorted(set(SERVICE_NAMES) - set(tailguard_services.running()))
-    if dead:
-        result.note = f"services dead after the garbage: {dead}; " + result.note
-        tailguard_services.start()
-    check(result)
+def test_garbage_and_invalid_records_on_every_topic(chaos: Chaos) -> None:
+    fault = ForgedRecords(dict(chaos.services.settings.overrides()))
+    try:
+        chaos.run("garbage-every-topic", fault, replay_ignores=fault.is_forged)
+    finally:
+        # Every service survived the bytes and records it could not use (or is started again
+        # for the next case, and the report says so).
+        dead = sorted(set(SERVICE_NAMES) - set(chaos.services.running()))
+        if dead:
+            chaos.report[-1].note = (
+                f"services dead after the garbage: {dead}; " + chaos.report[-1].note
+            )
+            chaos.services.start()
     assert not dead, f"services died of garbage: {dead}"
 
 
@@ -210,28 +183,11 @@ def s3_store() -> Iterator[dict[str, Any]]:
     filesystems.configure(None)
 
 
-def test_storage_fails_writes_for_seconds(
-    data: SalesData,
-    tailguard_spark: Any,
-    tailguard_services: Services,
-    tmp_path: Path,
-    chaos_report: list[CaseResult],
-    s3_store: dict[str, Any],
-) -> None:
+def test_storage_fails_writes_for_seconds(chaos: Chaos, s3_store: dict[str, Any]) -> None:
     # Root ignores a read-only directory, so the failing store is an S3 server that is down.
     fault = StorageOutage(s3_store["stop"], s3_store["start"], outage_s=5.0)
-    result = case(
-        "storage-down-5s",
-        fault,
-        data,
-        tailguard_spark,
-        tailguard_services,
-        tmp_path,
-        chaos_report,
-        settings=s3_store["settings"],
-        storage=s3_store["storage"],
-    )
-    check(result)
+    chaos.run("storage-down-5s", fault, settings=s3_store["settings"],
+              storage=s3_store["storage"])  # fmt: skip
 
 
 # ---------------------------------------------------------------------- the driver
@@ -369,46 +325,18 @@ def _figures_of_archive(
 
 
 @pytest.mark.parametrize("what", ["executor", "worker"])
-def test_host_process_killed_mid_attempt(
-    what: str,
-    data: SalesData,
-    tailguard_cluster: Any,
-    tailguard_spark: Any,
-    tailguard_services: Services,
-    tmp_path: Path,
-    chaos_report: list[CaseResult],
-) -> None:
-    fault = HostProcessKill(tailguard_cluster, what)
-    result = case(
-        f"kill-9-{what}", fault, data, tailguard_spark, tailguard_services, tmp_path, chaos_report
-    )
-    check(result)
+def test_host_process_killed_mid_attempt(what: str, tailguard_cluster: Any, chaos: Chaos) -> None:
+    chaos.run(f"kill-9-{what}", HostProcessKill(tailguard_cluster, what))
 
 
 # ---------------------------------------------------------------------- the broker (last)
 
 
-def test_broker_killed_and_restarted(
-    data: SalesData,
-    tailguard_broker: Broker,
-    tailguard_spark: Any,
-    tailguard_services: Services,
-    tmp_path: Path,
-    chaos_report: list[CaseResult],
-) -> None:
-    fault = BrokerKill(tailguard_broker, tailguard_services)
+def test_broker_killed_and_restarted(tailguard_broker: Broker, chaos: Chaos) -> None:
+    fault = BrokerKill(tailguard_broker, chaos.services)
     try:
-        result = case(
-            "kill-9-broker",
-            fault,
-            data,
-            tailguard_spark,
-            tailguard_services,
-            tmp_path,
-            chaos_report,
-        )
+        chaos.run("kill-9-broker", fault)
     finally:
         # The harness stops only the broker pid it started; the restarted one is this case's.
         if fault.new_pid is not None and fault.new_pid != tailguard_broker.pid:
             EmbeddedBroker(tailguard_broker.work_dir).stop()
-    check(result)
