@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 VENV35  := .venv-spark35
 STAMP35 := $(VENV35)/.installed
 
-.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe bench-load chaos clean
+.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe test-observe bench-load chaos clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
@@ -75,6 +75,11 @@ test-multihost: $(STAMP)
 # differences, commands applied twice and time to recover in build/chaos/report.json.
 chaos: $(STAMP)
 	$(BIN)/python -m pytest -q -m chaos tests/chaos
+
+# Observe mode end to end (minutes on 2 cores): an unmodified job on the slow-host cluster with
+# the services, and the spark-submit form (docs/observe.md).
+test-observe: $(STAMP)
+	TAILGUARD_OBSERVE_E2E=1 $(BIN)/python -m pytest -q tests/e2e/test_observe.py
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
