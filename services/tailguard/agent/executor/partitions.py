@@ -97,8 +97,10 @@ def subpartition_path(
 # ---------------------------------------------------------------------- writing
 
 # The fewest rows in one record batch of a subpartition file (unless the batch size is smaller):
-# below it, per-batch metadata and compression calls outweigh the rows (zstd over a 1M-row
-# partition: 256-row batches took 3.5x as long as 1024-row ones).
+# below it, the writer's per-batch Python work (compacting, one IPC message) outweighs the rows.
+# Compression no longer sets this floor: a file is one zstd stream, not a batch of separately
+# compressed buffers (1M rows into 128 files as 256-row batches: 166 ms as one stream, against
+# 459-731 ms with per-buffer IPC compression, which is why the floor was 1,024 before).
 MIN_FILE_BATCH_ROWS = 1024
 # Bytes copied at a time when a local spool is uploaded or a file is hashed.
 COPY_CHUNK_BYTES = 8 << 20
@@ -108,9 +110,10 @@ def file_batch_rows(batch_rows: int, subpartitions: int) -> int:
     """Rows per record batch in each of `subpartitions` files written together.
 
     A file's rows are cut into batches of exactly this many (the last shorter), whatever batches
-    they arrived in: the bytes depend on the rows alone. The writer holds at most this many rows
-    per subpartition, so splitting the batch size among the subpartitions keeps what a writer
-    holds near one batch (`subpartitions` × `MIN_FILE_BATCH_ROWS` at most, for wide exchanges).
+    they arrived in: the bytes depend on the rows alone. The writer holds fewer than this many
+    rows per subpartition waiting, so splitting the batch size among the subpartitions keeps
+    what waits near one batch (`subpartitions` × `MIN_FILE_BATCH_ROWS` at most, for wide
+    exchanges).
     """
     share = -(-batch_rows // max(1, subpartitions))
     return min(batch_rows, max(MIN_FILE_BATCH_ROWS, share))
@@ -197,7 +200,13 @@ def _upload(local: str, storage: Storage, path: str) -> None:
 
 
 class _SubpartitionFile:
-    """One subpartition's file while it is written: rows wait until a file batch is full."""
+    """One subpartition's file while it is written: rows wait (as zero-copy slices of the
+    batches they came in) until a file batch is full.
+
+    The file is the schema as an Arrow IPC message, then an Arrow IPC stream compressed as one
+    zstd stream: the compressor keeps its context across batches, so small file batches cost
+    little more to compress than large ones, and a reader can hash the bytes in the same
+    sequential pass that decodes them."""
 
     def __init__(self, storage: Storage, path: str, batch_rows: int) -> None:
         self.storage = storage
@@ -209,21 +218,22 @@ class _SubpartitionFile:
         self.schema: pa.Schema | None = None
         self._stack = contextlib.ExitStack()
         self._sink: _HashingOutput | None = None
-        self._writer: pa.ipc.RecordBatchFileWriter | None = None
+        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
 
-    def add(self, batch: pa.RecordBatch, own_copy: bool) -> None:
+    def add(self, batch: pa.RecordBatch) -> int:
+        """Hold `batch` (no copy); returns the rows written out because a file batch filled."""
         if self.schema is None:
             self.schema = batch.schema
         if not batch.num_rows:
-            return
-        # A small slice of a large batch would keep all of that batch alive while it waits:
-        # a copy holds only its own rows.
-        self.pending.append(compact([batch], batch.schema) if own_copy else batch)
+            return 0
+        self.pending.append(batch)
         self.pending_rows += batch.num_rows
+        written = 0
         while self.pending_rows >= self.batch_rows:
-            self._write_first(self.batch_rows)
+            written += self._write_first(self.batch_rows)
+        return written
 
-    def _write_first(self, rows: int) -> None:
+    def _write_first(self, rows: int) -> int:
         taken: list[pa.RecordBatch] = []
         needed = rows
         while needed:
@@ -237,14 +247,19 @@ class _SubpartitionFile:
                 needed = 0
         self.pending_rows -= rows
         schema = self.schema if self.schema is not None else taken[0].schema
+        # Compacted, so a slice and a fresh batch of the same rows give the same bytes.
         self._open(schema).write_batch(compact(taken, schema))
         self.records += rows
+        return rows
 
-    def _open(self, schema: pa.Schema) -> pa.ipc.RecordBatchFileWriter:
+    def _open(self, schema: pa.Schema) -> pa.ipc.RecordBatchStreamWriter:
         if self._writer is None:
             self._sink = self._stack.enter_context(atomic_output(self.storage, self.path))
-            options = pa.ipc.IpcWriteOptions(compression=_CODEC)
-            self._writer = pa.ipc.new_file(self._sink, schema, options=options)
+            # The schema also goes first, uncompressed, so a reader learns it without
+            # decompressing anything (`PartitionInput` unifies the files' schemas up front).
+            self._sink.write(schema.serialize())
+            compressed = self._stack.enter_context(pa.CompressedOutputStream(self._sink, _CODEC))
+            self._writer = pa.ipc.new_stream(compressed, schema)
         return self._writer
 
     def finish(self) -> tuple[int, str]:
@@ -267,7 +282,21 @@ class _SubpartitionFile:
 class PartitionWriter:
     """Writes one attempt's result partition as its batches arrive: `add` a batch's pieces (one
     per subpartition), then `finish` (publishes the files, then the completion marker) or
-    `abort` (leaves nothing behind)."""
+    `abort` (leaves nothing behind).
+
+    Pieces are held as they come, without a copy: the pieces of one batch are usually slices
+    of one buffer (`exchange.partition_batch`: one sort by subpartition per batch), and copying
+    each small piece cost more than writing it. A held slice keeps its whole parent batch
+    alive, though, and a subpartition that gets few rows keeps old parents alive long after
+    the others wrote theirs. So the writer counts what it keeps beyond the rows waiting (rows
+    of parents already written out) and, once that exceeds both the batch size and the rows
+    waiting, copies every waiting row into one fresh buffer (one concatenation per column)
+    and drops the parents. Memory is thus bounded by rows, whatever the skew: the rows waiting
+    (fewer than `file_batch_rows` per subpartition, so at most about max(batch size,
+    subpartitions × MIN_FILE_BATCH_ROWS)) plus as many again plus one batch of parents. Each
+    row is copied at most once per consolidation, and consolidations copy no more rows than
+    arrived since the last one. The copy changes no byte written: file batches are cut at
+    fixed row counts per subpartition and compacted when written."""
 
     def __init__(
         self,
@@ -282,18 +311,39 @@ class PartitionWriter:
         self.storage = storage
         self.job_id = job_id
         self.partition = partition
+        self.batch_rows = batch_rows
         rows = file_batch_rows(batch_rows, subpartitions)
         self._files = [
             _SubpartitionFile(storage, subpartition_path(storage, job_id, partition, sp), rows)
             for sp in range(subpartitions)
         ]
+        self._waiting_rows = 0  # rows held in the files' pending lists
+        self._kept_rows = 0  # rows of the batches those pending slices keep alive
 
     def add(self, pieces: list[pa.RecordBatch]) -> None:
         if len(pieces) != len(self._files):
             raise ValueError(f"{len(pieces)} pieces for {len(self._files)} subpartitions")
-        own_copy = len(pieces) > 1
         for file, piece in zip(self._files, pieces, strict=True):
-            file.add(piece, own_copy)
+            rows = piece.num_rows
+            if rows or file.schema is None:
+                self._waiting_rows += rows - file.add(piece)
+                self._kept_rows += rows
+        kept_beyond = self._kept_rows - self._waiting_rows
+        if kept_beyond > max(self.batch_rows, self._waiting_rows):
+            self._consolidate()
+
+    def _consolidate(self) -> None:
+        """Copy every waiting row into one fresh batch and re-slice it per subpartition."""
+        waiting = [s for f in self._files for s in f.pending]
+        if not waiting:
+            self._kept_rows = 0
+            return
+        merged = compact(waiting, waiting[0].schema)
+        start = 0
+        for file in self._files:
+            file.pending = [merged.slice(start, file.pending_rows)] if file.pending_rows else []
+            start += file.pending_rows
+        self._kept_rows = self._waiting_rows = merged.num_rows
 
     def finish(self) -> WrittenPartition:
         sizes: list[int] = []
@@ -397,51 +447,46 @@ def _name(partition: PartitionRef) -> str:
 # ---------------------------------------------------------------------- reading
 
 
-def _verify(
-    storage: Storage,
-    path: str,
-    partition: PartitionRef,
-    expected: str,
-    check: Callable[[], None],
-) -> pa.Schema:
-    """Hash the whole file against `expected` without holding it (before any of its rows is
-    used), then read its schema from the footer."""
-    digest = hashlib.blake2b(digest_size=16)
-    try:
-        with storage.open_input(path) as f:
-            while chunk := f.read(COPY_CHUNK_BYTES):
-                digest.update(chunk)
-                check()
-    except FileNotFoundError:
-        raise PartitionMissing(partition, f"result partition file {path} is missing") from None
-    except OSError as err:
-        # Object stores report a missing key as a generic OSError.
-        if not storage.exists(path):
-            raise PartitionMissing(partition, f"result partition file {path} is missing") from None
-        raise PartitionCorrupt(
-            partition, f"result partition file {path} unreadable: {err}"
-        ) from err
-    actual = digest.hexdigest()
-    if actual != expected:
-        raise PartitionCorrupt(
-            partition,
-            f"result partition file {path} has checksum {actual}, expected {expected}",
-        )
-    with _opened(storage, path, partition) as reader:
-        return reader.schema
+class _HashingInput:
+    """A file-like source for pyarrow's readers: passes bytes on, hashing and counting them, so
+    the checksum is taken in the same pass that decodes the file."""
 
+    def __init__(self, raw: pa.NativeFile) -> None:
+        self._raw = raw
+        self._hash = hashlib.blake2b(digest_size=16)
+        self.size = 0
+        self.closed = False
 
-@contextlib.contextmanager
-def _opened(
-    storage: Storage, path: str, partition: PartitionRef
-) -> Iterator[pa.ipc.RecordBatchFileReader]:
-    try:
-        with storage.open_input(path) as f:
-            yield pa.ipc.open_file(f)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as err:
-        raise PartitionCorrupt(
-            partition, f"result partition file {path} unreadable: {err}"
-        ) from err
+    def read(self, nbytes: int = -1) -> bytes:
+        data = self._raw.read(nbytes if nbytes is not None and nbytes >= 0 else None)
+        self._hash.update(data)
+        self.size += len(data)
+        return data
+
+    def drain(self) -> None:
+        """Hash what the decoder left unread (the end of the compressed stream)."""
+        while self.read(COPY_CHUNK_BYTES):
+            pass
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self.size
+
+    def close(self) -> None:
+        # The raw input belongs to the `_OpenFile` reading it.
+        self.closed = True
+
+    @property
+    def checksum(self) -> str:
+        return self._hash.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -449,6 +494,165 @@ class _InputFile:
     partition: PartitionRef
     path: str
     checksum: str
+
+    def missing(self) -> PartitionMissing:
+        return PartitionMissing(self.partition, f"result partition file {self.path} is missing")
+
+    def unreadable(self, err: Exception) -> PartitionCorrupt:
+        return PartitionCorrupt(
+            self.partition, f"result partition file {self.path} unreadable: {err}"
+        )
+
+
+class _OpenFile:
+    """One partition file being read: decoded batch by batch while its bytes are hashed."""
+
+    def __init__(self, storage: Storage, file: _InputFile) -> None:
+        self.file = file
+        try:
+            # A sequential stream: on an object store one GET, not a ranged request per read.
+            self._raw = storage.fs.open_input_stream(file.path)
+        except FileNotFoundError:
+            raise file.missing() from None
+        except OSError as err:
+            # Object stores report a missing key as a generic OSError.
+            if not storage.exists(file.path):
+                raise file.missing() from None
+            raise file.unreadable(err) from err
+        self._hashing = _HashingInput(self._raw)
+        self._accounted = 0
+        self._reader: pa.ipc.RecordBatchStreamReader | None = None
+        try:
+            self.schema = pa.ipc.read_schema(pa.PythonFile(self._hashing, mode="r"))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as err:
+            raise self._failure(err) from err
+
+    def next_batch(self) -> pa.RecordBatch | None:
+        """The file's next batch, or None at its end (where the checksum has been verified)."""
+        try:
+            if self._reader is None:
+                compressed = pa.CompressedInputStream(
+                    pa.PythonFile(self._hashing, mode="r"), _CODEC
+                )
+                self._reader = pa.ipc.open_stream(compressed)
+            return self._reader.read_next_batch()
+        except StopIteration:
+            pass
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as err:
+            raise self._failure(err) from err
+        self.verify()
+        return None
+
+    def bytes_since_last(self) -> int:
+        """File bytes read since the last call (the progress a batch accounts for)."""
+        taken = self._hashing.size - self._accounted
+        self._accounted = self._hashing.size
+        return taken
+
+    def verify(self) -> None:
+        """Hash the rest of the file and compare: PartitionCorrupt on a mismatch."""
+        try:
+            self._hashing.drain()
+        except OSError as err:
+            raise self.file.unreadable(err) from err
+        finally:
+            self._raw.close()
+        actual = self._hashing.checksum
+        if actual != self.file.checksum:
+            raise PartitionCorrupt(
+                self.file.partition,
+                f"result partition file {self.file.path} has checksum {actual}, "
+                f"expected {self.file.checksum}",
+            )
+
+    def _failure(self, err: Exception) -> PartitionError:
+        """A file that cannot be decoded: a checksum mismatch says more, when there is one."""
+        try:
+            self.verify()
+        except PartitionError as mismatch:
+            return mismatch
+        return self.file.unreadable(err)
+
+    def close(self) -> None:
+        self._raw.close()
+
+
+class PartitionInput:
+    """The record batches of a range of subpartitions (`subpartition_batches`), each with the
+    file bytes it accounts for, read in one pass per file: every file is hashed while it is
+    decoded and compared with its checksum when its last batch has been read.
+
+    So the rows of a corrupt file can reach the consumer's code before the mismatch is found.
+    What keeps that safe is where the check sits: a file's mismatch raises PartitionCorrupt
+    from this stream, which fails the attempt, and an attempt commits its output (a
+    partition's completion marker, a sink part handed to the agent) only after its input
+    streams have ended. A consumer that stops reading early, or that fails part-way, calls
+    `verify_read` first: it hashes the rest of the file being read (files not yet opened gave
+    no rows), so a corrupt file is still found, and named as the cause rather than whatever
+    code choked on its rows."""
+
+    def __init__(
+        self, storage: Storage, files: list[_InputFile], check: Callable[[], None]
+    ) -> None:
+        self._storage = storage
+        self._files = files
+        self._check = check
+        self._open: _OpenFile | None = None
+        self._stream = self._batches()
+
+    def __iter__(self) -> Iterator[tuple[pa.RecordBatch, int]]:
+        return self
+
+    def __next__(self) -> tuple[pa.RecordBatch, int]:
+        return next(self._stream)
+
+    def verify_read(self) -> None:
+        """Verify the file being read, if any (see the class docstring)."""
+        opened, self._open = self._open, None
+        if opened is not None:
+            opened.verify()
+
+    def _batches(self) -> Iterator[tuple[pa.RecordBatch, int]]:
+        schema = self._schema()
+        yielded = False
+        for file in self._files:
+            self._check()
+            opened = self._open = _OpenFile(self._storage, file)
+            try:
+                while (batch := opened.next_batch()) is not None:
+                    yielded = True
+                    yield _cast(batch, schema, file), opened.bytes_since_last()
+            except BaseException:
+                opened.close()
+                self._open = None
+                raise
+            self._open = None
+            rest = opened.bytes_since_last()
+            if rest or not yielded:
+                # The end of the stream (or a file without rows) still counts as read.
+                yielded = True
+                yield _empty_batch(schema), rest
+        if not yielded:
+            yield _empty_batch(schema), 0
+
+    def _schema(self) -> pa.Schema:
+        """One schema for every file, known before the first batch: schemas that differ
+        trivially between producers (a column all-null in one file is typed `null` there) are
+        unified as `concat_tables` would. Each file starts with its schema, uncompressed, so
+        this reads the head of each file (a few hundred bytes, not the file)."""
+        schemas: list[pa.Schema] = []
+        for file in self._files:
+            self._check()
+            head = _OpenFile(self._storage, file)
+            try:
+                schemas.append(head.schema)
+            finally:
+                head.close()
+        try:
+            return pa.unify_schemas(schemas, promote_options="default")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            vertex = self._files[0].partition.vertex
+            raise ValueError(f"the files of input {vertex} do not share a schema: {err}") from None
 
 
 def subpartition_batches(
@@ -460,17 +664,14 @@ def subpartition_batches(
     subpartition_range: tuple[int, int],
     checksums: dict[tuple[int, int], str],
     check: Callable[[], None] = lambda: None,
-) -> Iterator[tuple[pa.RecordBatch, int]]:
+) -> PartitionInput:
     """The record batches of subpartitions `subpartition_range` of producer subtasks
     `partition_range` (both inclusive) from their winning `attempts`, in (subtask,
     subpartition) order, each with the file bytes it accounts for (their sum is the bytes of
-    the files). Every file is first verified against `checksums` (keyed by (producer subtask,
-    subpartition)), all before the first batch: a corrupt partition is found before any user
-    code sees its rows. Schemas that differ trivially between producers (a column all-null in
-    one file is typed `null` there) are unified as `concat_tables` would. `check` is called
-    while verifying (the cooperative cancellation check). Never holds a whole file: each file is
-    read twice, once to hash it and once batch by batch (the second read comes from the page
-    cache on a local disk)."""
+    the files). Every file is verified against `checksums` (keyed by (producer subtask,
+    subpartition)) in the same pass that reads it (`PartitionInput`). `check` is called per
+    file (the cooperative cancellation check; the caller checks per batch). Never holds a
+    whole file."""
     first_p, last_p = partition_range
     first_sp, last_sp = subpartition_range
     if first_p > last_p or first_sp > last_sp:
@@ -481,32 +682,7 @@ def subpartition_batches(
         for sp in range(first_sp, last_sp + 1):
             path = subpartition_path(storage, job_id, ref, sp)
             files.append(_InputFile(ref, path, checksums[(producer_subtask, sp)]))
-    schemas = [_verify(storage, f.path, f.partition, f.checksum, check) for f in files]
-    try:
-        schema = pa.unify_schemas(schemas, promote_options="default")
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-        raise ValueError(
-            f"the files of input {producer_vertex} do not share a schema: {err}"
-        ) from None
-    yielded = False
-    for file in files:
-        size = storage.size(file.path) or 0
-        with _opened(storage, file.path, file.partition) as reader:
-            count = reader.num_record_batches
-            accounted = 0
-            for i in range(count):
-                # A file's batches have equal row counts but the last, so the file's bytes are
-                # spread over them by index.
-                upto = size * (i + 1) // count
-                yielded = True
-                yield _cast(reader.get_batch(i), schema, file), upto - accounted
-                accounted = upto
-            if accounted < size:
-                # A file without rows (or its footer) still counts as read.
-                yielded = True
-                yield _empty_batch(schema), size - accounted
-    if not yielded:
-        yield _empty_batch(schema), 0
+    return PartitionInput(storage, files, check)
 
 
 def _cast(batch: pa.RecordBatch, schema: pa.Schema, file: _InputFile) -> pa.RecordBatch:
