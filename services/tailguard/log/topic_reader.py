@@ -28,6 +28,7 @@ from typing import Any
 from confluent_kafka import (
     OFFSET_BEGINNING,
     OFFSET_END,
+    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
     KafkaException,
@@ -80,9 +81,8 @@ class TopicReader:
             # embedded broker keeps only the newest ~5 MB of each partition).
             "auto.offset.reset": "earliest" if from_beginning else "latest",
         }
-        self.consumer = Consumer(
-            {**client_config(settings, "consumer", defaults), **(config or {})}
-        )
+        self._config = {**client_config(settings, "consumer", defaults), **(config or {})}
+        self.consumer = Consumer(self._config)
         self._missing = set(self.topics)
         self._next_discovery = 0.0
         # Next offset to commit per (topic, partition): one past the last message handed out.
@@ -157,11 +157,41 @@ class TopicReader:
             [TopicPartition(tp.topic, tp.partition, start_at_ms) for tp in partitions],
             timeout=_METADATA_TIMEOUT_S,
         )
-        starts = {}
+        starts = {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
+        unanswered = [
+            TopicPartition(tp.topic, tp.partition, ends[(tp.topic, tp.partition)] - 1)
+            for tp in found
+            if tp.offset < 0 and ends[(tp.topic, tp.partition)] > 0
+        ]
+        # "None stamped that late" is also what a broker without a time index says (librdkafka's
+        # mock cluster): where the partition's last record says otherwise, read it from its
+        # beginning (the embedded broker keeps ~5 MB per partition: a bounded read).
+        late = self._stamped_since(unanswered, start_at_ms)
         for tp in found:
             where = (tp.topic, tp.partition)
-            starts[where] = tp.offset if tp.offset >= 0 else ends[where]
+            if where not in starts:
+                starts[where] = OFFSET_BEGINNING if where in late else ends[where]
         return starts
+
+    def _stamped_since(
+        self, last_records: list[TopicPartition], start_at_ms: int
+    ) -> set[tuple[str, int]]:
+        """The partitions whose record at the given offset is stamped at or after
+        `start_at_ms` (read by a probe of their own, so this reader's positions stay put)."""
+        if not last_records:
+            return set()
+        probe = Consumer({**self._config, "group.id": f"{self.group_id}-probe"})
+        try:
+            probe.assign(last_records)
+            stamps: dict[tuple[str, int], int] = {}
+            deadline = time.monotonic() + _METADATA_TIMEOUT_S
+            while len(stamps) < len(last_records) and time.monotonic() < deadline:
+                msg = probe.poll(0.1)
+                if msg is not None and msg.error() is None:
+                    stamps[(str(msg.topic()), msg.partition() or 0)] = msg.timestamp()[1]
+        finally:
+            probe.close()
+        return {where for where, ts in stamps.items() if ts >= start_at_ms}
 
     def poll(self, timeout: float, max_messages: int = 1000) -> list[Message]:
         """The messages that arrive within `timeout` seconds, errors filtered out."""
@@ -181,7 +211,7 @@ class TopicReader:
                     batch = [first]
                     if max_messages > 1:
                         batch.extend(self.consumer.consume(max_messages - 1, 0))
-            messages = [m for m in batch if _usable(m)]
+            messages = [m for m in batch if _usable(m) and self._recent(m)]
             if messages or time.monotonic() >= deadline:
                 break
         for msg in messages:
@@ -190,6 +220,14 @@ class TopicReader:
                 self._check_gap(where, self._resume_at.pop(where), offset)
             self._positions[where] = offset + 1
         return messages
+
+    def _recent(self, msg: Message) -> bool:
+        """Not stamped before `start_at_ms` (what a partition read from its beginning, on a
+        broker without a time index, holds from before)."""
+        if self.start_at_ms is None:
+            return True
+        kind, ts = msg.timestamp()
+        return kind == TIMESTAMP_NOT_AVAILABLE or ts >= self.start_at_ms
 
     def _check_gap(self, where: tuple[str, int], committed: int, first: int) -> None:
         if first > committed:

@@ -55,8 +55,11 @@ class Processor:
         # (read past the group's committed offset before the restart): not fed twice.
         self.restored_up_to: dict[int, int] = {}
 
-    def process(self, raw: bytes | None, partition: int, offset: int) -> list[Outgoing]:
-        """The messages to publish for one input message (outputs, or its dead letter)."""
+    def process(
+        self, raw: bytes | None, partition: int, offset: int, key: bytes | None = None
+    ) -> list[Outgoing]:
+        """The messages to publish for one input message (outputs, or its dead letter, which
+        keeps the message's `key`)."""
         if offset < self.restored_up_to.get(partition, 0):
             # Its outputs were published (a snapshot covers only acknowledged input).
             return []
@@ -78,7 +81,7 @@ class Processor:
                 extra={"topic": topic, "partition": partition, "offset": offset},
             )
             headers = dead_letter_headers(topic, partition, offset, str(err))
-            return [Outgoing(dlq_topic(topic), b"", raw or b"", headers)]
+            return [Outgoing(dlq_topic(topic), key or b"", raw or b"", headers)]
         with self._lock:
             self._retention.keep(record, Retained(partition, offset, raw or b""))
             outputs = self.core.handle(record)

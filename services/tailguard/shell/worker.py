@@ -133,7 +133,9 @@ def build_app(
             message = event.message
             if snapshots is not None:
                 snapshots.before_input()
-            outputs = processor.process(event.value, message.partition, message.offset)
+            outputs = processor.process(
+                event.value, message.partition, message.offset, message.key
+            )
             for out in outputs:
                 # Sent at once and awaited: the input is acknowledged (and later committed)
                 # only after its outputs are on the broker, so a crash loses no decision.
