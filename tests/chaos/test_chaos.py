@@ -49,8 +49,9 @@ from tailguard.testing import Broker, Harness, Services, run_settings
 from tailguard.testing.harness import toml_settings
 
 SLOW_HOST = "127.0.0.4"
-# Long enough for two service restarts (~5-7 s each) inside one job on this 2-core machine.
-FILES, ROWS, WORK = 8, 8_000, 60_000
+# The e2e test's size: long enough for two service restarts (~5-7 s each) inside one job; 8 files
+# of 8,000 rows (work 60,000) ran 3 head subtasks and ended within ~25 s, before the second kill.
+FILES, ROWS, WORK = 12, 12_000, 100_000
 
 pytestmark = [
     pytest.mark.chaos,
