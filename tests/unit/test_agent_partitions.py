@@ -284,3 +284,28 @@ def test_prepare_job_storage_sweeps_dead_local_jobs_and_marks_this_one(storage, 
     assert sorted(os.listdir(tmp_path)) == [JOB, "remote"]
     owner = read_job_owner(storage, JOB)
     assert owner is not None and owner.pid == os.getpid()
+
+
+def test_each_file_is_read_once_verifying_it_in_the_same_pass(storage, monkeypatch):
+    from tailguard.agent.executor import partitions
+
+    read: list[int] = []
+    original = partitions._HashingInput.read
+
+    def counting(self, nbytes=-1):
+        data = original(self, nbytes)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(partitions._HashingInput, "read", counting)
+    parts = [table(i * 20_000, 20_000) for i in range(4)]
+    written = write_partition(storage, JOB, PartitionRef("p", 0, 0), parts)
+    got, read_bytes = read_subpartitions(
+        storage, JOB, "p", {0: 0}, (0, 0), (0, 3), checksums_of(written, 0)
+    )
+    assert got.num_rows == 80_000
+    files = sum(written.bytes_per_subpartition)
+    assert read_bytes == files
+    # The file bytes once, plus each file's schema header for unifying schemas up front
+    # (a few hundred bytes each), not the file twice as hash-then-read did.
+    assert files <= sum(read) <= files + 4 * 1024

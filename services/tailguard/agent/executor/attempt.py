@@ -32,6 +32,7 @@ from tailguard.agent.executor.control import AttemptCancelled, AttemptControl, b
 from tailguard.agent.executor.exchange import partition_batch
 from tailguard.agent.executor.partitions import (
     PartitionCorrupt,
+    PartitionInput,
     PartitionMissing,
     PartitionWriter,
     WrittenPartition,
@@ -196,7 +197,7 @@ def _source_stream(spec: TaskSpec, control: AttemptControl) -> Iterator[pa.Recor
 
 
 def _input_stream(
-    spec: TaskSpec, plan: InputPlan, control: AttemptControl
+    spec: TaskSpec, plan: InputPlan, control: AttemptControl, opened: list[PartitionInput]
 ) -> Iterator[pa.RecordBatch]:
     checksums = _awaited_checksums(spec, plan, control) if plan.pipelined else plan.checksums
     for rng in plan.ranges:
@@ -210,7 +211,19 @@ def _input_stream(
             checksums,
             check=control.check,
         )
+        opened.append(batches)
         yield from _counted(batches, control)
+
+
+def _verified_at_end(
+    stream: Iterator[pa.RecordBatch], opened: list[PartitionInput]
+) -> Iterator[pa.RecordBatch]:
+    """`stream`, then the rest of any partition file it stopped reading part-way verified
+    (an operator may stop reading early): before the output is committed, since each file is
+    verified in the pass that reads it (`PartitionInput`)."""
+    yield from stream
+    for partition_input in opened:
+        partition_input.verify_read()
 
 
 def _failing_after_first(
@@ -283,12 +296,35 @@ def execute(spec: TaskSpec, control: AttemptControl | None = None) -> AttemptOut
 def _run(
     spec: TaskSpec, control: AttemptControl, host: str, started: int, spill_dir: str
 ) -> AttemptOutcome:
+    opened: list[PartitionInput] = []
+    try:
+        return _run_chain(spec, control, host, started, spill_dir, opened)
+    except (AttemptCancelled, PartitionMissing, PartitionCorrupt):
+        raise
+    except Exception:
+        # A corrupt partition file's rows may be what the code choked on: the mismatch, if
+        # any, is the cause to report (PARTITION_CORRUPT restarts the producer).
+        for partition_input in opened:
+            partition_input.verify_read()
+        raise
+
+
+def _run_chain(
+    spec: TaskSpec,
+    control: AttemptControl,
+    host: str,
+    started: int,
+    spill_dir: str,
+    opened: list[PartitionInput],
+) -> AttemptOutcome:
     if spec.source is not None:
         inputs = [rebatch(_source_stream(spec, control), spec.batch_rows)]
     else:
-        inputs = [rebatch(_input_stream(spec, p, control), spec.batch_rows) for p in spec.inputs]
+        inputs = [
+            rebatch(_input_stream(spec, p, control, opened), spec.batch_rows) for p in spec.inputs
+        ]
     context = StepContext(spec.batch_rows, spill_dir, control.check)
-    output = run_chain(spec.steps, inputs, context)
+    output = _verified_at_end(run_chain(spec.steps, inputs, context), opened)
     if spec.fail_with:
         output = _failing_after_first(output, spec.fail_with)
     if spec.sink is not None:

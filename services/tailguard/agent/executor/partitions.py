@@ -458,7 +458,7 @@ class _HashingInput:
         self.closed = False
 
     def read(self, nbytes: int = -1) -> bytes:
-        data = self._raw.read(nbytes if nbytes is not None and nbytes >= 0 else None)
+        data: bytes = self._raw.read(nbytes if nbytes is not None and nbytes >= 0 else None)
         self._hash.update(data)
         self.size += len(data)
         return data
