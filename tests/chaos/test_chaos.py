@@ -119,7 +119,7 @@ def test_service_killed_twice_per_job(name: str, chaos: Chaos) -> None:
 
 @pytest.mark.parametrize("how", ["delete", "corrupt"])
 def test_result_partition_damaged_before_it_is_read(how: str, chaos: Chaos) -> None:
-    chaos.run(f"partition-{how}d", PartitionDamage(how))
+    chaos.run(f"partition-{how.rstrip('e')}ed", PartitionDamage(how))
 
 
 # ---------------------------------------------------------------------- garbage
