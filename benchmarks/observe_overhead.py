@@ -65,7 +65,8 @@ def load() -> str:
 
 
 def spread(values: list[float]) -> str:
-    return f"median {statistics.median(values):.3f} s (min {min(values):.3f}, max {max(values):.3f})"
+    median = statistics.median(values)
+    return f"median {median:.3f} s (min {min(values):.3f}, max {max(values):.3f})"
 
 
 def main() -> int:
@@ -82,7 +83,7 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     import tailguard
-    from tailguard.observe import listener_jar
+    from tailguard.observer import listener_jar
 
     work = Path(args.work_dir).resolve()
     data = str(write_data(work / "data", args.files, args.rows))

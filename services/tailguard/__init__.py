@@ -27,7 +27,7 @@ def __getattr__(name: str) -> Any:
 
         return run
     if name == "observe":
-        from tailguard.observe import observe
+        from tailguard.observer import observe
 
         return observe
     raise AttributeError(f"module 'tailguard' has no attribute {name!r}")

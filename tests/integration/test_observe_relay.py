@@ -1,6 +1,6 @@
 """The relay process as the listener drives it: settings, then the application, then Spark's
 events on stdin; the application's archive holds the translated events, Ticks included. Archive
-mode (no broker), in a real `python -m tailguard.observe.relay` process."""
+mode (no broker), in a real `python -m tailguard.observer.relay` process."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_the_relay_archives_an_applications_jobs(tmp_path: Path) -> None:
     lines = [f"C|tailguard.archive-dir|{tmp_path}", *LINES]
     stdin = "".join(line.replace("|", "\t") + "\n" for line in lines)
     done = subprocess.run(
-        [sys.executable, "-m", "tailguard.observe.relay"],
+        [sys.executable, "-m", "tailguard.observer.relay"],
         input=stdin.encode(),
         capture_output=True,
         timeout=120,

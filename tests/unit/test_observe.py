@@ -8,8 +8,8 @@ import pytest
 from tailguard.detector.policy import SlowTaskDetector
 from tailguard.model import records as r
 from tailguard.model.config import Settings
-from tailguard.observe.export import ExportError, host_list, k8s, yarn
-from tailguard.observe.translate import ObserveError, SparkEventTranslator
+from tailguard.observer.export import ExportError, host_list, k8s, yarn
+from tailguard.observer.translate import ObserveError, SparkEventTranslator
 
 APP = "app-1"
 POLICY = {
@@ -183,3 +183,13 @@ def test_the_fleet_list_exports_for_yarn_kubernetes_and_as_hosts() -> None:
 def test_a_host_the_format_cannot_carry_is_refused_by_name() -> None:
     with pytest.raises(ExportError, match="'a,b'"):
         yarn(["a,b"])
+
+
+def test_tailguard_observe_is_the_function_even_once_its_package_is_imported() -> None:
+    """The package is `tailguard.observer`: a subpackage named `observe` would replace the
+    function `tailguard.observe` the moment anything imported it."""
+    import tailguard
+    import tailguard.observer
+
+    assert callable(tailguard.observe)
+    assert tailguard.observe is tailguard.observer.observe

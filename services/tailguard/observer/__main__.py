@@ -1,4 +1,4 @@
-"""`python -m tailguard.observe jar|export`: the listener's jar path (for `spark-submit --jars`),
+"""`python -m tailguard.observer jar|export`: the listener's jar path (for `spark-submit --jars`),
 and the fleet blocklist in a platform's form (`export.py`)."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tailguard.observe.export import add_export_arguments, run_export
-from tailguard.observe.jar import JarBuildError, listener_jar
+from tailguard.observer.export import add_export_arguments, run_export
+from tailguard.observer.jar import JarBuildError, listener_jar
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tailguard.observe")
+    parser = argparse.ArgumentParser(prog="python -m tailguard.observer")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
     verbs.add_parser("jar", help="build (once) and print the listener's jar")

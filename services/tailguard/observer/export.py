@@ -12,7 +12,7 @@ schedules them; docs/observe.md). What it can do is hand the list to the next su
 The formatters are pure; `run_export` reads the compacted `tailguard.blocklist` topic (the blocks
 in force now) and prints one. `add_export_arguments`/`run_export` are shaped like the verbs of
 `blocklist/cli.py`, so `tailguard blocklist export` is two lines there; until then
-`python -m tailguard.observe export --format yarn|k8s|hosts`.
+`python -m tailguard.observer export --format yarn|k8s|hosts`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m tailguard.observe.relay`: the listener's lines in on stdin, tailguard events out.
+"""`python -m tailguard.observer.relay`: the listener's lines in on stdin, tailguard events out.
 
 The JVM listener starts this process and writes to its stdin: first the settings (`C key
 value`, never on the command line where other users of the host could read a secret), then the
@@ -25,9 +25,9 @@ from collections.abc import Iterable, Iterator
 from typing import IO
 
 from tailguard.model.config import SERVICES_KEY, Settings, recorded_config
-from tailguard.observe.translate import ObserveError, SparkEventTranslator
+from tailguard.observer.translate import ObserveError, SparkEventTranslator
 
-log = logging.getLogger("tailguard.observe")
+log = logging.getLogger("tailguard.observer")
 
 TICK_HOLDBACK_MS = 250
 LOG_MODE_KEY = "tailguard.observe.log-mode"  # kafka (default) | archive
@@ -48,7 +48,7 @@ def _reader(lines: Iterable[list[str]], into: queue.Queue[list[str] | None]) -> 
 
 def relay(stream: IO[bytes], environ_settings: Settings | None = None) -> int:
     """Relay one application's lines from `stream`; the exit status."""
-    from tailguard.observe.publisher import publisher_for
+    from tailguard.observer.publisher import publisher_for
     from tailguard.settings_file import load_settings
 
     lines = _lines(stream)

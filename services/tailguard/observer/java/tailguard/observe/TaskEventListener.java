@@ -28,7 +28,7 @@ import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * Spark's own task events, as tab-separated lines on the standard input of tailguard's relay
- * process (python -m tailguard.observe.relay), which turns them into tailguard events.
+ * process (python -m tailguard.observer.relay), which turns them into tailguard events.
  *
  * Why a JVM listener and not a Python one over py4j: Spark calls listeners on its listener-bus
  * thread, one event at a time, and a queue that backs up drops events for every listener of the
@@ -60,7 +60,7 @@ public class TaskEventListener extends SparkListener {
         String python = conf.get(PREFIX + "observe.python", defaultPython());
         command.add(python);
         command.add("-m");
-        command.add("tailguard.observe.relay");
+        command.add("tailguard.observer.relay");
     }
 
     private static String defaultPython() {

@@ -7,7 +7,7 @@
 
 or with no code at all (docs/observe.md):
 
-    spark-submit --jars "$(python -m tailguard.observe jar)" \\
+    spark-submit --jars "$(python -m tailguard.observer jar)" \\
       --conf spark.extraListeners=tailguard.observe.TaskEventListener job.py
 
 A JVM listener (`java/`) writes Spark's task events to a relay process (`relay.py`), which
@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from tailguard.observe.jar import LISTENER_CLASS, JarBuildError, listener_jar
+from tailguard.observer.jar import LISTENER_CLASS, JarBuildError, listener_jar
 
 __all__ = ["JarBuildError", "Observation", "listener_jar", "observe"]
 
@@ -81,7 +81,7 @@ def observe(
     listener = cls.getConstructor(gateway.new_array(jvm.java.lang.Class, 0)).newInstance(
         gateway.new_array(jvm.java.lang.Object, 0)
     )
-    argv = [python or sys.executable, "-m", "tailguard.observe.relay"]
+    argv = [python or sys.executable, "-m", "tailguard.observer.relay"]
     command = gateway.new_array(jvm.java.lang.String, len(argv))
     for i, arg in enumerate(argv):
         command[i] = arg
