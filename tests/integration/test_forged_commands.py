@@ -244,7 +244,11 @@ def test_the_agent_signs_its_own_fallback_decisions_as_agent(
     arrived: queue.Queue[CommandReceived] = queue.Queue()
     codec = codec_for(system.settings)
     writer = ArchiveWriter(tmp_path / "fallback.avro")
-    publisher = KafkaPublisher(writer, codec, system.settings, job, arrived.put)
+    died: list[BaseException] = []
+    publisher = KafkaPublisher(
+        writer, codec, system.settings, job, arrived.put,
+        start_at_ms=time.time_ns() // 1_000_000 - 60_000, on_failure=died.append,
+    )  # fmt: skip
     decision = r.FailJob(job_id=job, ts=1, id=derived_id("failover", job, "x"), reason="limit")
     try:
         publisher.local(decision)
@@ -252,4 +256,4 @@ def test_the_agent_signs_its_own_fallback_decisions_as_agent(
     finally:
         publisher.close()
     key = SigningKey.parse(SIGNING_KEY, KEY_SETTING)
-    assert echo == CommandReceived(decision, Signed(AGENT, key.key_id))
+    assert echo == CommandReceived(decision, Signed(AGENT, key.key_id)) and not died
