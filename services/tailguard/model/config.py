@@ -22,6 +22,9 @@ DEFAULTS: dict[str, str] = {
     "slow-task-detector.progress-rate.enabled": "false",
     "slow-task-detector.progress-rate.slowdown": "2",
     "slow-task-detector.progress-rate.min-elapsed": "10 s",
+    # ...unless the host's other attempts all read at under this many times the reference time
+    # per byte: then the task's own data is slow, not the host, and a copy cannot help; 0: off.
+    "slow-task-detector.progress-rate.host-corroboration": "1.5",
     # FLIP-168 speculative execution and slow-node blocking (Flink 1.16+ key names)
     "execution.batch.speculative.enabled": "true",
     "execution.batch.speculative.max-concurrent-executions": "2",

@@ -34,6 +34,7 @@ from tailguard.detector.policy.progress import (
     Progress,
     ProgressRule,
     RunningMedian,
+    corroborated,
     is_slow,
     reference_per_byte,
     time_left_ms,
@@ -164,13 +165,16 @@ class _VertexState:
 
 
 class _JobState:
-    __slots__ = ("hosts", "rule", "sorted_hosts", "vertices")
+    __slots__ = ("hosts", "last_finished_slowdown", "rule", "sorted_hosts", "vertices")
 
     def __init__(self, event: JobSubmitted, rule: _Rule) -> None:
         self.rule = rule
         self.vertices = {spec.name: _VertexState(spec) for spec in event.graph.vertices}
         self.hosts: set[str] = set()
         self.sorted_hosts: tuple[str, ...] | None = ()
+        # Per host, its last finished attempt's time per byte over the median of its vertex's
+        # finished ones then: the progress rule's host corroboration between running attempts.
+        self.last_finished_slowdown: dict[str, float] = {}
 
     def host_list(self) -> tuple[str, ...]:
         if self.sorted_hosts is None:
@@ -309,6 +313,9 @@ class SlowTaskDetector:
                 key = time_per_byte(execution_ms, size)
                 vertex.per_byte.add(key, event.subtask, (execution_ms, size))
                 if size > 0:
+                    median = vertex.finished_per_byte.median()
+                    if median:
+                        job.last_finished_slowdown[live.host] = execution_ms / size / median
                     vertex.finished_per_byte.add(execution_ms / size)
         if not (won and live.speculative):
             return []
@@ -378,10 +385,13 @@ class SlowTaskDetector:
             candidates.update(dict.fromkeys(self._old_enough(tick.ts, rule.lower_bound_ms, vertex)))
         if tau is not None:
             candidates.update(dict.fromkeys(self._reporting(tick.ts, vertex, rule.progress)))
+        peers = None
+        if tau is not None and rule.progress.host_corroboration > 0:
+            peers = self._slowdowns_by_host(tick.ts, vertex, rule.progress, tau)
         slow: list[SlowSubtask] = []
         for subtask in candidates:
             attempts = vertex.live[subtask]
-            entries = self._judge(tick.ts, job, vertex, subtask, attempts, flink, tau)
+            entries = self._judge(tick.ts, job, vertex, subtask, attempts, flink, tau, peers)
             if entries is not None:
                 slow.append(SlowSubtask(subtask, entries, vertex.latest_attempt[subtask]))
         if not slow and not vertex.reported_slow:
@@ -418,6 +428,25 @@ class SlowTaskDetector:
                 running.append(elapsed / p.bytes_read)
         self._attempts_examined += len(vertex.live_by_age)
         return reference_per_byte(running, vertex.finished_per_byte)
+
+    @staticmethod
+    def _slowdowns_by_host(
+        now: int, vertex: _VertexState, rule: ProgressRule, tau: float
+    ) -> dict[str, list[tuple[int, int, float]]]:
+        """Per host, (subtask, attempt, time per byte / τ) of the vertex's running attempts
+        that have reported and run for the minimum: what corroborates a slow host."""
+        peers: dict[str, list[tuple[int, int, float]]] = {}
+        if tau <= 0:
+            return peers
+        for (subtask, attempt), live in vertex.live_by_age.items():
+            if now - live.deploying_ts < rule.min_elapsed_ms:
+                break  # deploying order: the rest are younger
+            p = live.progress
+            if p is None or p.bytes_read <= 0 or subtask in vertex.done:
+                continue
+            per_byte = (p.ts - live.deploying_ts) / p.bytes_read
+            peers.setdefault(live.host, []).append((subtask, attempt, per_byte / tau))
+        return peers
 
     @staticmethod
     def _reporting(now: int, vertex: _VertexState, rule: ProgressRule) -> list[int]:
@@ -480,9 +509,11 @@ class SlowTaskDetector:
         attempts: dict[int, _LiveAttempt],
         flink: tuple[int, float | None] | None,
         tau: float | None,
+        peers: dict[str, list[tuple[int, int, float]]] | None = None,
     ) -> tuple[SlowAttempt, ...] | None:
         """All live attempts of `subtask` if at least one of them is slow by a rule in force,
-        else None."""
+        else None. `peers`: the running attempts' slowdowns by host, when the progress rule
+        needs its host corroborated (`_slowdowns_by_host`)."""
         lower_bound = job.rule.lower_bound_ms
         progress_rule = job.rule.progress
         size = self._assigned(job, vertex, subtask)
@@ -501,6 +532,16 @@ class SlowTaskDetector:
                 if execution_ms >= progress_rule.min_elapsed_ms:
                     left = time_left_ms(now, live.deploying_ts, live.progress, total)
                     slow = is_slow(left, total, tau, progress_rule)
+                    if slow and peers is not None:
+                        evidence = [
+                            ratio
+                            for other_subtask, other_attempt, ratio in peers.get(live.host, ())
+                            if (other_subtask, other_attempt) != (subtask, live.attempt)
+                        ]
+                        last = job.last_finished_slowdown.get(live.host)
+                        if last is not None:
+                            evidence.append(last)
+                        slow = corroborated(evidence, progress_rule)
             elif flink is not None and execution_ms >= lower_bound:
                 baseline_ms, baseline_per_byte = flink
                 if size is not None and baseline_per_byte is not None:
