@@ -27,7 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "run": (
         "tailguard.agent.run_cli",
-        "run a job file (main(params) -> Job) under the control plane",
+        "run a job file (main(params) -> Job) under the control plane, or --recover one",
     ),
     "demo": ("tailguard.demo", "the end-to-end demo: broker, 3-node cluster, services, a job"),
     "replay": ("tailguard.replay.cli", "re-run the decision cores over a recorded log and compare"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,14 +21,16 @@ from tailguard.agent.driver.ports import (
     InboxMessage,
     Publisher,
 )
+from tailguard.agent.driver.recovery import JobLog, RecoveryError, check_recoverable
 from tailguard.agent.driver.result import RunResult
 from tailguard.agent.executor import partitions
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
 from tailguard.log.archive import ArchiveWriter, archive_exists
 from tailguard.logs import hide_secrets, job_context
+from tailguard.model import records as r
 from tailguard.model.authority import Unauthentic
-from tailguard.model.config import Settings, parse_duration_ms
+from tailguard.model.config import SERVICES_KEY, Settings, parse_duration_ms
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,7 @@ def run(
     job_id: str | None = None,
     progress: bool = True,
     options: RunOptions | None = None,
+    recover: str | None = None,
 ) -> RunResult:
     """Run `job` on the cluster behind `spark` (a SparkSession) and return its result.
 
@@ -70,6 +74,10 @@ def run(
     The per-job Avro archive (`<archive-dir>/<job id>.avro`) is written in both modes;
     `tailguard.archive-dir` may be a URI too (docs/storage.md: what a lost driver loses then).
     S3 is reached with the `s3.*` settings or the AWS default chain.
+    `recover=JOB_ID` takes over a job whose driver died (the same `job`, settings and storage):
+    its state is rebuilt from its archive and the topics, finished results that still verify are
+    kept, the rest runs again (docs/reliability.md#driver-recovery); `RecoveryError` when it
+    cannot be, before anything is recorded.
     The job's metrics are served while it runs when `tailguard.metrics.port` is set, and pushed
     at its end when `tailguard.metrics.pushgateway` is (docs/operations.md#metrics); its log
     lines name its id (docs/operations.md#logs).
@@ -90,7 +98,13 @@ def run(
     work_dir = Path(settings.get("tailguard.work-dir") or "work")
     archive_dir = settings.get("tailguard.archive-dir") or str(work_dir / "archive")
     store = Storage(storage or str(work_dir / "storage"))
-    if job_id is not None:  # a new id is new
+    if recover is not None:
+        if job_id not in (None, recover):
+            raise ValueError(f"recover={recover!r} runs job {recover}, not job_id={job_id!r}")
+        job_id = recover
+        # Before the sweep, which would take the dead driver's results for leftovers.
+        take_over_storage(store, recover)
+    if recover is None and job_id is not None:  # a new id is new
         refuse_used_job_id(archive_dir, job_id)
     swept = partitions.sweep_abandoned(store, partitions.local_owner_alive)
     if swept:
@@ -104,14 +118,27 @@ def run(
         metrics_url = metrics.serve_endpoint(settings, job_metrics.metrics)
         if metrics_url is not None:
             log.info("job %s: metrics at %s", job_id, metrics_url)
+        archive_location = filesystems.join(filesystems.normalise(archive_dir), f"{job_id}.avro")
+        recovering = None
+        if recover is not None:
+            from tailguard.agent.adapters.job_log import read_recovery_log
+
+            recovering = read_recovery_log(
+                job_id, archive_location, settings, topics=log_mode == "kafka"
+            )
+            settings = recorded_policy(settings, recovering.job_log)
         archive = ArchiveWriter(
-            filesystems.join(filesystems.normalise(archive_dir), f"{job_id}.avro"),
+            archive_location,
             upload_interval_s=parse_duration_ms(
                 settings.get(ARCHIVE_UPLOAD_INTERVAL) or DEFAULT_ARCHIVE_UPLOAD_INTERVAL
             )
             / 1000.0,
             spool_dir=work_dir / "archive-spool",
         )
+        if recovering is not None:
+            # The archive gets the whole log: what only the topic kept goes in before the new.
+            for event in recovering.not_archived:
+                archive.append(r.EVENTS_TOPIC, "published", event, event.ts)
         codec = codec_for(settings)
         options = options or RunOptions()
         options.storage = store
@@ -138,15 +165,16 @@ def run(
         if log_mode == "kafka":
             from tailguard.agent.adapters.kafka import KafkaPublisher
 
-            # The job's decisions are read from its first fact on, less a margin for the
-            # clocks of the services' hosts.
+            # The job's decisions are read from its first fact on (a recovered job's: from the
+            # dead driver's), less a margin for the clocks of the services' hosts.
+            first_fact_ms = recovering.job_log.events[0].ts if recovering is not None else _now_ms()
             publisher = KafkaPublisher(
                 archive,
                 codec,
                 settings,
                 job_id,
                 deliver,
-                start_at_ms=_now_ms() - start_margin_ms(settings),
+                start_at_ms=first_fact_ms - start_margin_ms(settings),
                 on_failure=thread_failed,
             )
         else:
@@ -155,7 +183,16 @@ def run(
             publisher = ArchivePublisher(archive, codec)
         runtime = SparkRuntime(spark, settings, job_name=job.name)
         metered = metrics.MeteredPublisher(publisher, job_metrics)
-        driver = JobDriver(job, runtime, metered, settings, options, job_id=job_id, inbox=inbox)
+        driver = JobDriver(
+            job,
+            runtime,
+            metered,
+            settings,
+            options,
+            job_id=job_id,
+            inbox=inbox,
+            recover=recovering.job_log if recovering is not None else None,
+        )
         partitions.mark_job_running(store, job_id, partitions.JobOwner.current())
         try:
             with agent_threads_fail(thread_failed):
@@ -167,6 +204,27 @@ def run(
         if metrics_url is not None:
             result.extra["metrics_url"] = metrics_url
         return result
+
+
+def take_over_storage(store: Storage, job_id: str) -> None:
+    """Make this process the owner of a job whose driver died; RecoveryError if it still runs."""
+    owner = partitions.read_job_owner(store, job_id)
+    # A driver on another host cannot be judged from here: recovering says it died.
+    here = socket.gethostname()
+    if owner is not None and owner.host == here and partitions.local_owner_alive(owner, here):
+        raise RecoveryError(
+            f"job {job_id} is still run by process {owner.pid} on {owner.host}: only a job "
+            "whose driver died can be recovered"
+        )
+    partitions.mark_job_running(store, job_id, partitions.JobOwner.current())
+
+
+def recorded_policy(settings: Settings, job_log: JobLog) -> Settings:
+    """The settings of a recovered run: the policy settings the job was submitted with win, so
+    the agent's local cores decide as the services do (they read them from JobSubmitted)."""
+    submitted = check_recoverable(job_log)
+    recorded = {k: v for k, v in submitted.config.items() if k != SERVICES_KEY}
+    return Settings({**settings.overrides(), **recorded})
 
 
 def refuse_used_job_id(archive_dir: str, job_id: str) -> None:

@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="publish facts to Kafka (default) or keep them in the archive only",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--recover",
+        metavar="JOB_ID",
+        help="take over job JOB_ID, whose driver died: rebuild it from its archive and the "
+        "topics, keep what it finished, run the rest (same JOB.py, --param and settings)",
+    )
     add_format_argument(parser, default=argparse.SUPPRESS)
 
 
@@ -83,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from pyspark import cloudpickle
 
     from tailguard.agent.adapters.spark import session_builder
+    from tailguard.agent.driver.recovery import RecoveryError
     from tailguard.agent.entry import run as run_job
     from tailguard.settings_file import load_settings
 
@@ -99,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"tailguard run: {err}", file=sys.stderr)
         return 2
     master = args.master or default_master(Path(settings["tailguard.work-dir"]))
-    print(f"running {job.name} on {master}")
+    print(f"{'recovering ' + args.recover if args.recover else 'running ' + job.name} on {master}")
     spark = session_builder(master, app_name=f"tailguard {job.name}").getOrCreate()
     try:
         result = run_job(
@@ -109,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
             services=not args.no_services,
             settings=settings,
             progress=not args.no_progress,
+            recover=args.recover,
         )
+    except RecoveryError as err:
+        print(f"tailguard run: cannot recover: {err}", file=sys.stderr)
+        return 2
     finally:
         spark.stop()
     print(result.summary())

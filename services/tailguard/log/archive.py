@@ -114,7 +114,9 @@ class ArchiveWriter:
         existing = self.path.exists() and self.path.stat().st_size > 0
         if existing and self._remote is None:
             # Checked before fastavro appends to it, for a clear error on a foreign file.
-            ArchiveReader(self.path).check_continuable()
+            reader = ArchiveReader(self.path)
+            reader.check_continuable()
+            _drop_torn_tail(self.path, reader.complete_length())
         self._entries = EntryEncoder()
         self._file: IO[bytes] = self.path.open("a+b" if existing else "wb")
         try:
@@ -360,6 +362,15 @@ class ArchiveReader:
                 "record schemas): appending to it would mix two formats; write a new archive"
             )
 
+    def complete_length(self) -> int:
+        """The bytes up to the end of the last complete block: where a writer may go on."""
+        with self._open() as handle:
+            _, _, _, sync = self._read_header(handle)
+            end = handle.tell()
+            for _ in self._blocks(handle, sync):
+                end = handle.tell()
+            return end
+
     def _open(self) -> IO[bytes]:
         if filesystems.is_local(self.location):
             path = Path(self.location)
@@ -430,6 +441,20 @@ class ArchiveReader:
             if marker != sync or count < 0 or length < 0:
                 raise ArchiveError(f"{self.location}: damaged block at byte {start}")
             yield count, data
+
+
+def _drop_torn_tail(path: Path, complete: int) -> None:
+    """Cut a block that a killed writer left half-written (kill -9 mid-flush): appending after
+    it would put a damaged block in the middle of the archive, which no reader gets past."""
+    size = path.stat().st_size
+    if complete < size:
+        log.warning(
+            "archive %s: dropping %d bytes of an incomplete last block (its writer died)",
+            path,
+            size - complete,
+        )
+        with path.open("r+b") as handle:
+            handle.truncate(complete)
 
 
 def open_archive(location: str | Path, settings: Settings) -> ArchiveReader:

@@ -75,6 +75,25 @@ def _read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list
     return values
 
 
+def read_topic(settings: Settings, topic: str, job: str | None = None) -> Iterator[Recorded]:
+    """One topic from the beginning up to its current end (a job's records only, if `job`);
+    undecodable messages are skipped; LogReadError when the broker cannot be read."""
+    codec = codec_for(settings)
+    try:
+        values = _read_topic(settings, topic)
+    except LogReadError:
+        raise
+    except Exception as err:  # the broker is unreachable
+        raise LogReadError(f"cannot read topic {topic}: {err}") from err
+    for value in values:
+        try:
+            record = codec.decode(value)
+        except DecodeError:
+            continue  # a dead letter for the services too; not part of any decision
+        if job is None or record.job_id == job:
+            yield Recorded(topic, record)
+
+
 def read_topics(settings: Settings, job: str | None = None) -> Iterator[Recorded]:
     """The three topics from the beginning up to their current end, topic after topic.
 
@@ -82,18 +101,5 @@ def read_topics(settings: Settings, job: str | None = None) -> Iterator[Recorded
     is the job id), so records are returned in partition-offset order with no cross-topic
     interleaving needed: the replay separates the topics again anyway.
     """
-    codec = codec_for(settings)
     for topic in r.TOPICS:
-        try:
-            values = _read_topic(settings, topic)
-        except LogReadError:
-            raise
-        except Exception as err:  # the broker is unreachable
-            raise LogReadError(f"cannot read topic {topic}: {err}") from err
-        for value in values:
-            try:
-                record = codec.decode(value)
-            except DecodeError:
-                continue  # a dead letter for the services too; not part of any decision
-            if job is None or record.job_id == job:
-                yield Recorded(topic, record)
+        yield from read_topic(settings, topic, job)

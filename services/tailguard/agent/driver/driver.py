@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tailguard.agent.driver import plans
+from tailguard.agent.driver import plans, recovery
 from tailguard.agent.driver.commands import handler_for
 from tailguard.agent.driver.fallbacks import LocalFallbacks
 from tailguard.agent.driver.ports import (
@@ -29,7 +29,7 @@ from tailguard.agent.driver.ports import (
     RunnerLost,
     Runtime,
 )
-from tailguard.agent.driver.result import AttemptSummary, RunResult
+from tailguard.agent.driver.result import AttemptSummary, RecoverySummary, RunResult
 from tailguard.agent.driver.slots import (
     ExecutionVertexId,
     RegionRequest,
@@ -103,7 +103,10 @@ class JobDriver:
         options: RunOptions,
         job_id: str | None = None,
         inbox: queue.Queue[InboxMessage] | None = None,
+        recover: recovery.JobLog | None = None,
     ) -> None:
+        """`recover`: the log of this job's dead driver; the job is taken over from where it
+        stopped (`agent/driver/recovery.py`) instead of started."""
         self.job = job
         self.graph: ChainedJob = chain(job)
         self.runtime = runtime
@@ -111,6 +114,12 @@ class JobDriver:
         self.settings = settings
         self.options = options
         self.job_id = job_id or new_job_id(job)
+        if recover is not None and recover.job_id != self.job_id:
+            raise recovery.RecoveryError(
+                f"the log given is job {recover.job_id}'s, not {self.job_id}'s"
+            )
+        self._recover_from = recover
+        self._recovered: recovery.Recovered | None = None
         assert options.storage is not None, "RunOptions.storage is required"
         self.storage = options.storage
         self._state = ExecutionState(
@@ -216,6 +225,9 @@ class JobDriver:
         try:
             self._start()
             self._loop()
+        except recovery.RecoveryError:
+            # Refused before anything was recorded: the job stays recoverable as it was.
+            raise
         except ExecutorEnvironmentError as err:
             # Found before any attempt ran: every attempt would fail the same way, anywhere.
             log.error("job %s: %s", self.job_id, err)
@@ -236,24 +248,73 @@ class JobDriver:
             if vertex.source is not None:
                 self.splits[name] = discover_splits(vertex.source)
                 split_bytes[name] = tuple(s.bytes for s in self.splits[name])
-        for vertex in self.graph.vertices.values():
-            if vertex.sink is not None:
-                plans.prepare_sink(vertex.sink)
         spec = self.graph.spec(split_bytes)
-        # Whether the services run is part of the record: a replay must know which decisions
-        # were made live and which only by the local fallbacks. Only policy settings and
-        # markers are recorded, never connection settings or their secrets.
-        config = recorded_config(
-            {**self.settings.overrides(), SERVICES_KEY: "on" if self.options.services else "off"}
-        )
-        self.emit(r.JobSubmitted, name=self.job.name, graph=spec, config=config)
+        if self._recover_from is not None:
+            self._take_over(self._recover_from, spec)
+        else:
+            for vertex in self.graph.vertices.values():
+                if vertex.sink is not None:
+                    plans.prepare_sink(vertex.sink)
+            # Whether the services run is part of the record: a replay must know which
+            # decisions were made live and which only by the local fallbacks. Only policy
+            # settings and markers are recorded, never connection settings or their secrets.
+            config = recorded_config(
+                {
+                    **self.settings.overrides(),
+                    SERVICES_KEY: "on" if self.options.services else "off",
+                }
+            )
+            self.emit(r.JobSubmitted, name=self.job.name, graph=spec, config=config)
         launched = self.runtime.start(self.job_id, self.post)
         self._await_runners(launched)
         if self.options.fleet_list is not None:  # before any attempt is placed
             apply_fleet_list(self, self.options.fleet_list)
+        if self._recovered is not None:
+            now = self.now()
+            for host, until in sorted(self._recovered.blocks.items()):
+                # Still blocked for the services; one whose time is up is lifted at the tick.
+                self.block_started[host] = now
+                self._pool.block(host, until)
         if self.options.on_start is not None:
             self.options.on_start(self)
         self._initialize_static()
+
+    def _take_over(self, job_log: recovery.JobLog, spec: r.JobGraphSpec) -> None:
+        """Rebuild the dead driver's state from its log, check what it finished, and record
+        what was lost with it; the sinks keep their committed parts (no `prepare_sink`)."""
+        rebuilt = recovery.rebuild(self._state, job_log)
+        if rebuilt.submitted.graph != spec:
+            raise recovery.RecoveryError(
+                f"job {self.job_id}: the job given is not the one its log recorded (the graph "
+                "or its input splits differ): recover it with the same job file, parameters "
+                "and input"
+            )
+        recovery.reconcile(self._state, rebuilt, self.storage, self.job_id)
+        self._recovered = rebuilt
+        self.sequence = rebuilt.last_sequence
+        # Handled ids stay handled; the local cores see the job's history as the services did,
+        # so a decision pending at the crash is still taken (under the id the service gives it).
+        self.applied = set(rebuilt.handled)
+        for command_id in rebuilt.handled:
+            self.fallbacks.settle(command_id)
+        for event in rebuilt.events:
+            self.fallbacks.observe(event)
+        log.info(
+            "job %s recovered from %s: %d result(s) kept, %d attempt(s) lost with the driver, "
+            "%d result(s) lost (%d to produce again)",
+            self.job_id,
+            job_log.source,
+            rebuilt.kept_results,
+            len(rebuilt.lost_attempts),
+            len(rebuilt.lost_results),
+            len(rebuilt.rerun_partitions),
+        )
+        # The services still time the lost attempts as running: end them for everyone.
+        for attempt in rebuilt.lost_attempts:
+            self._attempt_event(r.AttemptCanceled, attempt, reason=r.CancelReason.RESTART)
+        for ref, _ in rebuilt.lost_results:
+            if self._state.vertices[ref.vertex].definition.sink is None:
+                self.emit(r.PartitionReleased, partition=ref)
 
     def _await_runners(self, launched: int) -> None:
         """Wait until the runners launched at start have all reported (connected, or ended),
@@ -842,4 +903,21 @@ class JobDriver:
             dispatch_ms=tuple(self.dispatch_ms),
             deploy_to_running_ms=tuple(self.deploy_to_running_ms),
             runners_lost=self.runners_lost,
+            recovery=self._recovery_summary(),
+        )
+
+    def _recovery_summary(self) -> RecoverySummary | None:
+        rebuilt = self._recovered
+        if rebuilt is None or self._recover_from is None:
+            return None
+        before = sum(1 for e in rebuilt.events if isinstance(e, r.AttemptDeploying))
+        after = sum(len(s.attempts) for v in self._state.vertices.values() for s in v.subtasks)
+        return RecoverySummary(
+            source=self._recover_from.source,
+            events_before=len(rebuilt.events),
+            kept_results=rebuilt.kept_results,
+            lost_attempts=len(rebuilt.lost_attempts),
+            lost_results=len(rebuilt.lost_results),
+            rerun_results=len(rebuilt.rerun_partitions),
+            attempts_after=after - before,
         )

@@ -20,6 +20,27 @@ class AttemptSummary:
 
 
 @dataclass(frozen=True)
+class RecoverySummary:
+    """What a recovered run (`recover=`) took over and what it had to run again."""
+
+    source: str  # where the dead driver's log was read from
+    events_before: int  # events of the log it took over
+    kept_results: int  # finished results (partitions, committed sink parts) that verified
+    lost_attempts: int  # attempts running when the driver died
+    lost_results: int  # finished results whose files no longer verified
+    rerun_results: int  # of those, the ones a consumer still needed (produced again)
+    attempts_after: int  # attempts this run deployed (re-runs, and what was never started)
+
+    def line(self) -> str:
+        return (
+            f"recovered from {self.source} ({self.events_before} events): "
+            f"{self.kept_results} results kept, {self.lost_attempts} attempts lost with the "
+            f"driver, {self.lost_results} results lost ({self.rerun_results} produced again), "
+            f"{self.attempts_after} attempts deployed after the recovery"
+        )
+
+
+@dataclass(frozen=True)
 class RunResult:
     job_id: str
     status: str  # SUCCEEDED, FAILED, CANCELED
@@ -43,6 +64,8 @@ class RunResult:
     deploy_to_running_ms: tuple[float, ...] = ()
     # Slot runners that ended during the job (executor lost, worker killed, cancel timeout).
     runners_lost: int = 0
+    # Set when the run took over a job whose driver died.
+    recovery: RecoverySummary | None = None
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -74,6 +97,7 @@ class RunResult:
         lines = [
             f"job {self.job_id}: {self.status} in {self.duration_s:.1f} s"
             + (f" ({self.message})" if self.message else ""),
+            *([self.recovery.line()] if self.recovery is not None else []),
             f"attempts: {len(self.attempts)} ({self.speculative_attempts} speculative, "
             f"{self.speculative_wins} of them won; {self.failures} failed, "
             f"{self.restarts} restarts)",

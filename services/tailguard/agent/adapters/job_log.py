@@ -1,0 +1,103 @@
+"""Reading a dead driver's log for its recovery: the job's archive, completed from the topics.
+
+The archive is what the driver wrote itself, but a driver killed with `-9` loses the records it
+had not flushed yet (and may leave half a block, which the archive writer cuts before it goes on).
+The events topic holds every event the services saw, which is what the new driver must continue
+from for them to see one continuous job. So the log is the archive's events, plus those of the
+topic that the archive lacks, in the driver's own order (event sequence numbers); commands come
+from both too (a restart's content is needed to rebuild it). The events the archive lacked are
+returned apart, for the recovered run to archive before its own, so the archive again holds the
+whole log and a replay of it has nothing missing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from tailguard.agent.driver.recovery import JobLog, RecoveryError, sequence_of
+from tailguard.log.archive import ArchiveError, open_archive
+from tailguard.model import records as r
+from tailguard.model.authority import UNAUTHENTICATED_COMMANDS_TOPIC
+from tailguard.model.config import Settings
+from tailguard.replay.engine import Recorded
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RecoveryLog:
+    job_log: JobLog
+    # Events of the log that the archive does not hold (in order): archived first on recovery.
+    not_archived: tuple[r.Event, ...]
+
+
+def _archive_records(location: str, settings: Settings) -> list[Recorded] | None:
+    """The archive's records, or None when there is no archive."""
+    try:
+        reader = open_archive(location, settings)
+    except ArchiveError as err:
+        if str(err).startswith("no archive at"):
+            return None
+        raise RecoveryError(f"the job's archive cannot be read: {err}") from None
+    try:
+        return [Recorded(e.topic, e.record) for e in reader]
+    except ArchiveError as err:
+        raise RecoveryError(f"the job's archive cannot be read: {err}") from None
+
+
+def _topic_records(job_id: str, settings: Settings) -> list[Recorded] | None:
+    """The job's events and commands on the topics, or None when the broker cannot be read."""
+    from tailguard.replay.inputs import LogReadError, read_topic
+
+    try:
+        return [
+            item
+            for topic in (r.EVENTS_TOPIC, r.COMMANDS_TOPIC)
+            for item in read_topic(settings, topic, job_id)
+        ]
+    except LogReadError as err:
+        log.warning(
+            "job %s: the topics cannot be read (%s); recovering from the archive", job_id, err
+        )
+        return None
+
+
+def read_recovery_log(
+    job_id: str, archive: str, settings: Settings, *, topics: bool
+) -> RecoveryLog:
+    """The job's log from its archive at `archive`, completed from the topics when `topics`."""
+    archived = _archive_records(archive, settings)
+    on_topics = _topic_records(job_id, settings) if topics else None
+    if archived is None and not on_topics:
+        raise RecoveryError(
+            f"job {job_id}: no archive at {archive}"
+            + ("" if topics else " (and the topics were not read: log mode 'archive')")
+            + " and no events on the topics: there is nothing to recover from"
+        )
+    events: dict[str, r.Event] = {}
+    commands: dict[str, r.Command] = {}
+    for item in archived or []:
+        record = item.record
+        if record.job_id != job_id:
+            continue
+        if item.topic == r.EVENTS_TOPIC and isinstance(record, r.Event):
+            events.setdefault(record.id, record)
+        elif isinstance(record, r.Command) and item.topic != UNAUTHENTICATED_COMMANDS_TOPIC:
+            commands.setdefault(record.id, record)
+    in_archive = set(events)
+    for item in on_topics or []:
+        record = item.record
+        if item.topic == r.EVENTS_TOPIC and isinstance(record, r.Event):
+            events.setdefault(record.id, record)
+        elif isinstance(record, r.Command):
+            commands.setdefault(record.id, record)
+    ordered = sorted(events.values(), key=lambda e: sequence_of(job_id, e))
+    not_archived = tuple(e for e in ordered if e.id not in in_archive)
+    if archived is None:
+        source = "the events topic (no archive)"
+    elif not_archived:
+        source = f"the archive and the events topic ({len(not_archived)} events not archived)"
+    else:
+        source = "the archive"
+    return RecoveryLog(JobLog(job_id, tuple(ordered), commands, source), not_archived)

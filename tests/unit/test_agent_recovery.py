@@ -1,0 +1,147 @@
+"""Driver recovery on the fake runtime: a driver is abandoned mid-job (its events and its
+storage as they were), a new one takes over from its log and finishes the job exactly, re-running
+only what was running or lost; a job that cannot be recovered is refused before anything is
+recorded. (The kill -9 of a real driver: tests/integration/test_driver_recovery.py.)"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from agent_fakes import QUIET, FakeRuntime, Harness, run_all
+from test_agent_driver import expected_totals, output_totals, sales_job
+
+from tailguard.agent.driver.driver import JobDriver, RunOptions
+from tailguard.agent.driver.recovery import JobLog, RecoveryError, rebuild
+from tailguard.agent.driver.state import ExecutionState
+from tailguard.agent.executor import partitions
+from tailguard.agent.executor.storage import Storage
+from tailguard.agent.graph.api import Job
+from tailguard.agent.graph.chaining import chain
+from tailguard.model import records as r
+from tailguard.model.config import Settings
+
+P = "sales→score→partial"
+F = "final→out"
+
+
+def crash_mid_job(tmp_path: Path) -> tuple[Job, list[r.Event], Storage]:
+    """Run the sales job until both partials and final#0 finished, final#1 runs and final#2
+    waits for a slot; then 'kill' the driver: keep its events and a copy of its storage."""
+    job = sales_job(tmp_path, final_parallelism=3)
+    h = Harness(job, FakeRuntime.hosts(a=2), Storage(str(tmp_path / "storage"))).start()
+    h.post(h.runtime.execute((P, 0, 0)))
+    h.post(h.runtime.execute((P, 1, 0)))
+    h.post(h.runtime.execute((F, 0, 0)))
+    deployed = h.runtime.keys()
+    assert (F, 1, 0) in deployed and (F, 2, 0) in deployed
+    h.post(h.runtime.execute((F, 2, 0)))  # final#1 is the one running at the crash
+    events = [e for e in h.publisher.events if isinstance(e, r.Event)]
+    shutil.copytree(tmp_path / "storage", tmp_path / "storage-at-crash")
+    h.stop()  # (its cleanup only touches the original storage)
+    return job, events, Storage(str(tmp_path / "storage-at-crash"))
+
+
+def recovering(job: Job, events: list[r.Event], storage: Storage) -> Harness:
+    h = Harness(job, FakeRuntime.hosts(a=2), storage)
+    h.driver = JobDriver(
+        job,
+        h.runtime,
+        h.publisher,
+        Settings(QUIET),
+        RunOptions(services=False, storage=storage, progress=False),
+        job_id="job",
+        inbox=h.inbox,
+        recover=JobLog("job", tuple(events), {}, "the test's log"),
+    )
+    return h
+
+
+def test_a_recovered_job_finishes_exactly_running_only_what_was_lost(tmp_path: Path) -> None:
+    job, events, storage = crash_mid_job(tmp_path)
+    h = recovering(job, events, storage)
+    result = run_all(h.start())
+    assert result.ok, result.message
+    assert output_totals(tmp_path) == expected_totals(tmp_path)
+    # Only final#1 ran again (as attempt 1); nothing finished before was redeployed.
+    assert h.runtime.keys() == [(F, 1, 1)]
+    assert result.recovery is not None
+    assert (result.recovery.kept_results, result.recovery.lost_attempts) == (4, 1)
+    assert (result.recovery.lost_results, result.recovery.attempts_after) == (0, 1)
+    new = h.publisher.events
+    # The lost attempt is ended for the services first; the sequence goes on without a gap.
+    first = new[0]
+    assert isinstance(first, r.AttemptCanceled)
+    assert (first.vertex, first.subtask, first.attempt, first.reason) == (
+        F,
+        1,
+        0,
+        r.CancelReason.RESTART,
+    )
+    ids = [e.id for e in [*events, *new] if isinstance(e, r.Event)]
+    assert ids == [f"job-e{n}" for n in range(1, len(ids) + 1)]
+    assert not [e for e in new if isinstance(e, r.JobSubmitted | r.VertexInitialized)]
+
+
+def test_a_lost_partition_still_needed_is_produced_again(tmp_path: Path) -> None:
+    job, events, storage = crash_mid_job(tmp_path)
+    damaged = partitions.subpartition_path(storage, "job", r.PartitionRef(P, 1, 0), 0)
+    Path(damaged).write_bytes(b"not what was written")
+    h = recovering(job, events, storage)
+    result = run_all(h.start())
+    assert result.ok, result.message
+    assert output_totals(tmp_path) == expected_totals(tmp_path)
+    # partial#1 again (its partition was damaged and final#1, final#2... read it), then final#1.
+    assert h.runtime.keys() == [(P, 1, 1), (F, 1, 1)]
+    assert result.recovery is not None
+    assert (result.recovery.lost_results, result.recovery.rerun_results) == (1, 1)
+    released = [e.partition for e in h.publisher.of(r.PartitionReleased)]
+    assert released[0] == r.PartitionRef(P, 1, 0)
+
+
+def test_a_deleted_sink_part_is_committed_again(tmp_path: Path) -> None:
+    job, events, storage = crash_mid_job(tmp_path)
+    (tmp_path / "out" / "part-00000.parquet").unlink()
+    h = recovering(job, events, storage)
+    result = run_all(h.start())
+    assert result.ok, result.message
+    assert output_totals(tmp_path) == expected_totals(tmp_path)
+    assert sorted(h.runtime.keys()) == [(F, 0, 1), (F, 1, 1)]
+
+
+def _state(job: Job) -> ExecutionState:
+    return ExecutionState(chain(job), 12)
+
+
+def test_an_ended_job_is_not_recovered(tmp_path: Path) -> None:
+    job, events, _ = crash_mid_job(tmp_path)
+    finished = r.JobFinished(job_id="job", ts=1, id="job-e999", status=r.JobStatus.SUCCEEDED)
+    with pytest.raises(RecoveryError, match=r"already ended .SUCCEEDED.*run the job afresh"):
+        rebuild(_state(job), JobLog("job", (*events, finished), {}, "test"))
+    with pytest.raises(RecoveryError, match="holds no JobSubmitted"):
+        rebuild(_state(job), JobLog("job", tuple(events[1:]), {}, "test"))
+
+
+def test_a_failed_job_and_a_restart_without_its_command_are_not_recovered(tmp_path: Path) -> None:
+    job, events, _ = crash_mid_job(tmp_path)
+    n = len(events)
+
+    def applied(kind: str, k: int) -> r.CommandApplied:
+        return r.CommandApplied(
+            job_id="job", ts=1, id=f"job-e{n + k}", command_id=f"c{k}", command_type=kind
+        )
+
+    with pytest.raises(RecoveryError, match="failed by c1"):
+        rebuild(_state(job), JobLog("job", (*events, applied("FailJob", 1)), {}, "test"))
+    with pytest.raises(RecoveryError, match=r"RestartTasks c2 was applied.*does not hold"):
+        rebuild(_state(job), JobLog("job", (*events, applied("RestartTasks", 2)), {}, "test"))
+
+
+def test_another_job_graph_is_refused_before_anything_is_recorded(tmp_path: Path) -> None:
+    _, events, storage = crash_mid_job(tmp_path)
+    other = sales_job(tmp_path / "other", final_parallelism=4)
+    h = recovering(other, events, storage)
+    with pytest.raises(RecoveryError, match="not the one its log recorded"):
+        h.driver.run()
+    assert h.publisher.events == []
