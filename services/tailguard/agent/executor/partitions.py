@@ -1,4 +1,5 @@
-"""BLOCKING result partitions as files: one Arrow IPC file per subpartition, with a checksum.
+"""BLOCKING result partitions as files: one per subpartition (a schema header, then an Arrow IPC
+stream compressed as one zstd stream), with a checksum.
 
 Layout under a storage root (see docs/data-plane.md):
 
@@ -15,7 +16,8 @@ that sees the marker sees every file. The checksum is a hash of the file's bytes
 are written; the writer makes the bytes a function of the rows alone (record batches cut at
 fixed row counts, each compacted, fixed codec), however the rows arrived in batches, so a
 partition re-produced from the same inputs carries the same checksum, which the failover core
-uses to spare the consumers a restart.
+uses to spare the consumers a restart. A consumer reads each file once, hashing it in the pass
+that decodes it (`PartitionInput`).
 
 The completion marker is what a PIPELINED consumer waits for: deployed together with its producer
 (FLIP-119), it cannot be handed the checksums by the driver, so it reads them from the marker. The
