@@ -15,6 +15,8 @@ LINES = [
     "C|tailguard.observe.log-mode|archive",
     "C|slow-task-detector.check-interval|100 ms",
     "C|s3.secret-key|not-to-be-recorded",
+    # Spark posts the driver's ExecutorAdded before ApplicationStart.
+    "X|0|driver|d|2",
     "A|0|app-7|sales",
     "X|1|1|a|2",
     "J|10|0|1",
@@ -58,5 +60,5 @@ def test_the_relay_archives_an_applications_jobs(tmp_path: Path) -> None:
     assert submitted.config["slow-task-detector.check-interval"] == "100 ms"
     assert not any("s3" in k or "archive" in k for k in submitted.config)
     assert b"not-to-be-recorded" not in (tmp_path / "app-7.avro").read_bytes()
-    # Settings lines are the relay's; the application's ten lines were all translated.
-    assert b"app-7: 10 lines, 0 ignored, 0 malformed" in done.stderr
+    # Settings lines are the relay's; the application's eleven lines were all translated.
+    assert b"app-7: 11 lines, 0 ignored, 0 malformed" in done.stderr

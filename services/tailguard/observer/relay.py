@@ -54,15 +54,17 @@ def relay(stream: IO[bytes], environ_settings: Settings | None = None) -> int:
     lines = _lines(stream)
     config: dict[str, str] = {}
     app: list[str] | None = None
+    # Spark posts the driver's ExecutorAdded before ApplicationStart: lines that come before the
+    # application are kept and translated right after it.
+    early: list[list[str]] = []
     for fields in lines:
         if fields[0] == "C" and len(fields) == 3:
             config[fields[1]] = fields[2]
-            continue
-        if fields[0] != "A":
-            log.error("observe: %r before the application line; nothing is published", fields)
-            return 2
-        app = fields
-        break
+        elif fields[0] == "A":
+            app = fields
+            break
+        else:
+            early.append(fields)
     if app is None:
         return 0  # the application ended before it started: nothing to publish
     settings = (environ_settings or load_settings()).merged(config)
@@ -89,8 +91,20 @@ def relay(stream: IO[bytes], environ_settings: Settings | None = None) -> int:
     )
     reader.start()
     bad = 0
+
+    def feed(fields: list[str]) -> None:
+        nonlocal bad
+        try:
+            for event in translator.handle(fields):
+                publisher.publish(event)
+        except ObserveError as exc:  # one bad line never stops the application's observation
+            bad += 1
+            log.error("observe: %s", exc)
+
     next_tick = time.monotonic()
     try:
+        for fields in early:
+            feed(fields)
         while True:
             try:
                 item = pending.get(timeout=max(0.0, next_tick - time.monotonic()))
@@ -98,14 +112,8 @@ def relay(stream: IO[bytes], environ_settings: Settings | None = None) -> int:
                 item = []
             if item is None:
                 break
-            fields = item
-            if fields:
-                try:
-                    for event in translator.handle(fields):
-                        publisher.publish(event)
-                except ObserveError as exc:
-                    bad += 1
-                    log.error("observe: %s", exc)
+            if item:
+                feed(item)
             if time.monotonic() >= next_tick:
                 for tick in translator.tick(int(time.time() * 1000) - TICK_HOLDBACK_MS):
                     publisher.publish(tick)
