@@ -140,7 +140,10 @@ def test_a_restart_of_finished_source_subtasks_is_taken_and_the_output_stays_exa
     summed.write_parquet(str(tmp_path / "out"), name="out", parallelism=3)
     head, tail = "src→double", "sum→out"
     runtime = FakeRuntime.hosts(h1=1, h2=1, h3=1)
-    h = Harness(job, runtime, Storage(str(tmp_path / "st")), services=True)
+    # No decider runs here: the fixed consumer's byte-balanced ranges come from the local
+    # fallback at once.
+    no_decider = {"decider.timeout": "0 ms"}
+    h = Harness(job, runtime, Storage(str(tmp_path / "st")), services=True, settings=no_decider)
     h.start()
     try:
         h.run((head, 0, 0))
