@@ -257,7 +257,8 @@ def test_lost_partition_with_many_queued_consumers_is_recovered(system: Stack) -
     job_run, log = run(system, "e2e-lost-partition", options, final_parallelism=12)
     result = job_run.result
     assert deleted
-    assert result.parallelism[TAIL] == (12, "fixed")
+    # Fixed, with its byte-balanced ranges from the decider service (blocking inputs).
+    assert result.parallelism[TAIL] == (12, "decider")
     missing = [f for f in of(log, r.AttemptFailed) if f.error is r.ErrorKind.PARTITION_MISSING]
     assert missing and all(f.missing_partition == deleted[0] for f in missing)
     assert not result.commands_rejected, result.commands_rejected
