@@ -386,14 +386,14 @@ def waits_for_decider(
 
     As in Flink 2.1, a fixed vertex still gets byte-balanced ranges
     (`DefaultVertexParallelismAndInputInfosDecider` decides input infos for every vertex, at
-    the fixed parallelism), under either `decider.algorithm`; they need its inputs' sizes. A source has no input to size; a vertex with a
-    PIPELINED input is deployed with its producer, before any size exists, and one with a
-    PIPELINED output belongs to a pipelined region, whose tasks are placed as one bulk
-    (FLIP-119) from the parallelisms fixed at submission.
+    the fixed parallelism), under either `decider.algorithm`; they need its inputs' sizes. A
+    source has no input to size; a vertex with a PIPELINED input is deployed with its
+    producer, before any size exists, and one with a PIPELINED output belongs to a pipelined
+    region, whose tasks are placed as one bulk (FLIP-119) from the parallelisms fixed at
+    submission.
     """
-    return (
-        bool(input_exchanges)
-        and all(e is r.Exchange.BLOCKING for e in (*input_exchanges, *output_exchanges))
+    return bool(input_exchanges) and all(
+        e is r.Exchange.BLOCKING for e in (*input_exchanges, *output_exchanges)
     )
 
 
