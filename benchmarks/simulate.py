@@ -11,7 +11,8 @@ the distributions printed at the top of the output. The same scenario runs under
   tailguard (Flink's rule, the evidence-based blocklist: the defaults) and tailguard-progress
   (the progress-rate rule, the evidence-based blocklist);
 - spark: Spark's speculation rule (quantile 0.75, multiplier 1.5, minTaskRuntime, interval);
-- LATE: Zaharia et al., OSDI 2008 (SlowTaskThreshold, SlowNodeThreshold, SpeculativeCap).
+- LATE: Zaharia et al., OSDI 2008 (SlowTaskThreshold, SlowNodeThreshold, SpeculativeCap);
+- LATE-oracle (a diagnostic, only when named): LATE never copying a task that is only skewed.
 
 Same seed, same table. Progress goes to stderr.
 
@@ -29,13 +30,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sim.baselines import Late, LateConfig, NoSpeculation, SparkConfig, SparkRule
+from sim.baselines import Late, LateConfig, LateOracle, NoSpeculation, SparkConfig, SparkRule
 from sim.engine import Outcome, Policy, Simulation
 from sim.report import LEGEND, row, seeds_summary, speed, table
 from sim.scenario import ScenarioParams, build, describe
 from sim.tailguard_driver import SIMULATION_SETTINGS, VARIANTS, TailguardPolicy
 
 POLICY_NAMES = ("none", "tailguard-flip168", "tailguard", "tailguard-progress", "spark", "LATE")
+# Diagnostics, run only when named in --policies.
+DIAGNOSTIC_NAMES = ("LATE-oracle",)
 
 
 def make_policy(name: str, tailguard_settings: dict[str, str] | None = None) -> Policy:
@@ -47,7 +50,9 @@ def make_policy(name: str, tailguard_settings: dict[str, str] | None = None) -> 
         return SparkRule()
     if name == "LATE":
         return Late()
-    raise ValueError(f"unknown policy {name!r}; known: {POLICY_NAMES}")
+    if name == "LATE-oracle":
+        return LateOracle()
+    raise ValueError(f"unknown policy {name!r}; known: {POLICY_NAMES + DIAGNOSTIC_NAMES}")
 
 
 def run(
@@ -142,9 +147,10 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, ScenarioParams]:
 def main(argv: list[str] | None = None) -> int:
     args, params = parse(argv)
     policies = [p for p in args.policies.split(",") if p]
-    unknown = [p for p in policies if p not in POLICY_NAMES]
+    unknown = [p for p in policies if p not in POLICY_NAMES + DIAGNOSTIC_NAMES]
     if unknown:
-        print(f"unknown policies {unknown}; known: {list(POLICY_NAMES)}", file=sys.stderr)
+        known = list(POLICY_NAMES + DIAGNOSTIC_NAMES)
+        print(f"unknown policies {unknown}; known: {known}", file=sys.stderr)
         return 2
     malformed = [item for item in args.set if "=" not in item]
     if malformed:

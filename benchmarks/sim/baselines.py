@@ -158,6 +158,10 @@ class Late(Policy):
         if attempt.speculative:
             self._running_mirrors -= 1
 
+    def copyable(self, task: Task) -> bool:
+        """Whether LATE may copy `task`: any task (a diagnostic subclass narrows it)."""
+        return True
+
     def check(self) -> None:
         sim = self.sim
         if not sim.free or sim.pending or self._running_mirrors >= self._cap:
@@ -174,7 +178,7 @@ class Late(Policy):
                 continue
             rate = progress / elapsed
             rates.append(rate)
-            if len(attempt.task.live) == 1:
+            if len(attempt.task.live) == 1 and self.copyable(attempt.task):
                 candidates.append((rate, attempt.task.index, attempt.task))
         if not candidates:
             return
@@ -196,6 +200,23 @@ class Late(Policy):
             host = sim.take_slot(partial(refused, busy=busy))
             if host is not None:
                 sim.deploy(task, host, True)
+
+
+class LateOracle(Late):
+    """LATE told which tasks are only skewed (skewed, first attempt on a healthy host: an oracle
+    no real system has) and never copying them; everything else as LATE. A diagnostic: the gap
+    between it and LATE is what LATE's job time owes to copies of only-skewed tasks, which win
+    only on attempt noise (`--policies LATE,LATE-oracle`)."""
+
+    name = "LATE-oracle"
+
+    def attach(self, sim: Simulation) -> None:
+        super().attach(sim)
+        self._slow_hosts = sim.scenario.slow_hosts
+
+    def copyable(self, task: Task) -> bool:
+        skewed = self.sim.scenario.stages[task.stage].skewed[task.subtask]
+        return not (skewed and task.live[0].host not in self._slow_hosts)
 
 
 def _time_left(now: int, task: Task) -> float:

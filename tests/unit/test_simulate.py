@@ -196,3 +196,14 @@ def test_evidence_blocklist_blocks_fewer_healthy_hosts_than_flip168() -> None:
     flip168, evidence = result["tailguard-flip168"], result["tailguard"]
     assert flip168["healthy_hosts_blocked"] > evidence["healthy_hosts_blocked"], result
     assert evidence["slow_hosts_blocked"] > 0
+
+
+def test_the_late_oracle_never_copies_an_only_skewed_task_where_late_does():
+    from sim.baselines import LateOracle
+
+    scenario = build(ScenarioParams(hosts=50, tasks=2_000, seed=3, skew_fraction=0.05))
+    late = Simulation(scenario, Late()).run()
+    oracle = Simulation(scenario, LateOracle()).run()
+    assert late.speculated_skew_only > 0  # the case the oracle exists for
+    assert oracle.speculated_skew_only == 0
+    assert oracle.policy == "LATE-oracle" and oracle.speculative_attempts > 0
