@@ -51,6 +51,24 @@ class Observation:
         self.close()
 
 
+# The listener's class, loaded once per JVM (by its gateway): py4j caches methods by class name,
+# so a second copy of the class from a second loader would be called with the first's methods.
+_LISTENER_CLASSES: dict[int, Any] = {}
+
+
+def _listener_class(gateway: Any, jvm: Any, jsc: Any) -> Any:
+    known = _LISTENER_CLASSES.get(id(gateway))
+    if known is not None:
+        return known
+    urls = gateway.new_array(jvm.java.net.URL, 1)
+    urls[0] = jvm.java.io.File(str(listener_jar())).toURI().toURL()
+    # A loader of its own: the driver's classpath was fixed when its JVM started. The listener's
+    # parent is Spark's loader, so it is the SparkListenerInterface Spark knows.
+    loader = jvm.java.net.URLClassLoader(urls, jsc.getClass().getClassLoader())
+    cls = _LISTENER_CLASSES[id(gateway)] = loader.loadClass(LISTENER_CLASS)
+    return cls
+
+
 def observe(
     spark: Any,
     settings: Mapping[str, str] | None = None,
@@ -70,16 +88,12 @@ def observe(
         raise TypeError(
             f"observe() needs a SparkSession or SparkContext, not {type(spark).__name__}"
         )
-    jvm = sc._jvm
     gateway = sc._gateway
-    urls = gateway.new_array(jvm.java.net.URL, 1)
-    urls[0] = jvm.java.io.File(str(listener_jar())).toURI().toURL()
-    # A loader of its own: the driver's classpath was fixed when its JVM started. The listener's
-    # parent is Spark's loader, so it is the SparkListenerInterface Spark knows.
-    loader = jvm.java.net.URLClassLoader(urls, jsc.getClass().getClassLoader())
-    cls = loader.loadClass(LISTENER_CLASS)
-    listener = cls.getConstructor(gateway.new_array(jvm.java.lang.Class, 0)).newInstance(
-        gateway.new_array(jvm.java.lang.Object, 0)
+    jvm = sc._jvm
+    listener = (
+        _listener_class(gateway, jvm, jsc)
+        .getConstructor(gateway.new_array(jvm.java.lang.Class, 0))
+        .newInstance(gateway.new_array(jvm.java.lang.Object, 0))
     )
     argv = [python or sys.executable, "-m", "tailguard.observer.relay"]
     command = gateway.new_array(jvm.java.lang.String, len(argv))
