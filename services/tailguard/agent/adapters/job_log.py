@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from tailguard import filesystems
 from tailguard.agent.driver.recovery import JobLog, RecoveryError, sequence_of
-from tailguard.log.archive import ArchiveError, open_archive
+from tailguard.log.archive import ArchiveError, archive_exists, open_archive
 from tailguard.model import records as r
 from tailguard.model.authority import UNAUTHENTICATED_COMMANDS_TOPIC
 from tailguard.model.config import Settings
@@ -35,14 +36,11 @@ class RecoveryLog:
 def _archive_records(location: str, settings: Settings) -> list[Recorded] | None:
     """The archive's records, or None when there is no archive."""
     try:
-        reader = open_archive(location, settings)
-    except ArchiveError as err:
-        if str(err).startswith("no archive at"):
+        filesystems.configure_from(settings)
+        if not archive_exists(location):
             return None
-        raise RecoveryError(f"the job's archive cannot be read: {err}") from None
-    try:
-        return [Recorded(e.topic, e.record) for e in reader]
-    except ArchiveError as err:
+        return [Recorded(e.topic, e.record) for e in open_archive(location, settings)]
+    except (ArchiveError, OSError, filesystems.LocationError) as err:
         raise RecoveryError(f"the job's archive cannot be read: {err}") from None
 
 
