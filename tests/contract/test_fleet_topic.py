@@ -19,9 +19,7 @@ KEY = "k" * 43
 
 @pytest.fixture
 def settings(embedded_bootstrap: str) -> Settings:
-    return Settings(
-        {"bootstrap.servers": embedded_bootstrap, "security.command-signing.key": KEY}
-    )
+    return Settings({"bootstrap.servers": embedded_bootstrap, "security.command-signing.key": KEY})
 
 
 @pytest.fixture
@@ -37,7 +35,10 @@ def _cli(settings: Settings, tmp_path, monkeypatch, *argv: str) -> int:  # type:
 
 
 def test_add_list_remove(settings, host, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    assert _cli(settings, tmp_path, monkeypatch, "add", host, "--for", "5 min", "--reason", "disk") == 0
+    assert (
+        _cli(settings, tmp_path, monkeypatch, "add", host, "--for", "5 min", "--reason", "disk")
+        == 0
+    )
     assert _cli(settings, tmp_path, monkeypatch, "list", "--json") == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "{" in line]
     [row] = [r for r in rows if r["host"] == host]
@@ -56,7 +57,9 @@ def test_bad_duration_is_a_usage_error(settings, host, tmp_path, monkeypatch, ca
 def test_an_entry_from_another_signer_or_unsigned_is_ignored(settings, host) -> None:  # type: ignore[no-untyped-def]
     entry = FleetBlock(job_id="x", ts=1, id="x-1", host=host, until_ts=2**50, evidence=("f",))
     fleet_topic.publish(settings, entry, "speculator")  # signed, but no fleet writer
-    fleet_topic.publish(Settings({"bootstrap.servers": settings["bootstrap.servers"]}), entry, "blocklist")
+    fleet_topic.publish(
+        Settings({"bootstrap.servers": settings["bootstrap.servers"]}), entry, "blocklist"
+    )
     assert all(c.host != host for c in fleet_topic.read_changes(settings))
     fleet_topic.publish(settings, entry, "blocklist")
     [read] = [c for c in fleet_topic.read_changes(settings) if c.host == host]
@@ -65,7 +68,9 @@ def test_an_entry_from_another_signer_or_unsigned_is_ignored(settings, host) -> 
 
 
 def test_encoding_round_trip_and_tombstone() -> None:
-    entry = FleetBlock(job_id="j", ts=5, id="i", host="h", until_ts=9, cause="c", evidence=("a", "b"))
+    entry = FleetBlock(
+        job_id="j", ts=5, id="i", host="h", until_ts=9, cause="c", evidence=("a", "b")
+    )
     key, value = fleet_topic.encode(entry)
     assert fleet_topic.decode(key, value) == entry
     removed = FleetBlock(job_id="j", ts=5, id="i", host="h", until_ts=None)
