@@ -51,6 +51,11 @@ class FleetBlock(Record):
         return f"{FLEET_CAUSE_PREFIX}{self.cause} (evidence {', '.join(self.evidence) or '-'})"
 
 
+def is_fleet_cause(cause: str) -> bool:
+    """Whether a block's cause says the fleet list sent it (not the job's own evidence)."""
+    return cause.startswith(FLEET_CAUSE_PREFIX)
+
+
 def current_entries(changes: list[FleetBlock], now: int) -> dict[str, FleetBlock]:
     """host -> its block still in force at `now`, from the topic's changes in their order (what
     compaction keeps: the last value per key, a tombstone deleting it)."""

@@ -16,6 +16,8 @@ from tailguard.agent.driver.slots import ExecutionVertexId, SlotPool, Speculativ
 from tailguard.agent.driver.state import ExecutionState
 from tailguard.blocklist.policy import blocked_fraction_problem
 from tailguard.model import records as r
+from tailguard.model.config import Settings
+from tailguard.model.fleet import FLEET_SETTING, is_fleet_cause
 from tailguard.model.records import SPLITS_INPUT
 
 
@@ -36,6 +38,9 @@ class JobView(Protocol):
 
     @property
     def max_blocked_fraction(self) -> float: ...
+
+    @property
+    def settings(self) -> Settings: ...
 
 
 class JobActions(JobView, Protocol):
@@ -225,6 +230,10 @@ def _guard_block(c: r.BlockNodes, view: JobView) -> str | None:
         return f"unknown host(s) {unknown}"
     if c.until_ts <= c.ts:
         return f"until_ts {c.until_ts} is not after the command's ts {c.ts}"
+    # The opt-out holds for the whole run, not only the list read at start. Read only for the
+    # fleet's blocks: a job's own evidence blocks hosts whatever the setting.
+    if is_fleet_cause(c.cause) and not view.settings.flag(FLEET_SETTING):
+        return f"job opted out of the fleet blocklist ({FLEET_SETTING} = false)"
     # The same rule, written once, that the blocklist service applies before it blocks.
     return blocked_fraction_problem(
         pool.blocked(), c.hosts, pool.hosts.keys(), view.max_blocked_fraction
