@@ -7,12 +7,15 @@ the distributions printed at the top of the output. The same scenario runs under
 - none: no speculation;
 - tailguard's real detector, speculator and blocklist cores, fed the agent's events at
   simulated time, their commands applied as the agent would (`sim/tailguard_driver.py`), in
-  three contenders: tailguard-flip168 (Flink's rule, FLIP-168's every-slow-attempt blocklist),
-  tailguard (Flink's rule, the evidence-based blocklist: the defaults) and tailguard-progress
-  (the progress-rate rule, the evidence-based blocklist);
+  four contenders: tailguard-flip168 (Flink's rule, FLIP-168's every-slow-attempt blocklist),
+  tailguard (Flink's rule, the evidence-based blocklist: the defaults), tailguard-progress
+  (the progress-rate rule, the evidence-based blocklist) and tailguard-progress-lpt (the same,
+  with the agent starting each stage's largest subtasks first:
+  scheduler.subtask-order=largest-input-first);
 - spark: Spark's speculation rule (quantile 0.75, multiplier 1.5, minTaskRuntime, interval);
 - LATE: Zaharia et al., OSDI 2008 (SlowTaskThreshold, SlowNodeThreshold, SpeculativeCap);
-- LATE-oracle (a diagnostic, only when named): LATE never copying a task that is only skewed.
+- LATE-oracle (a diagnostic, only when named): LATE never copying a task that is only skewed;
+- LATE-lpt (a diagnostic, only when named): LATE with the largest tasks started first.
 
 Same seed, same table. Progress goes to stderr.
 
@@ -30,15 +33,31 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sim.baselines import Late, LateConfig, LateOracle, NoSpeculation, SparkConfig, SparkRule
+from sim.baselines import (
+    Late,
+    LateConfig,
+    LateLargestFirst,
+    LateOracle,
+    NoSpeculation,
+    SparkConfig,
+    SparkRule,
+)
 from sim.engine import Outcome, Policy, Simulation
 from sim.report import LEGEND, row, seeds_summary, speed, table
 from sim.scenario import ScenarioParams, build, describe
 from sim.tailguard_driver import SIMULATION_SETTINGS, VARIANTS, TailguardPolicy
 
-POLICY_NAMES = ("none", "tailguard-flip168", "tailguard", "tailguard-progress", "spark", "LATE")
+POLICY_NAMES = (
+    "none",
+    "tailguard-flip168",
+    "tailguard",
+    "tailguard-progress",
+    "tailguard-progress-lpt",
+    "spark",
+    "LATE",
+)
 # Diagnostics, run only when named in --policies.
-DIAGNOSTIC_NAMES = ("LATE-oracle",)
+DIAGNOSTIC_NAMES = ("LATE-oracle", "LATE-lpt")
 
 
 def make_policy(name: str, tailguard_settings: dict[str, str] | None = None) -> Policy:
@@ -52,6 +71,8 @@ def make_policy(name: str, tailguard_settings: dict[str, str] | None = None) -> 
         return Late()
     if name == "LATE-oracle":
         return LateOracle()
+    if name == "LATE-lpt":
+        return LateLargestFirst()
     raise ValueError(f"unknown policy {name!r}; known: {POLICY_NAMES + DIAGNOSTIC_NAMES}")
 
 
@@ -182,12 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     for r in results["rows"]:
         print(
-            f"  {r['policy']:<18} {r['speculated_skewed']:>6,} ({r['speculated_skew_only']:,};"
+            f"  {r['policy']:<22} {r['speculated_skewed']:>6,} ({r['speculated_skew_only']:,};"
             f" {r['skew_only_wins']:,}) / {r['speculated_on_slow_host']:,}"
         )
     print("simulator speed (simulated tasks per wall-clock second):")
     for s in results["speeds"]:
-        print(f"  {s['policy']:<18} {s['tasks_per_wall_s']:>9,} tasks/s ({s['wall_s']:.1f} s)")
+        print(f"  {s['policy']:<22} {s['tasks_per_wall_s']:>9,} tasks/s ({s['wall_s']:.1f} s)")
     if args.seeds > 1:
         runs = {params.seed: results["rows"]}
         for seed in range(params.seed + 1, params.seed + args.seeds):

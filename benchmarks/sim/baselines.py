@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from sim.engine import Attempt, Policy, Simulation, Task
+from tailguard.agent.driver.ordering import SubtaskOrder
 
 # Spark's MedianHeap of task durations is the same two-heap median the progress rule keeps.
 from tailguard.detector.policy.progress import RunningMedian
@@ -217,6 +218,16 @@ class LateOracle(Late):
     def copyable(self, task: Task) -> bool:
         skewed = self.sim.scenario.stages[task.stage].skewed[task.subtask]
         return not (skewed and task.live[0].host not in self._slow_hosts)
+
+
+class LateLargestFirst(Late):
+    """LATE on a scheduler that starts each stage's largest tasks first (the agent's
+    `scheduler.subtask-order=largest-input-first`). A diagnostic: what the ordering is worth to
+    LATE, so tailguard-progress-lpt is also compared on equal scheduling (`--policies
+    LATE,LATE-lpt`)."""
+
+    name = "LATE-lpt"
+    subtask_order = SubtaskOrder.LARGEST_INPUT_FIRST
 
 
 def _time_left(now: int, task: Task) -> float:

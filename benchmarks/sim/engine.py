@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sim.scenario import Scenario
+from tailguard.agent.driver.ordering import SubtaskOrder, ordered
 
 _FINISH, _WAKE, _CHECK = 0, 1, 2
 
@@ -57,6 +58,8 @@ class Policy:
     """Hooks a speculation policy implements; the defaults do nothing (the "none" baseline)."""
 
     name = "none"
+    # The order a stage's tasks take free slots in (the agent's `scheduler.subtask-order`).
+    subtask_order = SubtaskOrder.INDEX
     # Period of `check`, in simulated ms; None for no periodic check.
     interval_ms: int | None = None
 
@@ -286,7 +289,8 @@ class Simulation:
         self.active_stage = index
         tasks = self.stages[index]
         self.remaining = len(tasks)
-        self.pending.extend(tasks)
+        sizes = self.scenario.stages[index].input_bytes
+        self.pending.extend(ordered(tasks, lambda t: sizes[t.subtask], self.policy.subtask_order))
         self.policy.stage_started(index)
 
     def _end(self, attempt: Attempt) -> None:

@@ -19,6 +19,7 @@ from itertools import pairwise
 
 from sim.engine import Attempt, Policy, Simulation, Task
 from sim.scenario import consumer_ranges
+from tailguard.agent.driver.ordering import subtask_order
 from tailguard.blocklist.policy import BlocklistTracker
 from tailguard.detector.policy import SlowTaskDetector
 from tailguard.model.config import Settings
@@ -92,6 +93,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     "tailguard": {},
     # The progress-rate rule on top, with the evidence-based blocklist.
     "tailguard-progress": {"slow-task-detector.progress-rate.enabled": "true"},
+    # ...with the agent starting each stage's largest subtasks first (LPT by input bytes).
+    "tailguard-progress-lpt": {
+        "slow-task-detector.progress-rate.enabled": "true",
+        "scheduler.subtask-order": "largest-input-first",
+    },
 }
 
 # How often the simulated slot runners report progress. The agent reports at least every check
@@ -114,6 +120,7 @@ class TailguardPolicy(Policy):
         self.settings = Settings(self.config)
         self.interval_ms = self.settings.duration_ms("slow-task-detector.check-interval")
         self.command_latency_ms = command_latency_ms
+        self.subtask_order = subtask_order(self.settings)
         self.reports_progress = self.settings.flag("slow-task-detector.progress-rate.enabled")
         self.min_elapsed_ms = self.settings.duration_ms(
             "slow-task-detector.progress-rate.min-elapsed"
