@@ -36,6 +36,9 @@ DEFAULTS: dict[str, str] = {
     "blocklist.evidence-window": "2 min",
     # Whether a job takes the cluster-wide (fleet) blocklist when it starts (model/fleet.py).
     "blocklist.fleet": "true",
+    # The order the agent requests slots for a vertex's pending subtasks: "index" (Flink's and
+    # Spark's) or "largest-input-first" (most assigned input bytes first; agent/driver/ordering.py).
+    "scheduler.subtask-order": "index",
     # FLIP-187 adaptive parallelism (Flink 1.17+ key names)
     "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "16 MiB",
     "execution.batch.adaptive.auto-parallelism.min-parallelism": "1",
