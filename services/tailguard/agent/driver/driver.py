@@ -19,6 +19,7 @@ from typing import Any
 from tailguard.agent.driver import plans, recovery
 from tailguard.agent.driver.commands import handler_for
 from tailguard.agent.driver.fallbacks import LocalFallbacks
+from tailguard.agent.driver.ordering import order_requests, subtask_order
 from tailguard.agent.driver.ports import (
     AgentThreadFailed,
     CommandReceived,
@@ -148,6 +149,7 @@ class JobDriver:
             "execution.batch.speculative.max-concurrent-executions"
         )
         self._max_blocked_fraction = settings.number("blocklist.max-blocked-fraction")
+        self._subtask_order = subtask_order(settings)
         self._attempt_on_slot: dict[str, Attempt] = {}
         self._dispatch: dict[tuple[str, int, int], _Dispatch] = {}
         self.dispatch_ms: list[float] = []
@@ -490,7 +492,12 @@ class JobDriver:
 
     def _schedule(self) -> None:
         queued = self._pool.queued_keys()
-        for request in slot_requests(self._state, queued):
+        fresh = order_requests(
+            slot_requests(self._state, queued),
+            lambda task: plans.subtask_input_bytes(self._state, task, self.splits.get(task.vertex)),
+            self._subtask_order,
+        )
+        for request in fresh:
             if len(request.tasks) > 1 and not self._pool.could_ever_place(request):
                 # FLIP-119 needs the largest region to fit; it waits in case executors join.
                 log.warning(

@@ -21,8 +21,8 @@ import enum
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from tailguard.agent.driver.slots import ExecutionVertexId, SlotRequest
 from tailguard.model.config import ConfigError, Settings
-from tailguard.model.records import SPLITS_INPUT, InputRange
 
 SETTING = "scheduler.subtask-order"
 
@@ -63,29 +63,28 @@ def ordered(
     return [items[i] for i in ranked]
 
 
-def assigned_bytes(
-    inputs: Sequence[InputRange],
-    split_bytes: Sequence[int] | None,
-    subpartition_bytes: Callable[[str, int], Sequence[int] | None],
-) -> int | None:
-    """The bytes a subtask is assigned to read: its source splits, plus the subpartitions of the
-    producer partitions in its ranges. None if any of them is not known (a source whose split
-    sizes are unknown, a producer partition not yet finished).
+def order_requests(
+    requests: Sequence[SlotRequest],
+    input_bytes: Callable[[ExecutionVertexId], int | None],
+    order: SubtaskOrder,
+) -> list[SlotRequest]:
+    """New slot requests (vertices in topological order, each vertex's in index order) in the
+    order to queue them: vertex by vertex as given, and within a vertex by `order`.
 
-    `split_bytes` are the sizes of the subtask's vertex's own splits (a source); and
-    `subpartition_bytes(producer, partition)` a finished producer subtask's bytes per
-    subpartition, or None.
+    A request's bytes are its tasks' together (a pipelined region's bulk is ranked by its head's
+    vertex), None if any is unknown. Only the requests made together are reordered: the pool
+    serves its queue first come first served (FLIP-119), so a subtask that becomes deployable
+    later still queues behind the earlier ones.
     """
-    total = 0
-    for r in inputs:
-        for partition in range(r.partition_start, r.partition_end + 1):
-            if r.input == SPLITS_INPUT:
-                if split_bytes is None or partition >= len(split_bytes):
-                    return None
-                total += split_bytes[partition]
-                continue
-            produced = subpartition_bytes(r.input, partition)
-            if produced is None or r.subpartition_end >= len(produced):
-                return None
-            total += sum(produced[r.subpartition_start : r.subpartition_end + 1])
-    return total
+    if order is SubtaskOrder.INDEX:
+        return list(requests)
+    by_vertex: dict[str, list[SlotRequest]] = {}
+    for request in requests:
+        by_vertex.setdefault(request.tasks[0].vertex, []).append(request)
+
+    def request_bytes(request: SlotRequest) -> int | None:
+        sizes = [input_bytes(task) for task in request.tasks]
+        known = [size for size in sizes if size is not None]
+        return sum(known) if len(known) == len(sizes) else None
+
+    return [r for group in by_vertex.values() for r in ordered(group, request_bytes, order)]

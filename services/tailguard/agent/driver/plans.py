@@ -6,6 +6,8 @@ tested without a cluster.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tailguard.agent.driver.slots import ExecutionVertexId
 from tailguard.agent.driver.state import Attempt, ExecutionState, Subtask
 from tailguard.agent.executor import partitions
@@ -157,6 +159,23 @@ def task_spec(
         fail_with=fail_with,
         batch_rows=rows_per_batch,
     )
+
+
+def subtask_input_bytes(
+    state: ExecutionState, task: ExecutionVertexId, splits: Sequence[Split] | None
+) -> int | None:
+    """The bytes `task` is assigned before it is deployed (its vertex's `splits`, if a source),
+    for the subtask order (agent/driver/ordering.py); None while a producer has not reported."""
+    subtask = state.subtask(*task)
+    if subtask is None:
+        return None
+    chosen = tuple(
+        split
+        for rng in subtask.inputs
+        if rng.input == SPLITS_INPUT
+        for split in (splits or ())[rng.partition_start : rng.partition_end + 1]
+    )
+    return _input_bytes(state, subtask, chosen, {})
 
 
 def _input_bytes(
