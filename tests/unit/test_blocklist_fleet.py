@@ -4,13 +4,36 @@ Defaults: two distinct slow subtasks within the evidence window block a host."""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
+
 from speculation_histories import slow_finding
 
+from tailguard.agent.driver.commands import HANDLERS
+from tailguard.agent.driver.slots import SlotPool
 from tailguard.blocklist.fleet import FleetBlocklist
 from tailguard.blocklist.policy import BlocklistTracker
 from tailguard.model.config import Settings
-from tailguard.model.fleet import FLEET_CAUSE_PREFIX, FleetBlock, current_entries
-from tailguard.model.records import BlockNodes, Record, SlowAttempt, SlowSubtask
+from tailguard.model.fleet import (
+    FLEET_CAUSE_PREFIX,
+    FLEET_SETTING,
+    FleetBlock,
+    current_entries,
+    is_fleet_cause,
+)
+from tailguard.model.records import (
+    COMMANDS_TOPIC,
+    EVENTS_TOPIC,
+    FINDINGS_TOPIC,
+    BlockNodes,
+    CommandApplied,
+    NodeAdded,
+    NodeBlocked,
+    Record,
+    SlowAttempt,
+    SlowSubtask,
+)
+from tailguard.replay.engine import Recorded, ServiceReport, replay
 
 MIN = 60_000
 HOSTS = tuple(f"h{i}" for i in range(6))
@@ -118,3 +141,126 @@ def test_current_entries_fold_the_topic_like_compaction() -> None:
         [change("h1", 50), change("h2", 500), change("h1", None), change("h3", 90)], now=100
     )
     assert list(folded) == ["h2"]  # h1 removed, h3 expired
+
+
+# --------------------------------------------------------------------------- replay of the fleet
+
+B_HOSTS = ("h1", "h2", "h3", "h4")
+
+
+def finding(job: str, ts: int, *slow: SlowSubtask, hosts: tuple[str, ...] = HOSTS) -> Record:
+    # Ids name the detector, as the services' ids do (replay attributes records by id).
+    return slow_finding(*slow, job_id=job, ts=ts, hosts=hosts, finding_id=f"detector-{job}-{ts}")
+
+
+def fleet_log() -> tuple[list[Recorded], BlockNodes]:
+    """Job b runs on h1-h4 with no slow task; job a's evidence blocks h1: the fleet tells b.
+    The log as the topics hold it: every job's findings, the commands, b's events."""
+    findings = [
+        finding("b", 0, hosts=B_HOSTS),
+        finding("a", 1000, slow_on(0, "h1"), slow_on(1, "h1")),
+    ]
+    fleet = FleetBlocklist(Settings())
+    commands = [c for f in findings for c in fleet.handle(f)]
+    [to_b] = [c for c in commands if isinstance(c, BlockNodes) and c.job_id == "b"]
+    assert is_fleet_cause(to_b.cause) and to_b.caused_by == ("detector-a-1000",)
+    log = [Recorded(FINDINGS_TOPIC, f) for f in findings]
+    log += [Recorded(COMMANDS_TOPIC, c) for c in commands]
+    log += [
+        Recorded(EVENTS_TOPIC, NodeAdded(job_id="b", ts=i, id=f"b-add-{h}", host=h, slots=1))
+        for i, h in enumerate(B_HOSTS)
+    ]
+    log.append(Recorded(EVENTS_TOPIC, applied("b", to_b)))
+    return log, to_b
+
+
+def applied(job: str, command: BlockNodes) -> CommandApplied:
+    return CommandApplied(
+        job_id=job,
+        ts=1500,
+        id=f"{job}-ok-{command.id}",
+        command_id=command.id,
+        command_type="BlockNodes",
+    )
+
+
+def blocklist_report(log: list[Recorded], job: str | None = None) -> ServiceReport:
+    [report] = [s for s in replay(log, Settings(), job=job).services if s.service == "blocklist"]
+    return report
+
+
+def test_replay_over_every_jobs_findings_reproduces_the_fleet_commands() -> None:
+    log, _ = fleet_log()
+    report = blocklist_report(log)
+    assert (report.differences, report.checked) == ([], 0)
+    assert report.reproduced == report.recorded == 2  # a's own block, the fleet's to b
+
+
+def test_replay_of_one_job_checks_the_fleet_commands_against_its_record() -> None:
+    log, _ = fleet_log()
+    report = blocklist_report(log, job="b")  # what b's archive holds: none of a's findings
+    assert report.differences == []
+    assert report.checked == 1 and "1 fleet commands checked" in report.line()
+
+
+def _b_log_with(command: BlockNodes) -> list[Recorded]:
+    log, original = fleet_log()
+    swapped = [
+        Recorded(i.topic, command if i.record == original else i.record)
+        for i in log
+        if i.record.job_id == "b" and not isinstance(i.record, CommandApplied)
+    ]
+    return [*swapped, Recorded(EVENTS_TOPIC, applied("b", command))]
+
+
+def test_a_fleet_command_altered_or_outside_its_block_is_a_difference() -> None:
+    _, original = fleet_log()
+    other_host = dataclasses.replace(original, hosts=("h2",))
+    [diff] = blocklist_report(_b_log_with(other_host), job="b").differences
+    assert "not the command the fleet builds" in diff.describe()
+    too_long = dataclasses.replace(original, until_ts=original.ts + 10 * MIN)
+    [diff] = blocklist_report(_b_log_with(too_long), job="b").differences
+    assert "not within one block duration" in diff.describe()
+
+
+def test_a_fleet_command_applied_over_the_jobs_cap_is_a_difference() -> None:
+    _, original = fleet_log()
+    log = _b_log_with(original)
+    # b held h2 and h3 already: a third of four hosts is over the 0.5 cap.
+    held = [
+        NodeBlocked(job_id="b", ts=10, id=f"b-blk-{h}", host=h, until_ts=MIN, cause="own")
+        for h in ("h2", "h3")
+    ]
+    log[-1:-1] = [Recorded(EVENTS_TOPIC, e) for e in held]
+    [diff] = blocklist_report(log, job="b").differences
+    assert "would block 3 of 4 hosts, over blocklist.max-blocked-fraction" in diff.describe()
+
+
+# --------------------------------------------------------------------------- opt-out during a run
+
+
+@dataclass
+class BlockingJob:
+    """What the BlockNodes guard reads of a job."""
+
+    settings: Settings
+    pool: SlotPool = field(default_factory=SlotPool)
+    max_blocked_fraction: float = 0.5
+
+
+def guard_block(command: BlockNodes, settings: Settings) -> str | None:
+    job = BlockingJob(settings)
+    for host in B_HOSTS:
+        job.pool.add_host(host, 1)
+    return HANDLERS[BlockNodes].guard(command, job)  # type: ignore[arg-type]
+
+
+def test_a_job_that_opted_out_refuses_the_fleets_blocks_during_its_run() -> None:
+    _, to_b = fleet_log()
+    opted_out = Settings({FLEET_SETTING: "false"})
+    assert guard_block(to_b, opted_out) == (
+        "job opted out of the fleet blocklist (blocklist.fleet = false)"
+    )
+    assert guard_block(to_b, Settings()) is None
+    own = dataclasses.replace(to_b, cause="slow attempts on h1")
+    assert guard_block(own, opted_out) is None  # its own evidence still blocks

@@ -48,7 +48,7 @@ from tailguard.model.fleet import FLEET_CAUSE_PREFIX, FleetBlock
 from tailguard.model.ids import derived_id
 from tailguard.model.records import BlockNodes, Record, SlowTasksDetected, UnblockNodes
 
-__all__ = ["FleetBlocklist"]
+__all__ = ["FleetBlocklist", "fleet_block_command"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,13 +262,27 @@ class FleetBlocklist:
         evidence = tuple(dict.fromkeys(i for h in hosts for i in self._blocks[h].evidence))
         job.holds.update(dict.fromkeys(hosts, until))
         self._jobs_told += 1
-        return BlockNodes(
-            job_id=job_id,
-            ts=finding.ts,
-            id=derived_id(self.SERVICE, "fleet", finding.id, job_id, *hosts),
-            caused_by=evidence,
-            hosts=hosts,
-            until_ts=until,
-            cause=f"{FLEET_CAUSE_PREFIX}slow attempts on {', '.join(hosts)} across jobs"
-            f" (evidence {', '.join(evidence)})",
-        )
+        return fleet_block_command(finding.id, finding.ts, job_id, hosts, until, evidence)
+
+
+def fleet_block_command(
+    finding_id: str,
+    ts: int,
+    job_id: str,
+    hosts: tuple[str, ...],
+    until_ts: int,
+    evidence: tuple[str, ...],
+) -> BlockNodes:
+    """The `BlockNodes` the fleet sends `job_id` when finding `finding_id` (at `ts`) blocks or
+    extends `hosts` on `evidence`: one function of its inputs, so a replay that lacks the other
+    jobs' findings can still check a recorded fleet command was built from what it names."""
+    return BlockNodes(
+        job_id=job_id,
+        ts=ts,
+        id=derived_id(FleetBlocklist.SERVICE, "fleet", finding_id, job_id, *hosts),
+        caused_by=evidence,
+        hosts=hosts,
+        until_ts=until_ts,
+        cause=f"{FLEET_CAUSE_PREFIX}slow attempts on {', '.join(hosts)} across jobs"
+        f" (evidence {', '.join(evidence)})",
+    )

@@ -39,6 +39,11 @@ from tailguard.model.authority import (
     issuer_named_by,
 )
 from tailguard.model.config import SERVICES_KEY, Settings
+from tailguard.replay.fleet_check import (
+    check_fleet_commands,
+    evidence_in_log,
+    is_fleet_command,
+)
 from tailguard.speculator.policy import SpeculationStrategy
 
 
@@ -78,8 +83,13 @@ class Difference:
     position: int
     recorded: r.Record | None
     replayed: r.Record | None
+    # Why a recorded record that is checked rather than reproduced failed its check.
+    problem: str = ""
 
     def describe(self) -> str:
+        if self.problem:
+            assert self.recorded is not None
+            return f"#{self.position}: {_short(self.recorded)} {self.problem}"
         if self.recorded is None:
             assert self.replayed is not None
             return f"#{self.position}: replay emitted {_short(self.replayed)}, not in the log"
@@ -97,6 +107,8 @@ class ServiceReport:
     recorded: int = 0
     replayed: int = 0
     reproduced: int = 0
+    # Fleet commands checked against the job's record instead of reproduced (`fleet_check`).
+    checked: int = 0
     differences: list[Difference] = field(default_factory=list)
 
     def line(self) -> str:
@@ -105,8 +117,13 @@ class ServiceReport:
                 f"{self.service}: not run live (services off); replay would emit "
                 f"{self.replayed} {self.output_kind}"
             )
+        checked = (
+            f", {self.checked} fleet {self.output_kind} checked against the job's record"
+            if self.checked
+            else ""
+        )
         return (
-            f"{self.service}: {self.reproduced} {self.output_kind} reproduced, "
+            f"{self.service}: {self.reproduced} {self.output_kind} reproduced{checked}, "
             f"{len(self.differences)} differences"
         )
 
@@ -275,8 +292,18 @@ def replay(
         compared = live or spec.name in LOCAL_FALLBACKS
         report = ServiceReport(spec.name, spec.output_kind, compared)
         report.recorded, report.replayed = len(recorded), len(replayed)
+        fleet_checks: list[Difference] = []
+        if compared and not evidence_in_log(recorded, {f.id for f in findings}):
+            # One job's log: the fleet's commands to it are checked, its own compared.
+            fleet_checks = [
+                Difference(p.position, p.command, None, p.problem)
+                for p in check_fleet_commands(recorded, events, settings)
+            ]
+            report.checked = sum(1 for c in recorded if is_fleet_command(c))
+            recorded = [c for c in recorded if not is_fleet_command(c)]
+            replayed = [c for c in replayed if not is_fleet_command(c)]
         if compared:
-            report.differences = _compare(recorded, replayed)
+            report.differences = [*_compare(recorded, replayed), *fleet_checks]
             report.reproduced = sum(1 for a, b in zip(recorded, replayed, strict=False) if a == b)
         reports.append(report)
     jobs = sorted({e.job_id for e in events})
