@@ -307,14 +307,17 @@ class PartitionWriter:
         partition: PartitionRef,
         subpartitions: int,
         batch_rows: int,
+        file_rows: int | None = None,
     ) -> None:
+        """`file_rows` overrides `file_batch_rows` (a writer given whole tables holds them
+        anyway, and fewer, larger file batches write faster)."""
         if subpartitions < 1:
             raise ValueError(f"need at least one subpartition, got {subpartitions}")
         self.storage = storage
         self.job_id = job_id
         self.partition = partition
         self.batch_rows = batch_rows
-        rows = file_batch_rows(batch_rows, subpartitions)
+        rows = file_rows or file_batch_rows(batch_rows, subpartitions)
         self._files = [
             _SubpartitionFile(storage, subpartition_path(storage, job_id, partition, sp), rows)
             for sp in range(subpartitions)
@@ -371,8 +374,8 @@ class PartitionWriter:
             file.abort()
 
 
-# Rows per file batch of `write_partition` (the batch size of an attempt that writes whole
-# tables at once).
+# Rows per file batch of `write_partition`: its tables are in memory already, so the file
+# batches need not be small (as in the one-shot writer before streaming).
 _TABLE_BATCH_ROWS = 64 * 1024
 
 
@@ -381,7 +384,9 @@ def write_partition(
 ) -> WrittenPartition:
     """Write `tables[i]` as subpartition i of `partition` (an empty table still gets a file,
     carrying the schema, so every consumer finds what it expects)."""
-    writer = PartitionWriter(storage, job_id, partition, len(tables), _TABLE_BATCH_ROWS)
+    writer = PartitionWriter(
+        storage, job_id, partition, len(tables), _TABLE_BATCH_ROWS, file_rows=_TABLE_BATCH_ROWS
+    )
     empties = [_empty_batch(t.schema) for t in tables]
     try:
         for index, table in enumerate(tables):
