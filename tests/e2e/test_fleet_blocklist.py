@@ -29,7 +29,14 @@ from tailguard.testing import (
 )
 
 SLOW_HOST = "127.0.0.4"
-FLEET_POLICY = {**DEMO_POLICY, "execution.batch.speculative.block-slow-node-duration": "25 s"}
+FLEET_POLICY = {
+    **DEMO_POLICY,
+    "execution.batch.speculative.block-slow-node-duration": "25 s",
+    # About one 48 KiB file per subtask: 6 subtasks in two waves over the 3 hosts, so job A
+    # places work on the slow host (the demo's 512 KiB gave this data 2 subtasks, which both
+    # went to healthy hosts: nothing to find) and job C has a subtask there to show its return.
+    "execution.batch.adaptive.auto-parallelism.avg-data-volume-per-task": "48 KiB",
+}
 
 pytestmark = [
     pytest.mark.spark,
@@ -74,9 +81,7 @@ def test_a_block_earned_by_one_job_holds_for_the_next_until_it_expires(
 
         b = _run(tailguard_harness, node, tmp_path, data, "fleet-b", 0)
         assert SLOW_HOST not in _hosts_deployed(b)
-        [blocked] = [
-            e for e in b.records if isinstance(e, r.NodeBlocked) and e.host == SLOW_HOST
-        ]
+        [blocked] = [e for e in b.records if isinstance(e, r.NodeBlocked) and e.host == SLOW_HOST]
         assert blocked.cause.startswith(FLEET_CAUSE_PREFIX)
         assert all(finding in blocked.cause for finding in entry.evidence)
         assert blocked.until_ts == entry.until_ts
