@@ -121,44 +121,59 @@ def file_batch_rows(batch_rows: int, subpartitions: int) -> int:
     return min(batch_rows, max(MIN_FILE_BATCH_ROWS, share))
 
 
-class _HashingOutput:
-    """A file-like sink for pyarrow's writers: passes bytes on, hashing and counting them."""
+class _HashingFile:
+    """A file-like object for pyarrow that passes bytes through to a file it does not own,
+    hashing and counting them (the checksum of what was written, or read)."""
 
-    def __init__(self, out: pa.NativeFile) -> None:
-        self._out = out
+    WRITABLE = False
+
+    def __init__(self) -> None:
         self._hash = hashlib.blake2b(digest_size=16)
         self.size = 0
         self.closed = False
 
-    def write(self, data: bytes | memoryview | pa.Buffer) -> int:
-        view = memoryview(data)
-        self._hash.update(view)
-        self._out.write(view)
-        self.size += view.nbytes
-        return view.nbytes
+    def _passed(self, data: bytes | memoryview) -> None:
+        self._hash.update(data)
+        self.size += memoryview(data).nbytes
 
     def tell(self) -> int:
         return self.size
 
-    def flush(self) -> None:
-        pass
-
     def close(self) -> None:
-        # The underlying output belongs to `atomic_output`, which closes (publishes) it.
+        # The file underneath belongs to whoever opened it, who closes (or publishes) it.
         self.closed = True
 
     def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
+        return self.WRITABLE
 
     def readable(self) -> bool:
+        return not self.WRITABLE
+
+    def seekable(self) -> bool:
         return False
 
     @property
     def checksum(self) -> str:
         return self._hash.hexdigest()
+
+
+class _HashingOutput(_HashingFile):
+    """A sink for pyarrow's writers (the file is `atomic_output`'s)."""
+
+    WRITABLE = True
+
+    def __init__(self, out: pa.NativeFile) -> None:
+        super().__init__()
+        self._out = out
+
+    def write(self, data: bytes | memoryview | pa.Buffer) -> int:
+        view = memoryview(data)
+        self._passed(view)
+        self._out.write(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        pass
 
 
 @contextlib.contextmanager
@@ -454,46 +469,23 @@ def _name(partition: PartitionRef) -> str:
 # ---------------------------------------------------------------------- reading
 
 
-class _HashingInput:
-    """A file-like source for pyarrow's readers: passes bytes on, hashing and counting them, so
-    the checksum is taken in the same pass that decodes the file."""
+class _HashingInput(_HashingFile):
+    """A source for pyarrow's readers, so the checksum is taken in the same pass that decodes
+    the file (the file is the `_OpenFile`'s)."""
 
     def __init__(self, raw: pa.NativeFile) -> None:
+        super().__init__()
         self._raw = raw
-        self._hash = hashlib.blake2b(digest_size=16)
-        self.size = 0
-        self.closed = False
 
     def read(self, nbytes: int = -1) -> bytes:
         data: bytes = self._raw.read(nbytes if nbytes is not None and nbytes >= 0 else None)
-        self._hash.update(data)
-        self.size += len(data)
+        self._passed(data)
         return data
 
     def drain(self) -> None:
         """Hash what the decoder left unread (the end of the compressed stream)."""
         while self.read(COPY_CHUNK_BYTES):
             pass
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def writable(self) -> bool:
-        return False
-
-    def tell(self) -> int:
-        return self.size
-
-    def close(self) -> None:
-        # The raw input belongs to the `_OpenFile` reading it.
-        self.closed = True
-
-    @property
-    def checksum(self) -> str:
-        return self._hash.hexdigest()
 
 
 @dataclass(frozen=True)
