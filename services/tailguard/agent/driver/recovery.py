@@ -120,8 +120,10 @@ def rebuild(state: ExecutionState, log: JobLog) -> Recovered:
             for attempt in subtask.attempts:
                 if attempt.status is not AttemptStatus.DEPLOYING:
                     continue
-                # Running at the crash; one already being cancelled was recorded as such.
+                # Running at the crash; one already being cancelled was recorded as such. It
+                # ended, as far as anyone can tell, when the dead driver was last heard of.
                 attempt.status = AttemptStatus.CANCELED
+                attempt.finished_at = log.events[-1].ts
                 if attempt.cancel_reason is None:
                     attempt.cancel_reason = r.CancelReason.RESTART.value
                     rebuilt.lost_attempts.append(attempt)
