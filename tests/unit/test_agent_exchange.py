@@ -15,6 +15,7 @@ from tailguard.agent.executor.exchange import (
     NULL_KEY_SUBPARTITION,
     hash_partition,
     key_hashes,
+    partition_batch,
     round_robin_partition,
 )
 
@@ -212,3 +213,26 @@ def test_long_and_short_strings_hash_alike_in_any_company():
     short = key_hashes(pa.table({"k": ["abc", "x"]}), ["k"])[0]
     mixed = key_hashes(pa.table({"k": ["abc", "y" * 500, "x"]}), ["k"])[0]
     assert short[0] == mixed[0] and short[1] == mixed[2]
+
+
+def test_a_batch_splits_into_slices_of_one_sorted_copy_that_match_hash_partition():
+    rng = np.random.default_rng(8)
+    batch = pa.record_batch({"k": rng.integers(0, 50, 5_000), "s": [f"v{i}" for i in range(5_000)]})
+    pieces = partition_batch(batch, 16, ["k"], offset=0)
+    expected = hash_partition(pa.Table.from_batches([batch]), ["k"], 16)
+    assert [p.num_rows for p in pieces] == [t.num_rows for t in expected]
+    for piece, table in zip(pieces, expected, strict=True):
+        # Same rows in the same (input) order, each piece a slice of one buffer: no copy each.
+        assert pa.Table.from_batches([piece], batch.schema).equals(table.combine_chunks())
+    buffers = {p.column(0).buffers()[1].address for p in pieces if p.num_rows}
+    assert len(buffers) == 1
+
+
+def test_a_batch_splits_round_robin_without_copying():
+    batch = pa.record_batch({"x": np.arange(10)})
+    pieces = partition_batch(batch, 3, [], offset=1)
+    assert [p.column(0).to_pylist() for p in pieces] == [[7, 8, 9], [0, 1, 2, 3], [4, 5, 6]]
+    assert {p.column(0).buffers()[1].address for p in pieces} == {
+        batch.column(0).buffers()[1].address
+    }
+    assert partition_batch(batch, 1, ["x"], offset=0) == [batch]

@@ -30,7 +30,7 @@ from tailguard.agent.executor.partitions import (
     subpartition_path,
     write_partition,
 )
-from tailguard.agent.executor.sinks import STAGING_DIR, SinkDef
+from tailguard.agent.executor.sinks import STAGING_DIR, SinkDef, stage_sink_batches
 from tailguard.agent.executor.sources import SourceDef, discover_splits, split_batches
 from tailguard.agent.executor.steps import OperatorStep
 from tailguard.agent.executor.storage import Storage
@@ -518,3 +518,27 @@ def test_the_writer_holds_bounded_memory_when_one_subpartition_gets_few_rows(
     # The rows waiting (under 4 x 1,000) plus as many again plus one batch: about 140 KiB of
     # these rows, against 4.6 MiB of input; Arrow's IPC and compression buffers come on top.
     assert peak < input_bytes / 4, (peak, input_bytes)
+
+
+def test_the_sink_keeps_dictionaries_for_low_cardinality_columns_only(tmp_path: Path) -> None:
+    """Dictionary pages fall back to plain past 64 KiB (the writer holds a dictionary-encoded
+    column's pages in memory until then); a column of few values keeps its dictionary."""
+    n = 60_000
+    rng = np.random.default_rng(2)
+    table = pa.table(
+        {"unique": rng.integers(0, 1 << 62, n), "few": [f"c{i % 9}" for i in range(n)]}
+    )
+    storage = Storage(str(tmp_path))
+    staged, rows = stage_sink_batches(storage, "job", "sink", 0, 0, iter(table.to_batches()), n)
+    assert rows == n
+    column = pq.ParquetFile(staged.path).metadata.row_group(0).column
+    unique, few = column(0), column(1)
+
+    def dictionary_page_bytes(chunk: Any) -> int:
+        return int(chunk.data_page_offset - chunk.dictionary_page_offset)
+
+    # The few values: a dictionary, then pages of small indices (under a byte a row).
+    assert few.has_dictionary_page and few.total_uncompressed_size < n
+    # 60,000 random int64s would make a 469 KiB dictionary at Parquet's 1 MiB default limit.
+    assert dictionary_page_bytes(unique) <= (64 << 10) + 1024
+    assert pq.read_table(staged.path).equals(table)
