@@ -24,6 +24,7 @@ from tailguard.testing import (
     JobRun,
     assert_blocked,
     assert_output_equals,
+    assert_replay_clean,
     assert_succeeded,
     run_job,
 )
@@ -87,6 +88,9 @@ def test_a_block_earned_by_one_job_holds_for_the_next_until_it_expires(
         assert blocked.until_ts == entry.until_ts
         first = next(e for e in b.records if isinstance(e, r.AttemptDeploying))
         assert b.records.index(blocked) < b.records.index(first), "blocked after deploying"
+        # Each job's archive alone replays exactly (fleet commands checked against its record).
+        for run in (a, b):
+            assert_replay_clean(run)
 
         # The block's expiry is a time, not an event: wait for it (at most the 25 s block).
         latest = current_entries(fleet_topic.read_changes(settings), int(time.time() * 1000))
