@@ -1,63 +1,118 @@
 """What observe mode costs the job it watches (`make bench-observe`; target: <= 2% job time).
 
-    .venv/bin/python benchmarks/observe_overhead.py [--pairs 7] [--files 48] [--rows 200000]
-        [--master local[2]] [--work-dir work/bench-observe]
+    .venv/bin/python benchmarks/observe_overhead.py [--pairs 6] [--runs 3] [--files 48]
+        [--rows 50000] [--master local[2]] [--work-dir work/bench-observe]
 
-An unmodified PySpark job (a groupBy aggregation over Parquet: `--files` files of `--rows` rows,
-so one scan task per file, then the shuffle's reduce tasks) runs in one Spark session, plain and
-under `tailguard.observe`, interleaved (plain/observed, then observed/plain, ...) so that drift
-in the machine's load falls on both alike. Measured: the job's wall time, from the DataFrame
-call to the collected result. Each observed run attaches the listener just before the job (its
-relay process starts and imports tailguard meanwhile, as in the spark-submit form where it
-starts with the application) and closes it after the job's time is taken (the relay's drain
-after the job is not job time). The relay writes the application's archive only
-(`tailguard.observe.log-mode=archive`): no broker needed, and what the job pays is the same,
-since publishing runs in the relay's process, not the job's.
+An unmodified PySpark application (a groupBy aggregation over Parquet: `--files` files of
+`--rows` rows, one scan task per file, 200 reduce tasks: about 250 tasks a job, since the
+listener's work is per task) is submitted with `spark-submit`, plain and in the documented
+no-code form (`--jars` + `spark.extraListeners`), the two interleaved (plain/observed, then
+observed/plain, ...) so that drift in the machine's load falls on both alike. Inside each
+application a warm-up job runs first (JIT, Python workers, file listing; the relay, which starts
+with the application, is up by then), then the job `--runs` times; the application's figure is
+the median of its runs' wall times, from the DataFrame call to the collected result.
 
-Printed: per contender the median and the spread (min-max) of the job time, the overhead of the
-medians, the tasks per job (the listener's work is per task), the load average before and after
-(`uptime`: other processes share the cores), and the median attach and close times apart.
+The relay writes the archive only (`tailguard.observe.log-mode=archive`): no broker needed, and
+what the job pays is the same, since publishing runs in the relay's process, not the job's.
+
+Printed: per contender the median and the spread (min-max) of the applications' figures, the
+overhead of the medians, the load average before and after (`uptime`: other processes share the
+cores), and the tasks per job the relay saw.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
-import time
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+APPLICATION = """
+import json, statistics, sys, time
+from pyspark.sql import SparkSession, functions as F
+
+path, runs, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+spark = SparkSession.builder.appName("bench-observe").getOrCreate()
+
+
+def job():
+    started = time.perf_counter()
+    totals = spark.read.parquet(path).groupBy("customer").agg(
+        F.sum("amount").alias("total"), F.count("*").alias("n")
+    )
+    totals.agg(F.sum("total"), F.sum("n")).collect()
+    return time.perf_counter() - started
+
+
+job()  # warm-up
+times = [job() for _ in range(runs)]
+spark.stop()
+json.dump({"median": statistics.median(times), "times": times}, open(out, "w"))
+"""
+
+# One scan task per file and every reduce partition its own task: many tasks per second, the
+# listener's worst case (its cost is per task event).
+MANY_TASKS = {
+    "spark.sql.files.openCostInBytes": str(256 << 20),
+    "spark.sql.adaptive.coalescePartitions.enabled": "false",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+}
+
 
 def write_data(directory: Path, files: int, rows: int) -> Path:
-    if directory.is_dir() and len(list(directory.glob("*.parquet"))) == files:
+    marker = directory / f".{files}x{rows}"
+    if marker.exists():
         return directory
     directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.glob("*.parquet"):
+        old.unlink()
     rng = np.random.default_rng(1)
     for n in range(files):
         table = pa.table(
             {"customer": rng.integers(0, 100_000, rows), "amount": rng.random(rows) * 100}
         )
         pq.write_table(table, directory / f"part-{n:03d}.parquet")
+    marker.touch()
     return directory
 
 
-def job(spark: Any, path: str) -> float:
-    """The unmodified job; its wall time in seconds."""
-    from pyspark.sql import functions as F
+def submit(args: argparse.Namespace, work: Path, data: Path, observed: bool, n: int) -> float:
+    from tailguard.observer import listener_jar
 
-    started = time.perf_counter()
-    totals = (
-        spark.read.parquet(path)
-        .groupBy("customer")
-        .agg(F.sum("amount").alias("total"), F.count("*").alias("n"))
-    )
-    totals.agg(F.sum("total"), F.sum("n")).collect()
-    return time.perf_counter() - started
+    app = work / "application.py"
+    app.write_text(APPLICATION)
+    out = work / f"result-{n}-{'observed' if observed else 'plain'}.json"
+    conf = dict(MANY_TASKS)
+    argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", args.master]
+    if observed:
+        argv += ["--jars", str(listener_jar())]
+        conf.update(
+            {
+                "spark.extraListeners": "tailguard.observe.TaskEventListener",
+                "spark.tailguard.observe.python": sys.executable,
+                "spark.tailguard.tailguard.observe.log-mode": "archive",
+                "spark.tailguard.tailguard.archive-dir": str(work / "archive"),
+            }
+        )
+    for key, value in conf.items():
+        argv += ["--conf", f"{key}={value}"]
+    argv += [str(app), str(data), str(args.runs), str(out)]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"spark-submit failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    if observed and " 0 malformed" not in done.stderr:
+        raise SystemExit(f"the relay did not end cleanly:\n{done.stderr[-3000:]}")
+    result = json.loads(out.read_text())
+    return float(result["median"])
 
 
 def load() -> str:
@@ -69,73 +124,50 @@ def spread(values: list[float]) -> str:
     return f"median {median:.3f} s (min {min(values):.3f}, max {max(values):.3f})"
 
 
+def tasks_per_job(archive_dir: Path) -> str:
+    from tailguard.log.archive import ArchiveReader
+    from tailguard.model import records as r
+
+    archives = sorted(archive_dir.glob("*.avro"), key=lambda p: p.stat().st_mtime)
+    if not archives:
+        return "?"
+    records = [e.record for e in ArchiveReader(archives[-1])]
+    jobs = {x.job_id for x in records if isinstance(x, r.JobSubmitted)}
+    attempts = sum(isinstance(x, r.AttemptDeploying) for x in records)
+    return f"{attempts / max(1, len(jobs)):.0f} attempts per Spark job, {len(jobs)} Spark jobs"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=7)
+    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--files", type=int, default=48)
-    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--work-dir", default="work/bench-observe")
     args = parser.parse_args()
-    if args.pairs < 1 or args.files < 1 or args.rows < 1:
-        parser.error("--pairs, --files and --rows must be positive")
+    if min(args.pairs, args.runs, args.files, args.rows) < 1:
+        parser.error("--pairs, --runs, --files and --rows must be positive")
 
-    from pyspark.sql import SparkSession
-
-    import tailguard
     from tailguard.observer import listener_jar
 
     work = Path(args.work_dir).resolve()
-    data = str(write_data(work / "data", args.files, args.rows))
+    data = write_data(work / "data", args.files, args.rows)
     listener_jar()  # built once, before anything is timed
-    spark = (
-        SparkSession.builder.master(args.master)
-        .appName("bench-observe")
-        .config("spark.ui.enabled", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    settings = {
-        "tailguard.observe.log-mode": "archive",
-        "tailguard.archive-dir": str(work / "archive"),
-        "tailguard.work-dir": str(work),
-    }
-    tracker = spark.sparkContext.statusTracker()
-    print(f"load before: {load()}")
-    job(spark, data)  # warm-up: JIT, file listing caches, Python workers
+    print(f"load before: {load()}", flush=True)
     times: dict[str, list[float]] = {"plain": [], "observed": []}
-    attach: list[float] = []
-    close: list[float] = []
-    tasks = 0
     for pair in range(args.pairs):
-        order = ("plain", "observed") if pair % 2 == 0 else ("observed", "plain")
-        for contender in order:
-            if contender == "plain":
-                times["plain"].append(job(spark, data))
-                continue
-            t0 = time.perf_counter()
-            observation = tailguard.observe(spark, settings)
-            attach.append(time.perf_counter() - t0)
-            times["observed"].append(job(spark, data))
-            t0 = time.perf_counter()
-            status = observation.close()
-            close.append(time.perf_counter() - t0)
-            if status != 0:
-                raise SystemExit(f"the relay exited with {status}")
+        order = (False, True) if pair % 2 == 0 else (True, False)
+        for observed in order:
+            figure = submit(args, work, data, observed, pair)
+            times["observed" if observed else "plain"].append(figure)
         print(f"pair {pair + 1}: plain {times['plain'][-1]:.3f} s, observed "
               f"{times['observed'][-1]:.3f} s, load {load()}", flush=True)  # fmt: skip
-    for job_id in tracker.getJobIdsForGroup(None)[-2:]:
-        info = tracker.getJobInfo(job_id)
-        if info is not None:
-            tasks += sum(tracker.getStageInfo(s).numTasks for s in info.stageIds)
-    spark.stop()
     plain, observed = (statistics.median(times[c]) for c in ("plain", "observed"))
-    print(f"tasks per job: ~{tasks} (the last Spark jobs of one run)")
+    print(f"tasks: {tasks_per_job(work / 'archive')}")
     print(f"plain:    {spread(times['plain'])}")
     print(f"observed: {spread(times['observed'])}")
     print(f"overhead of the medians: {100 * (observed / plain - 1):+.1f}% (target <= 2%)")
-    print(f"attach {statistics.median(attach):.3f} s, close {statistics.median(close):.3f} s "
-          "(medians; neither is job time)")  # fmt: skip
     print(f"load after: {load()}")
     return 0
 
