@@ -43,7 +43,7 @@ from sim.baselines import (
     SparkRule,
 )
 from sim.engine import Outcome, Policy, Simulation
-from sim.report import LEGEND, row, seeds_summary, speed, table
+from sim.report import LEGEND, row, seeds_summary, speed, table, trace, trace_lines
 from sim.scenario import ScenarioParams, build, describe
 from sim.tailguard_driver import SIMULATION_SETTINGS, VARIANTS, TailguardPolicy
 
@@ -99,6 +99,7 @@ def run(
         "tailguard_settings": {**SIMULATION_SETTINGS, **(tailguard_settings or {})},
         "rows": [row(o, None if o.policy == "none" else baseline) for o in outcomes],
         "speeds": [speed(o) for o in outcomes],
+        "traces": [trace(o) for o in outcomes],
     }
 
 
@@ -153,6 +154,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, ScenarioParams]:
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     parser.add_argument("--quick", action="store_true", help="100 hosts, 10,000 tasks")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="also print what ended each stage and how long slow-host attempts ran before"
+        " their copy started",
+    )
     args = parser.parse_args(argv)
     params = ScenarioParams(
         hosts=args.hosts or (100 if args.quick else 1_000),
@@ -206,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
             f"  {r['policy']:<22} {r['speculated_skewed']:>6,} ({r['speculated_skew_only']:,};"
             f" {r['skew_only_wins']:,}) / {r['speculated_on_slow_host']:,}"
         )
+    if args.trace:
+        for t in results["traces"]:
+            print("\n".join(trace_lines(t)))
     print("simulator speed (simulated tasks per wall-clock second):")
     for s in results["speeds"]:
         print(f"  {s['policy']:<22} {s['tasks_per_wall_s']:>9,} tasks/s ({s['wall_s']:.1f} s)")

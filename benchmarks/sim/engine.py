@@ -119,6 +119,29 @@ class Outcome:
     hosts_blocked: tuple[int, ...]
     slow_hosts_blocked: int
     wall_seconds: float
+    # What ended each stage (its last task's winner), for `--trace`.
+    stage_ends: tuple[StageEnd, ...] = ()
+    # Simulated ms from a slow-host first attempt's start to its copy's, one per such copy.
+    slow_host_copy_delays_ms: tuple[int, ...] = ()
+    # Likewise to the policy's asking for the copy (tailguard's commands; `Simulation.asked`).
+    slow_host_ask_delays_ms: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class StageEnd:
+    """The task that ended a stage: when it and its winner started, whether it was skewed,
+    whether its first attempt ran on a slow host, and whether the winner was a copy."""
+
+    stage: int
+    end_ms: int
+    subtask: int
+    skewed: bool
+    first_on_slow_host: bool
+    first_start_ms: int
+    winner_start_ms: int
+    winner_speculative: bool
+    # When the stage's last first attempt started (its last wave).
+    last_first_start_ms: int
 
 
 Progress = Callable[[str, int, int], None]
@@ -161,6 +184,12 @@ class Simulation:
         self._speculated_skew_only = 0
         self._skew_only_wins = 0
         self._slow = scenario.slow_hosts
+        self._stage_ends: list[StageEnd] = []
+        self._copy_delays: list[int] = []
+        self._ask_delays: list[int] = []
+        # task -> (its first attempt's start, host); the stage's last first-attempt start.
+        self._first: dict[Task, tuple[int, int]] = {}
+        self._last_first_start = 0
 
     # ------------------------------------------------------------------ run
 
@@ -205,6 +234,9 @@ class Simulation:
             hosts_blocked=blocked,
             slow_hosts_blocked=sum(1 for h in blocked if h in self._slow),
             wall_seconds=time.perf_counter() - started,
+            stage_ends=tuple(self._stage_ends),
+            slow_host_copy_delays_ms=tuple(self._copy_delays),
+            slow_host_ask_delays_ms=tuple(self._ask_delays),
         )
 
     def _push(self, when: int, kind: int, attempt: Attempt | None) -> None:
@@ -244,6 +276,12 @@ class Simulation:
         """A block on `host` ended: its parked free slots join the line again."""
         self.free.extend([host] * self._parked.pop(host, 0))
 
+    def asked(self, task: Task) -> None:
+        """A policy decided to copy `task` now (it may start later, when a slot is free)."""
+        first = self._first.get(task)
+        if first is not None and first[1] in self._slow:
+            self._ask_delays.append(self.now - first[0])
+
     def deploy(self, task: Task, host: int, speculative: bool) -> Attempt:
         number = task.attempts
         task.attempts += 1
@@ -259,8 +297,14 @@ class Simulation:
         )
         task.live.append(attempt)
         self.running[attempt] = None
+        if number == 0:
+            self._first[task] = (self.now, host)
+            self._last_first_start = self.now
         if speculative:
             self._speculative += 1
+            first_start, first_host = self._first[task]
+            if first_host in self._slow:
+                self._copy_delays.append(self.now - first_start)
             if stage.skewed[task.subtask]:
                 self._speculated_skewed += 1
                 if task.live[0].host not in self._slow:
@@ -321,6 +365,21 @@ class Simulation:
         if self._progress and self.finished_tasks % self._progress_every == 0:
             self._progress(self.policy.name, self.now, self.finished_tasks)
         if self.remaining == 0:
+            first_start, first_host = self._first[task]
+            self._stage_ends.append(
+                StageEnd(
+                    stage=task.stage,
+                    end_ms=self.now,
+                    subtask=task.subtask,
+                    skewed=self.scenario.stages[task.stage].skewed[task.subtask],
+                    first_on_slow_host=first_host in self._slow,
+                    first_start_ms=first_start,
+                    winner_start_ms=winner.start,
+                    winner_speculative=winner.speculative,
+                    last_first_start_ms=self._last_first_start,
+                )
+            )
+            self._first.clear()
             if self.active_stage + 1 < len(self.stages):
                 self._start_stage(self.active_stage + 1)
             else:

@@ -6,6 +6,8 @@ runs with the same seed give equal rows; wall-clock speeds are kept apart in `sp
 
 from __future__ import annotations
 
+import statistics
+from dataclasses import asdict
 from typing import Any
 
 from sim.engine import Outcome
@@ -94,7 +96,7 @@ def seeds_summary(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
     blocked on any seed, and copies of tasks that were only skewed (all seeds)."""
     policies = [r["policy"] for r in next(iter(runs.values()))]
     lines = [
-        f"  {'policy':<18} {'completion s: mean':>18} {'min':>9} {'max':>9} {'vs none':>8}"
+        f"  {'policy':<22} {'completion s: mean':>18} {'min':>9} {'max':>9} {'vs none':>8}"
         f" {'attempts':>9} {'wins':>6} {'extra task-s':>12} {'healthy blocked (max)':>21}"
         f" {'skew-only copies':>16}"
     ]
@@ -105,7 +107,7 @@ def seeds_summary(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
         change = f"{sum(changes) / len(changes):+.1f}%" if changes else "—"
         n = len(mine)
         lines.append(
-            f"  {policy:<18} {sum(times) / n:>18,.1f} {min(times):>9,.1f} {max(times):>9,.1f}"
+            f"  {policy:<22} {sum(times) / n:>18,.1f} {min(times):>9,.1f} {max(times):>9,.1f}"
             f" {change:>8} {sum(r['speculative_attempts'] for r in mine) / n:>9,.0f}"
             f" {sum(r['speculative_wins'] for r in mine) / n:>6,.0f}"
             f" {sum(r['extra_work_task_s'] for r in mine) / n:>12,.0f}"
@@ -113,3 +115,51 @@ def seeds_summary(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
             f" {sum(r['speculated_skew_only'] for r in mine):>16,}"
         )
     return lines
+
+
+def trace(outcome: Outcome) -> dict[str, Any]:
+    """What ended each stage, and how long a slow-host first attempt ran before its copy
+    started (simulated ms): the evidence for where a policy loses time."""
+    return {
+        "policy": outcome.policy,
+        "stage_ends": [asdict(end) for end in outcome.stage_ends],
+        "slow_host_copy_delay_ms": _spread(outcome.slow_host_copy_delays_ms),
+        "slow_host_ask_delay_ms": _spread(outcome.slow_host_ask_delays_ms),
+    }
+
+
+def _spread(values: tuple[int, ...]) -> dict[str, Any]:
+    ordered = sorted(values)
+    return {
+        "count": len(ordered),
+        "median": statistics.median(ordered) if ordered else None,
+        "p90": ordered[int(0.9 * (len(ordered) - 1))] if ordered else None,
+        "max": ordered[-1] if ordered else None,
+    }
+
+
+def trace_lines(t: dict[str, Any]) -> list[str]:
+    lines = [f"{t['policy']}: after a slow-host first attempt started,"]
+    for key, what in (("slow_host_ask_delay_ms", "asked"), ("slow_host_copy_delay_ms", "started")):
+        d = t[key]
+        if d["count"]:
+            lines.append(
+                f"  {d['count']} copies {what} after median {_s(d['median'])},"
+                f" p90 {_s(d['p90'])}, max {_s(d['max'])}"
+            )
+    for end in t["stage_ends"]:
+        kind = "skewed" if end["skewed"] else "plain"
+        if end["first_on_slow_host"]:
+            kind += ", first on a slow host"
+        won = "copy" if end["winner_speculative"] else "first attempt"
+        lines.append(
+            f"  stage {end['stage']} ended {end['end_ms'] / 1000:,.1f} s by subtask"
+            f" {end['subtask']} ({kind}; {won} won, started {end['winner_start_ms'] / 1000:,.1f} s;"
+            f" first started {end['first_start_ms'] / 1000:,.1f} s; stage's last first"
+            f" attempt started {end['last_first_start_ms'] / 1000:,.1f} s)"
+        )
+    return lines
+
+
+def _s(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms / 1000:,.1f} s"

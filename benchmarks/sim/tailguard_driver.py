@@ -162,6 +162,7 @@ class TailguardPolicy(Policy):
         if isinstance(command, LaunchSpeculativeAttempts):
             task = self.sim.stages[int(command.vertex.removeprefix("stage"))][command.subtask]
             avoid = frozenset(self._host_index[h] for h in command.avoid_hosts)
+            self.sim.asked(task)
             ready = self.sim.now + self.command_latency_ms
             self._launches.append(_Launch(ready, task, command.count, avoid))
             self.sim.wake_at(ready)
