@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 VENV35  := .venv-spark35
 STAMP35 := $(VENV35)/.installed
 
-.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe test-observe bench-load chaos clean
+.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe test-observe test-fleet bench-load chaos clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
@@ -14,8 +14,9 @@ help:
 	@echo "make test-spark35   every Spark integration and e2e test, in $(VENV35) (PySpark 3.5; make test runs a core subset)"
 	@echo "make test-packaging a fresh venv: '.[services]' pulls no pyspark and its services come up"
 	@echo "make chaos  the fault-injection suite: kills, garbage, lost partitions, storage down (minutes; not in make test)"
+	@echo "make test-fleet / test-observe  the fleet blocklist and observe mode end to end (minutes; not in make test)"
 	@echo "make test-multihost the multi-host test (network namespaces, root; minutes, not in make test)"
-	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim, bench-memory)"
+	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim, bench-memory, bench-fleet, bench-observe, bench-load)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -78,6 +79,11 @@ chaos: $(STAMP)
 
 # Observe mode end to end (minutes on 2 cores): an unmodified job on the slow-host cluster with
 # the services, and the spark-submit form (docs/observe.md).
+# The fleet blocklist across three jobs (A earns a block, B starts under it, C after it expired):
+# about four minutes, so not in make test (docs/policies/blocklist.md).
+test-fleet: $(STAMP)
+	TAILGUARD_FLEET_E2E=1 $(BIN)/python -m pytest -q tests/e2e/test_fleet_blocklist.py
+
 test-observe: $(STAMP)
 	TAILGUARD_OBSERVE_E2E=1 $(BIN)/python -m pytest -q tests/e2e/test_observe.py
 
