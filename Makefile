@@ -85,7 +85,7 @@ test-fleet: $(STAMP)
 	TAILGUARD_FLEET_E2E=1 $(BIN)/python -m pytest -q tests/e2e/test_fleet_blocklist.py
 
 test-observe: $(STAMP)
-	TAILGUARD_OBSERVE_E2E=1 $(BIN)/python -m pytest -q tests/e2e/test_observe.py
+	TAILGUARD_OBSERVE_E2E=1 $(BIN)/python -m pytest -q tests/e2e/test_observe_e2e.py
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
