@@ -32,6 +32,7 @@ from tailguard.model.records import (
     Record,
     SlowAttempt,
     SlowSubtask,
+    SlowTasksDetected,
 )
 from tailguard.replay.engine import Recorded, ServiceReport, replay
 
@@ -69,6 +70,51 @@ def test_evidence_from_two_jobs_blocks_a_host_no_job_alone_would() -> None:
         ("f-a-v-1000", "f-b-v-2000"),
     )
     assert fleet.view() == {"h1": (2000 + MIN, ("f-a-v-1000", "f-b-v-2000"))}
+
+
+def _bench_job(job_id: str, start: int, speculative_on: str) -> list[SlowTasksDetected]:
+    """One job of `make bench-fleet` as its archive received it: subtask 5 slow on h5 alone
+    (its speculative copy on another host not slow), repeated every Tick, then the empty
+    finding once the copy won."""
+    copy = SlowAttempt(1, speculative_on, 200, None, True, False)
+    findings = [
+        slow_finding(
+            SlowSubtask(5, (SlowAttempt(0, "h5", 6_750 + i * 250, None, False, True), copy), 1),
+            job_id=job_id,
+            ts=start + i * 250,
+            hosts=HOSTS,
+        )
+        for i in range(9)
+    ]
+    return [*findings, slow_finding(job_id=job_id, ts=start + 9 * 250, hosts=HOSTS)]
+
+
+def test_jobs_in_a_row_further_apart_than_the_evidence_window_block_the_host() -> None:
+    # make bench-fleet's run (load 16-37): five jobs one after another with one slow attempt
+    # each on the 5x slow host, 167-258 s between one job's last finding and the next job's
+    # first, block duration 10 min and the default evidence window of 2 min. Each job's
+    # evidence had aged out of the window before the next job's came, so the host never
+    # reached the fleet list. Evidence from a job that ended is remembered as long as a block
+    # would last.
+    fleet = FleetBlocklist(
+        Settings({"execution.batch.speculative.block-slow-node-duration": "10 min"}),
+        publish_view=True,
+    )
+    job1, job2 = _bench_job("j1", 0, "h4"), _bench_job("j2", 2_000 + 199_973, "h3")
+    assert [r for f in job1 for r in fleet.handle(f)] == []
+    out = fleet.handle(job2[0])
+    [entry] = entries(out)
+    assert (entry.host, entry.until_ts) == ("h5", job2[0].ts + 10 * MIN)
+    assert entry.evidence == (job1[8].id, job2[0].id)
+    assert sent(out)["j2"] == (("h5",), job2[0].ts + 10 * MIN)
+    assert fleet.view() == {"h5": (job2[0].ts + 10 * MIN, (job1[8].id, job2[0].id))}
+
+
+def test_evidence_older_than_the_window_and_a_block_does_not_count() -> None:
+    fleet = FleetBlocklist(Settings(), publish_view=True)  # 1 min blocks, 2 min window
+    fleet.handle(slow_finding(slow_on(0, "h1"), job_id="a", ts=0, hosts=HOSTS))
+    assert fleet.handle(slow_finding(slow_on(0, "h1"), job_id="b", ts=2 * MIN + 1)) == []
+    assert fleet.view() == {}
 
 
 def test_a_job_keeps_exactly_its_per_job_commands_when_alone() -> None:

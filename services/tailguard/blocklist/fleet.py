@@ -5,9 +5,14 @@ it. This core wraps the per-job `BlocklistTracker` (each job still gets exactly 
 own evidence earns, with the per-job rules of `policy.py`) and adds the fleet view:
 
 - **Evidence across jobs.** The rule of `policy.py` (`blocklist.min-slow-attempts` distinct
-  slow subtasks on the host within `blocklist.evidence-window`; a subtask slow on two hosts at
-  once blames the task, not a host) applied to the slow subtasks of every job together: two jobs
-  with one slow subtask each on a host block it where one job alone would not.
+  slow subtasks on the host; a subtask slow on two hosts at once blames the task, not a host)
+  applied to the slow subtasks of every job together: two jobs with one slow subtask each on a
+  host block it where one job alone would not. The fleet remembers evidence for the longer of
+  `blocklist.evidence-window` and the block duration, not the window alone: the window says
+  how long a *running* job's evidence stays fresh without being reported again, but a job that
+  ended stops reporting, and jobs run one after another are further apart than the window
+  (167-258 s in `make bench-fleet` against 2 min: with the window alone the slow host never
+  reached the list). A piece of evidence counts as long as a block it earned would last.
 - **One expiry.** A fleet block lasts until its last evidence's time plus
   `execution.batch.speculative.block-slow-node-duration`, however many jobs it affects; new
   evidence extends it (again only once the extension reaches half the duration, as the
@@ -90,6 +95,8 @@ class FleetBlocklist:
     ) -> None:
         self.settings = settings
         self._rule = _Rule.from_settings(settings)
+        # How long a slow subtask counts against its host (see "Evidence across jobs").
+        self._memory_ms = max(self._rule.window_ms, self._rule.duration_ms)
         self._per_job = BlocklistTracker(settings, max_tracked_jobs)
         self._publish_view = publish_view
         self._max_jobs = max_tracked_jobs
@@ -162,7 +169,7 @@ class FleetBlocklist:
 
     def _fresh_evidence(self, host: str, now: int) -> list[tuple[int, str]]:
         seen = self._evidence.get(host, {})
-        for key in [k for k, (ts, _) in seen.items() if ts < now - self._rule.window_ms]:
+        for key in [k for k, (ts, _) in seen.items() if ts < now - self._memory_ms]:
             del seen[key]
         if not seen:
             self._evidence.pop(host, None)
