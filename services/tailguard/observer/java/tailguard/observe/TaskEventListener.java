@@ -24,7 +24,9 @@ import org.apache.spark.scheduler.SparkListenerTaskStart;
 import org.apache.spark.scheduler.StageInfo;
 import org.apache.spark.scheduler.TaskInfo;
 import scala.Tuple2;
-import scala.jdk.javaapi.CollectionConverters;
+// JavaConverters, not scala.jdk.javaapi.CollectionConverters: PySpark 3.5 ships Scala 2.12,
+// which lacks the latter; JavaConverters is in 2.12 and 2.13 (deprecated there, still present).
+import scala.collection.JavaConverters;
 
 /**
  * Spark's own task events, as tab-separated lines on the standard input of tailguard's relay
@@ -138,11 +140,11 @@ public class TaskEventListener extends SparkListener {
 
     @Override
     public void onJobStart(SparkListenerJobStart event) {
-        List<StageInfo> stages = CollectionConverters.asJava(event.stageInfos());
+        List<StageInfo> stages = JavaConverters.seqAsJavaList(event.stageInfos());
         write("J", event.time(), event.jobId(), stages.size());
         for (StageInfo stage : stages) {
             StringBuilder parents = new StringBuilder();
-            for (Object parent : CollectionConverters.asJava(stage.parentIds())) {
+            for (Object parent : JavaConverters.seqAsJavaList(stage.parentIds())) {
                 if (parents.length() > 0) parents.append(',');
                 parents.append(parent);
             }
