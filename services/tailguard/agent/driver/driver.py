@@ -625,13 +625,10 @@ class JobDriver:
                 non_recoverable=outcome.non_recoverable,
             )
             if outcome.missing_partition is not None:
-                self._mark_unavailable(outcome.missing_partition)
+                self._state.mark_unavailable(outcome.missing_partition)
 
     def _won(self, subtask: Subtask, attempt: Attempt, outcome: AttemptOutcome) -> None:
-        attempt.status = AttemptStatus.FINISHED
-        subtask.winner = attempt
-        subtask.available = True
-        subtask.wanted = False
+        subtask.win(attempt)
         vertex = self._state.vertices[subtask.vertex]
         if vertex.definition.sink is not None:
             try:
@@ -639,9 +636,7 @@ class JobDriver:
                 plans.commit(self.storage, vertex.definition.sink, outcome.staged)
             except OSError as err:
                 # The staged file is gone or changed: this attempt did not produce the output.
-                subtask.winner = None
-                subtask.available = False
-                subtask.wanted = True
+                subtask.unfinish()
                 attempt.status = AttemptStatus.FAILED
                 self._attempt_event(
                     r.AttemptFailed,
@@ -675,12 +670,6 @@ class JobDriver:
     def _discard_output(self, attempt: Attempt) -> None:
         vertex = self._state.vertices[attempt.vertex]
         plans.discard(self.storage, self.job_id, vertex.definition, attempt)
-
-    def _mark_unavailable(self, partition: r.PartitionRef) -> None:
-        producer = self._state.subtask(partition.vertex, partition.subtask)
-        winner = producer.winner if producer is not None else None
-        if producer is not None and winner is not None and winner.number == partition.attempt:
-            producer.available = False
 
     # ================================================================ commands
 
@@ -786,11 +775,7 @@ class JobDriver:
         assert subtask is not None, f"restart of unknown task {task}"
         for attempt in subtask.live_attempts():
             self._cancel(attempt, r.CancelReason.RESTART)
-        if subtask.winner is not None:
-            subtask.winner = None
-            subtask.available = False
-            subtask.committed = False
-        subtask.wanted = True
+        subtask.unfinish()
         subtask.not_before = not_before_ts
         # Queued requests were made against the old state: drop them, fresh ones follow.
         self._pool.cancel_speculative(task)

@@ -157,7 +157,6 @@ def _fold(state: ExecutionState, rebuilt: Recovered, log: JobLog, event: r.Event
         )
     elif isinstance(event, r.AttemptFinished):
         subtask, attempt = _attempt(state, event)
-        attempt.status = AttemptStatus.FINISHED
         attempt.finished_at = event.ts
         attempt.outcome = AttemptOutcome(
             ok=True,
@@ -169,9 +168,7 @@ def _fold(state: ExecutionState, rebuilt: Recovered, log: JobLog, event: r.Event
             bytes_per_subpartition=tuple(event.bytes_per_subpartition),
             checksums=tuple(event.checksums),
         )
-        subtask.winner = attempt
-        subtask.available = True
-        subtask.wanted = False
+        subtask.win(attempt)
         # A sink's AttemptFinished follows its commit (JobDriver._won).
         subtask.committed = state.vertices[event.vertex].definition.sink is not None
     elif isinstance(event, r.AttemptFailed):
@@ -179,7 +176,7 @@ def _fold(state: ExecutionState, rebuilt: Recovered, log: JobLog, event: r.Event
         attempt.status = AttemptStatus.FAILED
         attempt.finished_at = event.ts
         if event.missing_partition is not None:
-            _release(state, event.missing_partition)
+            state.mark_unavailable(event.missing_partition)
     elif isinstance(event, r.AttemptCanceled):
         _, attempt = _attempt(state, event)
         # Whether its runner had stopped it yet or not, it ended for the job here: the new
@@ -188,7 +185,7 @@ def _fold(state: ExecutionState, rebuilt: Recovered, log: JobLog, event: r.Event
         attempt.status = AttemptStatus.CANCELED
         attempt.finished_at = event.ts
     elif isinstance(event, r.PartitionReleased):
-        _release(state, event.partition)
+        state.mark_unavailable(event.partition)
     elif isinstance(event, r.NodeBlocked):
         rebuilt.blocks[event.host] = event.until_ts
     elif isinstance(event, r.NodeUnblocked):
@@ -223,11 +220,7 @@ def _command_effect(state: ExecutionState, log: JobLog, applied: r.CommandApplie
         subtask = state.subtask(task.vertex, task.subtask)
         if subtask is None:
             raise RecoveryError(f"job {log.job_id}: {command.id} restarts unknown task {task}")
-        if subtask.winner is not None:
-            subtask.winner = None
-            subtask.available = False
-            subtask.committed = False
-        subtask.wanted = True
+        subtask.unfinish()  # as JobDriver.restart_task
         subtask.not_before = command.not_before_ts
 
 
@@ -254,13 +247,6 @@ def _attempt(
             "which the log never deployed"
         )
     return subtask, subtask.attempts[event.attempt]
-
-
-def _release(state: ExecutionState, partition: r.PartitionRef) -> None:
-    producer = state.subtask(partition.vertex, partition.subtask)
-    winner = producer.winner if producer is not None else None
-    if producer is not None and winner is not None and winner.number == partition.attempt:
-        producer.available = False
 
 
 # ---------------------------------------------------------------------- reconciling results
@@ -336,6 +322,4 @@ def reconcile(state: ExecutionState, rebuilt: Recovered, storage: Storage, job_i
             rebuilt.lost_results.append((ref, rerun))
             subtask.available = False
             if rerun:
-                subtask.winner = None
-                subtask.committed = False
-                subtask.wanted = True
+                subtask.unfinish()

@@ -24,6 +24,7 @@ from tailguard.model.records import (
     SPLITS_INPUT,
     Distribution,
     InputRange,
+    PartitionRef,
     SubtaskInputs,
 )
 from tailguard.model.topology import ExecutionTopology, JobGraph
@@ -84,6 +85,21 @@ class Subtask:
 
     def next_number(self) -> int:
         return len(self.attempts)
+
+    def win(self, attempt: Attempt) -> None:
+        """`attempt` finished first: its partition is the subtask's result."""
+        attempt.status = AttemptStatus.FINISHED
+        self.winner = attempt
+        self.available = True
+        self.wanted = False
+
+    def unfinish(self) -> None:
+        """Its result is gone or no longer counts (a restart, a failed sink commit, a result
+        lost with a driver): it needs a new attempt."""
+        self.winner = None
+        self.available = False
+        self.committed = False
+        self.wanted = True
 
 
 @dataclass
@@ -194,6 +210,14 @@ class ExecutionState:
         if v is None or not v.initialized or not 0 <= index < len(v.subtasks):
             return None
         return v.subtasks[index]
+
+    def mark_unavailable(self, partition: PartitionRef) -> None:
+        """The partition can no longer be read (released, or reported missing); only the
+        current winner's partition counts."""
+        producer = self.subtask(partition.vertex, partition.subtask)
+        winner = producer.winner if producer is not None else None
+        if producer is not None and winner is not None and winner.number == partition.attempt:
+            producer.available = False
 
     def inputs_available(self, subtask: Subtask, together: frozenset[Task] = frozenset()) -> bool:
         """Vertex-wise scheduling: every partition the subtask consumes is available, except
