@@ -44,8 +44,9 @@ from typing import ClassVar
 from tailguard.blocklist.policy import (
     MAX_TRACKED_JOBS,
     BlocklistTracker,
-    _Rule,
+    BlockRule,
     blocked_fraction_problem,
+    host_evidence,
     max_blocked_hosts,
 )
 from tailguard.model.config import Settings
@@ -94,7 +95,7 @@ class FleetBlocklist:
         max_tracked_jobs: int = MAX_TRACKED_JOBS,
     ) -> None:
         self.settings = settings
-        self._rule = _Rule.from_settings(settings)
+        self._rule = BlockRule.from_settings(settings)
         # How long a slow subtask counts against its host (see "Evidence across jobs").
         self._memory_ms = max(self._rule.window_ms, self._rule.duration_ms)
         self._per_job = BlocklistTracker(settings, max_tracked_jobs)
@@ -154,18 +155,13 @@ class FleetBlocklist:
         return job
 
     def _record_evidence(self, finding: SlowTasksDetected) -> set[str]:
-        """Note each host's slow subtasks of this job; returns the hosts slow now."""
-        slow_now: set[str] = set()
-        registered = set(finding.hosts)
-        for subtask in finding.slow:
-            hosts = {a.host for a in subtask.live_attempts if a.slow and a.host in registered}
-            if not hosts or (len(hosts) > 1 and self._rule.window_ms > 0):
-                continue  # slow wherever it runs: the task's fault, not a host's
-            for host in hosts:
-                slow_now.add(host)
-                key = _Evidence(finding.job_id, finding.vertex, subtask.subtask)
-                self._evidence.setdefault(host, {})[key] = (finding.ts, finding.id)
-        return slow_now
+        """Note each host's slow subtasks of this job (`host_evidence`: the per-job rule);
+        returns the hosts slow now."""
+        evidence, _ = host_evidence(finding, finding.hosts, self._rule.window_ms)
+        for subtask, host in evidence:
+            key = _Evidence(finding.job_id, finding.vertex, subtask)
+            self._evidence.setdefault(host, {})[key] = (finding.ts, finding.id)
+        return {host for _, host in evidence}
 
     def _fresh_evidence(self, host: str, now: int) -> list[tuple[int, str]]:
         seen = self._evidence.get(host, {})

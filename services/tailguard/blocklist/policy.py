@@ -43,7 +43,13 @@ from tailguard.model.config import Settings
 from tailguard.model.ids import derived_id
 from tailguard.model.records import BlockNodes, Record, SlowTasksDetected, UnblockNodes
 
-__all__ = ["BlocklistTracker", "blocked_fraction_problem", "max_blocked_hosts"]
+__all__ = [
+    "BlockRule",
+    "BlocklistTracker",
+    "blocked_fraction_problem",
+    "host_evidence",
+    "max_blocked_hosts",
+]
 
 # Findings carry no end-of-job marker, so beyond this many jobs with state the least recently
 # active job's state is dropped (its blocks expire at the agent anyway).
@@ -77,15 +83,37 @@ def blocked_fraction_problem(
     return None
 
 
+def host_evidence(
+    finding: SlowTasksDetected, registered: Collection[str], window_ms: int
+) -> tuple[list[tuple[int, str]], int]:
+    """The evidence a finding gives against hosts, as (subtask, host), and how many slow
+    attempts it blames on their task instead: a subtask slow on two or more registered hosts at
+    once is slow wherever it runs (with `blocklist.evidence-window = 0 ms`, FLIP-168's rule,
+    every slow attempt's host counts). The one statement of the rule, for the per-job tracker
+    and the fleet."""
+    evidence: list[tuple[int, str]] = []
+    blamed_on_task = 0
+    for subtask in finding.slow:
+        hosts = {a.host for a in subtask.live_attempts if a.slow and a.host in registered}
+        if len(hosts) > 1 and window_ms > 0:
+            blamed_on_task += len(hosts)
+            continue
+        evidence.extend((subtask.subtask, host) for host in sorted(hosts))
+    return evidence, blamed_on_task
+
+
 @dataclass(frozen=True, slots=True)
-class _Rule:
+class BlockRule:
+    """The blocklist settings, read once (the per-job tracker, the fleet, the fleet's replay
+    check)."""
+
     duration_ms: int
     fraction: float
     min_evidence: int
     window_ms: int
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> _Rule:
+    def from_settings(cls, settings: Settings) -> BlockRule:
         return cls(
             duration_ms=settings.duration_ms(
                 "execution.batch.speculative.block-slow-node-duration"
@@ -121,7 +149,7 @@ class BlocklistTracker:
 
     def __init__(self, settings: Settings, max_tracked_jobs: int = MAX_TRACKED_JOBS) -> None:
         self.settings = settings
-        self._rule = _Rule.from_settings(settings)
+        self._rule = BlockRule.from_settings(settings)
         self._max_jobs = max_tracked_jobs
         self._jobs: OrderedDict[str, _Job] = OrderedDict()
         self._blocks_issued = 0
@@ -223,19 +251,11 @@ class BlocklistTracker:
         self, finding: SlowTasksDetected, job: _Job, registered: set[str]
     ) -> set[str]:
         """Note each host's slow subtasks; returns the hosts with a slow attempt now."""
-        slow_now: set[str] = set()
-        for subtask in finding.slow:
-            hosts = {a.host for a in subtask.live_attempts if a.slow and a.host in registered}
-            if not hosts:
-                continue
-            if len(hosts) > 1 and self._rule.window_ms > 0:
-                self._task_evidence += len(hosts)
-                continue
-            for host in hosts:
-                slow_now.add(host)
-                seen = job.evidence.setdefault(host, {})
-                seen[(finding.vertex, subtask.subtask)] = finding.ts
-        return slow_now
+        evidence, blamed_on_task = host_evidence(finding, registered, self._rule.window_ms)
+        self._task_evidence += blamed_on_task
+        for subtask, host in evidence:
+            job.evidence.setdefault(host, {})[(finding.vertex, subtask)] = finding.ts
+        return {host for _, host in evidence}
 
     def _unblock(
         self,
