@@ -193,7 +193,7 @@ class FleetBlocklist:
         """Block or extend the hosts the evidence of all jobs points at; returns those changed."""
         rule, now = self._rule, finding.ts
         until = now + rule.duration_ms
-        known = self._known_hosts(now)
+        known: set[str] | None = None  # only a new block needs it: every job's hosts
         candidates = []
         for host in sorted(slow_now):
             fresh = self._fresh_evidence(host, now)
@@ -205,6 +205,7 @@ class FleetBlocklist:
             if current is not None and until - current.until_ts < rule.duration_ms / 2:
                 continue
             if current is None:
+                known = self._known_hosts(now) if known is None else known
                 if len(self._blocks) + 1 > max_blocked_hosts(len(known), rule.fraction):
                     continue
                 self._fleet_blocks += 1
@@ -237,6 +238,8 @@ class FleetBlocklist:
     # ------------------------------------------------------------------ the jobs
 
     def _tell_jobs(self, finding: SlowTasksDetected, changed: list[str]) -> list[Record]:
+        if not changed:  # most findings: no job to tell, and no walk over every job for it
+            return []
         out: list[Record] = []
         if self._publish_view:
             out.extend(self._entry(finding, h, self._blocks[h]) for h in changed)
