@@ -117,6 +117,7 @@ def rebuild(state: ExecutionState, log: JobLog) -> Recovered:
         _fold(state, rebuilt, log, event)
     for vertex in state.vertices.values():
         for subtask in vertex.subtasks:
+            lost = 0
             for attempt in subtask.attempts:
                 if attempt.status is not AttemptStatus.DEPLOYING:
                     continue
@@ -127,7 +128,8 @@ def rebuild(state: ExecutionState, log: JobLog) -> Recovered:
                 if attempt.cancel_reason is None:
                     attempt.cancel_reason = r.CancelReason.RESTART.value
                     rebuilt.lost_attempts.append(attempt)
-            if subtask.winner is None and any(a in rebuilt.lost_attempts for a in subtask.attempts):
+                    lost += 1
+            if subtask.winner is None and lost:
                 subtask.wanted = True
     return rebuilt
 
