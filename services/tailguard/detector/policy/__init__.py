@@ -24,7 +24,9 @@ least B, plus one.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -387,7 +389,11 @@ class SlowTaskDetector:
             candidates.update(dict.fromkeys(self._reporting(tick.ts, vertex, rule.progress)))
         peers = None
         if tau is not None and rule.progress.host_corroboration > 0:
-            peers = self._slowdowns_by_host(tick.ts, vertex, rule.progress, tau)
+            # Walked on the first attempt the progress rule finds slow, once per tick: most
+            # ticks find none, and need no third walk of the live attempts.
+            peers = functools.cache(
+                functools.partial(self._slowdowns_by_host, tick.ts, vertex, rule.progress, tau)
+            )
         slow: list[SlowSubtask] = []
         for subtask in candidates:
             attempts = vertex.live[subtask]
@@ -509,11 +515,11 @@ class SlowTaskDetector:
         attempts: dict[int, _LiveAttempt],
         flink: tuple[int, float | None] | None,
         tau: float | None,
-        peers: dict[str, list[tuple[int, int, float]]] | None = None,
+        peers: Callable[[], dict[str, list[tuple[int, int, float]]]] | None = None,
     ) -> tuple[SlowAttempt, ...] | None:
         """All live attempts of `subtask` if at least one of them is slow by a rule in force,
-        else None. `peers`: the running attempts' slowdowns by host, when the progress rule
-        needs its host corroborated (`_slowdowns_by_host`)."""
+        else None. `peers`: gives the running attempts' slowdowns by host, when the progress
+        rule needs its host corroborated (`_slowdowns_by_host`)."""
         lower_bound = job.rule.lower_bound_ms
         progress_rule = job.rule.progress
         size = self._assigned(job, vertex, subtask)
@@ -535,7 +541,7 @@ class SlowTaskDetector:
                     if slow and peers is not None:
                         evidence = [
                             ratio
-                            for other_subtask, other_attempt, ratio in peers.get(live.host, ())
+                            for other_subtask, other_attempt, ratio in peers().get(live.host, ())
                             if (other_subtask, other_attempt) != (subtask, live.attempt)
                         ]
                         last = job.last_finished_slowdown.get(live.host)
