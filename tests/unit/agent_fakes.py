@@ -257,7 +257,7 @@ def partition_complete(spec: TaskSpec) -> list[str]:
         if plan.pipelined:
             continue
         for p, attempt in plan.attempts.items():
-            ref = r.PartitionRef(plan.range.input, p, attempt)
+            ref = r.PartitionRef(plan.ranges[0].input, p, attempt)
             if not spec.storage.exists(completion_marker_path(spec.storage, spec.job_id, ref)):
                 problems.append(f"{spec.key} reads {ref}, which is not complete")
     return problems

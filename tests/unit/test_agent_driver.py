@@ -125,13 +125,13 @@ class InputsReady:
         state = self.h.driver.state
         problems = partition_complete(spec)
         for plan in spec.inputs:
-            producer = state.vertices[plan.range.input]
+            producer = state.vertices[plan.ranges[0].input]
             for p, number in plan.attempts.items():
                 sub = producer.subtasks[p]
                 if sub.winner is None or sub.winner.number != number or not sub.available:
-                    problems.append(f"{spec.key} reads {plan.range.input}#{p} attempt {number}")
+                    problems.append(f"{spec.key} reads {plan.ranges[0].input}#{p} attempt {number}")
                 if sub.wanted or sub.live_attempts():
-                    problems.append(f"{spec.key} deployed while {plan.range.input}#{p} re-runs")
+                    problems.append(f"{spec.key} deployed while {plan.ranges[0].input}#{p} re-runs")
         self.problems += problems
         assert not problems, problems
 

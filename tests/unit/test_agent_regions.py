@@ -265,7 +265,7 @@ def test_speculation_in_a_multi_task_region_is_rejected() -> None:
 
 
 def consumer_spec(storage: Storage) -> TaskSpec:
-    plan = InputPlan(r.InputRange("src", 0, 0, 0, 0), r.Distribution.FORWARD, {0: 4}, {}, True)
+    plan = InputPlan((r.InputRange("src", 0, 0, 0, 0),), r.Distribution.FORWARD, {0: 4}, {}, True)
     return TaskSpec(
         job_id="job",
         storage=storage,

@@ -390,7 +390,7 @@ def corrupt_consumer(
     data[-200] ^= 0xFF
     path.write_bytes(bytes(data))
     plan = InputPlan(
-        InputRange("producer", 0, 0, 0, 0),
+        (InputRange("producer", 0, 0, 0, 0),),
         Distribution.FORWARD,
         {0: 0},
         {(0, 0): written.checksums[0]},
@@ -476,7 +476,7 @@ def test_a_user_error_on_a_sound_partition_stays_the_users(tmp_path: Path) -> No
         spec.storage, "job", PartitionRef("producer", 0, 1), [pa.table({"id": [1, 2]})]
     )
     plan = InputPlan(
-        InputRange("producer", 0, 0, 0, 0),
+        (InputRange("producer", 0, 0, 0, 0),),
         Distribution.FORWARD,
         {0: 1},
         {(0, 0): written.checksums[0]},

@@ -117,12 +117,12 @@ def task_spec(
         if rng.input != SPLITS_INPUT:
             by_producer.setdefault(rng.input, []).append(rng)
     for i in definition.inputs:
-        first, *more = by_producer[i.producer]
+        ranges = by_producer[i.producer]
         producer = state.vertices[i.producer]
         attempts: dict[int, int] = {}
         checksums: dict[tuple[int, int], str] = {}
         pipelined = False
-        for rng in (first, *more):
+        for rng in ranges:
             for p in range(rng.partition_start, rng.partition_end + 1):
                 if ExecutionVertexId(i.producer, p) in together:
                     attempts[p] = together[ExecutionVertexId(i.producer, p)]
@@ -138,7 +138,7 @@ def task_spec(
                 attempts[p] = winner.number
                 for sp in range(rng.subpartition_start, rng.subpartition_end + 1):
                     checksums[(p, sp)] = winner.outcome.checksums[sp]
-        inputs.append(InputPlan(first, i.distribution, attempts, checksums, pipelined, tuple(more)))
+        inputs.append(InputPlan(tuple(ranges), i.distribution, attempts, checksums, pipelined))
     output = None
     if definition.sink is None:
         distribution, keys = state.output_distribution(definition.name)

@@ -37,7 +37,7 @@ from tailguard.agent.executor.partitions import (
     PartitionWriter,
     WrittenPartition,
     await_partition,
-    subpartition_batches,
+    input_batches,
 )
 from tailguard.agent.executor.sinks import SinkDef, StagedOutput, stage_sink_batches
 from tailguard.agent.executor.sources import SourceDef, Split, split_batches
@@ -62,7 +62,9 @@ class AttemptKey:
 class InputPlan:
     """How to read one input: its ranges plus the winners and checksums of its producers."""
 
-    range: InputRange
+    # Read in order as one stream: one range, or a POINTWISE consumer's run of
+    # (partition, subpartition) slices, up to three (decider/policy/flink.py).
+    ranges: tuple[InputRange, ...]
     distribution: Distribution
     # producer subtask -> winning attempt, or for a pipelined input the attempt deployed in the
     # same bulk
@@ -71,13 +73,6 @@ class InputPlan:
     # none yet: its checksums come from its completion marker
     checksums: dict[tuple[int, int], str]
     pipelined: bool = False
-    # Further ranges of the same input, read after `range` as one stream: a POINTWISE consumer
-    # reads a run of (partition, subpartition) slices, up to three ranges (decider/policy/flink.py).
-    more_ranges: tuple[InputRange, ...] = ()
-
-    @property
-    def ranges(self) -> tuple[InputRange, ...]:
-        return (self.range, *self.more_ranges)
 
 
 # How long a pipelined consumer waits for a producer deployed with it. A producer that fails or
@@ -200,19 +195,11 @@ def _input_stream(
     spec: TaskSpec, plan: InputPlan, control: AttemptControl, opened: list[PartitionInput]
 ) -> Iterator[pa.RecordBatch]:
     checksums = _awaited_checksums(spec, plan, control) if plan.pipelined else plan.checksums
-    for rng in plan.ranges:
-        batches = subpartition_batches(
-            spec.storage,
-            spec.job_id,
-            rng.input,
-            plan.attempts,
-            (rng.partition_start, rng.partition_end),
-            (rng.subpartition_start, rng.subpartition_end),
-            checksums,
-            check=control.check,
-        )
-        opened.append(batches)
-        yield from _counted(batches, control)
+    batches = input_batches(
+        spec.storage, spec.job_id, plan.attempts, plan.ranges, checksums, check=control.check
+    )
+    opened.append(batches)
+    yield from _counted(batches, control)
 
 
 def _verified_at_end(

@@ -34,7 +34,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 import pyarrow as pa
@@ -42,7 +42,7 @@ import pyarrow.ipc
 
 from tailguard.agent.executor.batches import compact
 from tailguard.agent.executor.storage import Storage
-from tailguard.model.records import PartitionRef
+from tailguard.model.records import InputRange, PartitionRef
 
 PARTITIONS_DIR = "partitions"
 COMPLETE_MARKER = "_complete.json"
@@ -577,7 +577,7 @@ class _OpenFile:
 
 
 class PartitionInput:
-    """The record batches of a range of subpartitions (`subpartition_batches`), each with the
+    """The record batches of an input's ranges of subpartitions (`input_batches`), each with the
     file bytes it accounts for, read in one pass per file: every file is hashed while it is
     decoded and compared with its checksum when its last batch has been read.
 
@@ -654,33 +654,30 @@ class PartitionInput:
             raise ValueError(f"the files of input {vertex} do not share a schema: {err}") from None
 
 
-def subpartition_batches(
+def input_batches(
     storage: Storage,
     job_id: str,
-    producer_vertex: str,
     attempts: dict[int, int],
-    partition_range: tuple[int, int],
-    subpartition_range: tuple[int, int],
+    ranges: Sequence[InputRange],
     checksums: dict[tuple[int, int], str],
     check: Callable[[], None] = lambda: None,
 ) -> PartitionInput:
-    """The record batches of subpartitions `subpartition_range` of producer subtasks
-    `partition_range` (both inclusive) from their winning `attempts`, in (subtask,
-    subpartition) order, each with the file bytes it accounts for (their sum is the bytes of
-    the files). Every file is verified against `checksums` (keyed by (producer subtask,
-    subpartition)) in the same pass that reads it (`PartitionInput`). `check` is called per
-    file (the cooperative cancellation check; the caller checks per batch). Never holds a
-    whole file."""
-    first_p, last_p = partition_range
-    first_sp, last_sp = subpartition_range
-    if first_p > last_p or first_sp > last_sp:
-        raise ValueError(f"empty range: partitions {partition_range}, {subpartition_range}")
+    """The record batches of `ranges` of one input (a POINTWISE consumer's run may have several)
+    from the producers' winning `attempts`, range by range and within a range in (subtask,
+    subpartition) order, each with the file bytes it accounts for (their sum is the bytes of the
+    files), as one stream with one schema. Every file is verified against `checksums` (keyed by
+    (producer subtask, subpartition)) in the same pass that reads it (`PartitionInput`).
+    `check` is called per file (the cooperative cancellation check; the caller checks per
+    batch). Never holds a whole file."""
     files: list[_InputFile] = []
-    for producer_subtask in range(first_p, last_p + 1):
-        ref = PartitionRef(producer_vertex, producer_subtask, attempts[producer_subtask])
-        for sp in range(first_sp, last_sp + 1):
-            path = subpartition_path(storage, job_id, ref, sp)
-            files.append(_InputFile(ref, path, checksums[(producer_subtask, sp)]))
+    for rng in ranges:
+        if rng.partition_start > rng.partition_end or rng.subpartition_start > rng.subpartition_end:
+            raise ValueError(f"empty range: {rng}")
+        for producer_subtask in range(rng.partition_start, rng.partition_end + 1):
+            ref = PartitionRef(rng.input, producer_subtask, attempts[producer_subtask])
+            for sp in range(rng.subpartition_start, rng.subpartition_end + 1):
+                path = subpartition_path(storage, job_id, ref, sp)
+                files.append(_InputFile(ref, path, checksums[(producer_subtask, sp)]))
     return PartitionInput(storage, files, check)
 
 
@@ -702,12 +699,12 @@ def read_subpartitions(
     subpartition_range: tuple[int, int],
     checksums: dict[tuple[int, int], str],
 ) -> tuple[pa.Table, int]:
-    """`subpartition_batches` as one table, and the bytes read (for tools and tests)."""
+    """Subpartitions `subpartition_range` of producer subtasks `partition_range` (both
+    inclusive) as one table (`input_batches`), and the bytes read (for tools and tests)."""
+    rng = InputRange(producer_vertex, *partition_range, *subpartition_range)
     batches: list[pa.RecordBatch] = []
     read_bytes = 0
-    for batch, nbytes in subpartition_batches(
-        storage, job_id, producer_vertex, attempts, partition_range, subpartition_range, checksums
-    ):
+    for batch, nbytes in input_batches(storage, job_id, attempts, [rng], checksums):
         batches.append(batch)
         read_bytes += nbytes
     return pa.Table.from_batches(batches), read_bytes
