@@ -47,6 +47,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tailguard.cluster import procs
+
 DEPTH = 4  # source, enrich, flag, sink: the stages that each hold a batch
 
 
@@ -109,40 +111,16 @@ def _batch_bytes(path: Path) -> int:
 # ---------------------------------------------------------------------------- /proc
 
 
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        tree.setdefault(parent, []).append(int(entry))
-    return tree
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def python_workers() -> list[int]:
-    """The Python worker processes under this process: children of a `pyspark.daemon`."""
-    tree = _children()
-    found: list[int] = []
-    stack = list(tree.get(os.getpid(), []))
-    while stack:
-        pid = stack.pop()
-        kids = tree.get(pid, [])
-        stack.extend(kids)
-        if "pyspark.daemon" in _cmdline(pid):
-            found.extend(k for k in kids if "pyspark.daemon" in _cmdline(k))
-    return sorted(set(found))
+    """The Python worker processes under this process: the forks of a `pyspark.daemon` (a
+    process running it whose parent runs it too)."""
+    parents = procs.parent_map()
+    return sorted(
+        pid
+        for pid in procs.descendants(os.getpid(), parents)[1:]
+        if "pyspark.daemon" in procs.cmdline(pid)
+        and "pyspark.daemon" in procs.cmdline(parents[pid])
+    )
 
 
 def _status_kib(pid: int, field: str) -> int:
