@@ -204,8 +204,11 @@ def serve(
         rebuilt.fed,
     )
     snapshots = PeriodicSnapshots(store, processor.snapshot)
-    # A snapshot now, so the next restart does not read this one's tail again.
-    snapshots.take_now()
+    if rebuilt.fed or not (start_at or restored):
+        # A snapshot now, so the next restart does not read this one's tail again. Not when the
+        # snapshot just folded is the state already (nothing read after it): that would write
+        # the same records again, in a thread beside the stream's start.
+        snapshots.take_now()
     broker.start()
     app = build_app(definition, connection, processor, state, data_dir, snapshots)
     # aiokafka logs every failed reconnect while the broker is away.
