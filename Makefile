@@ -77,13 +77,13 @@ test-multihost: $(STAMP)
 chaos: $(STAMP)
 	$(BIN)/python -m pytest -q -m chaos tests/chaos
 
-# Observe mode end to end (minutes on 2 cores): an unmodified job on the slow-host cluster with
-# the services, and the spark-submit form (docs/observe.md).
 # The fleet blocklist across three jobs (A earns a block, B starts under it, C after it expired):
 # about four minutes, so not in make test (docs/policies/blocklist.md).
 test-fleet: $(STAMP)
 	TAILGUARD_FLEET_E2E=1 $(BIN)/python -m pytest -q tests/e2e/test_fleet_blocklist.py
 
+# Observe mode end to end (minutes on 2 cores): an unmodified job on the slow-host cluster with
+# the services, and the spark-submit form (docs/observe.md).
 test-observe: $(STAMP)
 	TAILGUARD_OBSERVE_E2E=1 $(BIN)/python -m pytest -q tests/e2e/test_observe_e2e.py
 
