@@ -488,5 +488,13 @@ def archive_exists(location: str | Path) -> bool:
     if filesystems.is_local(location):
         path = Path(location)
         return path.exists() and path.stat().st_size > 0
+    # Asked of the listing, not by downloading and joining the whole archive (which a reader
+    # then downloads again).
     fs, inner = filesystems.open_location(location)
-    return _remote_bytes(fs, inner, location) is not None
+    if fs.get_file_info(inner).type == pafs.FileType.File:
+        return True
+    selector = pafs.FileSelector(f"{inner}{PARTS_SUFFIX}", allow_not_found=True)
+    return any(
+        info.type == pafs.FileType.File and info.base_name.isdigit()
+        for info in fs.get_file_info(selector)
+    )
