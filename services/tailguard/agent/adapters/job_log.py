@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tailguard import filesystems
 from tailguard.agent.driver.recovery import JobLog, RecoveryError, sequence_of
-from tailguard.log.archive import ArchiveError, archive_exists, open_archive
+from tailguard.log.archive import ArchiveError, archive_exists
 from tailguard.model import records as r
 from tailguard.model.authority import UNAUTHENTICATED_COMMANDS_TOPIC
 from tailguard.model.config import Settings
@@ -34,13 +34,15 @@ class RecoveryLog:
 
 
 def _archive_records(location: str, settings: Settings) -> list[Recorded] | None:
-    """The archive's records, or None when there is no archive."""
+    """The archive's records (as `tailguard replay` reads them), or None when there is none."""
+    from tailguard.replay.inputs import LogReadError, read_archive
+
     try:
-        filesystems.configure_from(settings)
+        filesystems.configure_from(settings)  # how `archive_exists` reaches a URI
         if not archive_exists(location):
             return None
-        return [Recorded(e.topic, e.record) for e in open_archive(location, settings)]
-    except (ArchiveError, OSError, filesystems.LocationError) as err:
+        return list(read_archive(location, settings))
+    except (ArchiveError, LogReadError, OSError, filesystems.LocationError) as err:
         raise RecoveryError(f"the job's archive cannot be read: {err}") from None
 
 
