@@ -239,9 +239,6 @@ def _write_partition(
     split_rows = 0
     try:
         for batch in stream:
-            if count == 1:
-                writer.add([batch])
-                continue
             writer.add(partition_batch(batch, count, keys, spec.subtask + split_rows))
             split_rows += batch.num_rows
     except BaseException:

@@ -196,20 +196,26 @@ def round_robin_partition(table: pa.Table, n: int, offset: int = 0) -> list[pa.T
     pass their subtask index as `offset` spread small outputs over different consumers instead
     of all filling subpartition 0.
     """
+    return [table.slice(start, length) for start, length in _round_robin_spans(table, n, offset)]
+
+
+def _round_robin_spans(
+    rows: pa.Table | pa.RecordBatch, n: int, offset: int
+) -> list[tuple[int, int]]:
+    """Each subpartition's (offset, length) in `rows` for `round_robin_partition`."""
     if n < 1:
         raise ValueError(f"need at least one subpartition, got {n}")
-    rows = table.num_rows
-    base, extra = divmod(rows, n)
+    base, extra = divmod(rows.num_rows, n)
     start = offset % n
     sizes = [base + (1 if (sp - start) % n < extra else 0) for sp in range(n)]
     # Rows are laid out in subpartition order starting at `start`, so each slice is contiguous.
-    slices: list[pa.Table | None] = [None] * n
+    spans = [(0, 0)] * n
     position = 0
     for step in range(n):
         sp = (start + step) % n
-        slices[sp] = table.slice(position, sizes[sp])
+        spans[sp] = (position, sizes[sp])
         position += sizes[sp]
-    return [s for s in slices if s is not None]
+    return spans
 
 
 def partition_batch(
@@ -229,17 +235,9 @@ def partition_batch(
     if n == 1:
         return [batch]
     if not keys:
-        table = pa.Table.from_batches([batch])
-        return [_as_batch(part, batch.schema) for part in round_robin_partition(table, n, offset)]
+        return [
+            batch.slice(start, length) for start, length in _round_robin_spans(batch, n, offset)
+        ]
     order, spans = _grouped_by(_hash_targets(pa.Table.from_batches([batch]), keys, n), n)
     grouped = batch.take(order)
     return [grouped.slice(start, length) for start, length in spans]
-
-
-def _as_batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
-    batches = table.to_batches()
-    if len(batches) == 1:
-        return batches[0]
-    if not batches:
-        return pa.RecordBatch.from_pylist([], schema=schema)
-    return table.combine_chunks().to_batches()[0]
