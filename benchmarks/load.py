@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from policy_throughput import Shape, SyntheticJob
+from tailguard.bench.report import percentile
 from tailguard.codec import codec_for
 from tailguard.log.broker import EmbeddedBroker
 from tailguard.log.consumer import RecordConsumer
@@ -54,11 +55,6 @@ def as_job(events: list[r.Event], job: str) -> list[r.Event]:
     return [
         dataclasses.replace(e, job_id=job, id=event_id(job, i)) for i, e in enumerate(events, 1)
     ]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Outputs(threading.Thread):
@@ -138,7 +134,7 @@ def run_load(
         "outputs": outputs.outputs,
         "measured": len(lat),
         "p50": statistics.median(lat) if lat else float("nan"),
-        "p99": percentile(lat, 0.99) if lat else float("nan"),
+        "p99": percentile(lat, 99.0) if lat else float("nan"),
         "max": max(lat) if lat else float("nan"),
         "publisher_late_ms": late * 1000,
     }
