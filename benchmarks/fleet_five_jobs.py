@@ -55,18 +55,6 @@ def _archive_facts(rec: RunRecord, settings: Any) -> tuple[int, list[str]]:
     return on_slow, fleet
 
 
-def _override(path: Path, values: dict[str, str]) -> Path:
-    """The settings file with `values` in place of the bench's own (TOML allows a key once:
-    appending the fleet's block duration after the bench's failed to parse)."""
-    own = [
-        line
-        for line in path.read_text().splitlines()
-        if not any(line.startswith(f'"{key}" =') for key in values)
-    ]
-    path.write_text("\n".join([*own, *(f'"{k}" = "{v}"' for k, v in values.items())]) + "\n")
-    return path
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=5, help="jobs in a row with the slow node")
@@ -88,7 +76,7 @@ def main() -> int:
     io = IoSize(files=args.files, rows_per_file=12_000, task_s=2.0, workers=6)
     bench = Bench(work, QUICK, io, [], 1, print, select_contenders(f"{TAILGUARD},{PLAIN}"))
     work.mkdir(parents=True, exist_ok=True)
-    config = _override(runner.write_settings(work, QUICK, io), FLEET_POLICY)
+    config = runner.write_settings(work, QUICK, io, FLEET_POLICY)
     settings = load_settings(config, environ={})
     healthy, slow = SCENARIOS["io-healthy"], SCENARIOS["io-slow"]
     data = {s.name: runner.prepare_data(work, io, s) for s in (healthy, slow)}

@@ -76,10 +76,14 @@ class BenchRun:
     wall_s: float
 
 
-def write_settings(work_dir: Path, size: DataSize, io: IoSize) -> Path:
-    """The bench's settings file; the services read it too, so both sides agree."""
+def write_settings(
+    work_dir: Path, size: DataSize, io: IoSize, overrides: dict[str, str] | None = None
+) -> Path:
+    """The bench's settings file, `overrides` in place of its policy's values; the services
+    read it too, so both sides agree."""
     values = {
         **policy_for(size, io),
+        **(overrides or {}),
         "tailguard.work-dir": str(work_dir),
         "tailguard.archive-dir": str(work_dir / "archive"),
     }
