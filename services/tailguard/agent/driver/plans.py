@@ -105,12 +105,8 @@ def task_spec(
     together = together or {}
     vertex = state.vertices[subtask.vertex]
     definition = vertex.definition
-    chosen_splits: tuple[Split, ...] = ()
+    chosen_splits = _chosen_splits(subtask, splits)
     inputs: list[InputPlan] = []
-    for rng in subtask.inputs:
-        if rng.input == SPLITS_INPUT:
-            chosen_splits += tuple(splits[rng.partition_start : rng.partition_end + 1])
-            continue
     # A producer's ranges in the order given: one, or a POINTWISE run of up to three.
     by_producer: dict[str, list[InputRange]] = {}
     for rng in subtask.inputs:
@@ -169,13 +165,17 @@ def subtask_input_bytes(
     subtask = state.subtask(*task)
     if subtask is None:
         return None
-    chosen = tuple(
+    return _input_bytes(state, subtask, _chosen_splits(subtask, splits or ()), {})
+
+
+def _chosen_splits(subtask: Subtask, splits: Sequence[Split]) -> tuple[Split, ...]:
+    """The source splits `subtask`'s ranges pick out of its vertex's `splits`."""
+    return tuple(
         split
         for rng in subtask.inputs
         if rng.input == SPLITS_INPUT
-        for split in (splits or ())[rng.partition_start : rng.partition_end + 1]
+        for split in splits[rng.partition_start : rng.partition_end + 1]
     )
-    return _input_bytes(state, subtask, chosen, {})
 
 
 def _input_bytes(
