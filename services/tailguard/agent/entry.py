@@ -102,15 +102,17 @@ def run(
         if job_id not in (None, recover):
             raise ValueError(f"recover={recover!r} runs job {recover}, not job_id={job_id!r}")
         job_id = recover
-        # Before the sweep, which would take the dead driver's results for leftovers.
-        take_over_storage(store, recover)
-    if recover is None and job_id is not None:  # a new id is new
+        refuse_running_driver(store, recover)
+    elif job_id is not None:  # a new id is new
         refuse_used_job_id(archive_dir, job_id)
+    job_id = job_id or new_job_id(job)
+    # This process owns the job's tree from here on; marked before the sweep, which would take a
+    # dead driver's results (the job being recovered) for leftovers.
+    partitions.mark_job_running(store, job_id, partitions.JobOwner.current())
     swept = partitions.sweep_abandoned(store, partitions.local_owner_alive)
     if swept:
         log.info("swept the leftovers of %d crashed job(s): %s", len(swept), ", ".join(swept))
 
-    job_id = job_id or new_job_id(job)
     # Every line logged from here on names the job (docs/operations.md#logs).
     with job_context(job_id):
         job_metrics = metrics.JobMetrics(metrics.process_metrics(), job_id, job.name)
@@ -193,7 +195,6 @@ def run(
             inbox=inbox,
             recover=recovering.job_log if recovering is not None else None,
         )
-        partitions.mark_job_running(store, job_id, partitions.JobOwner.current())
         try:
             with agent_threads_fail(thread_failed):
                 result = driver.run()
@@ -206,8 +207,8 @@ def run(
         return result
 
 
-def take_over_storage(store: Storage, job_id: str) -> None:
-    """Make this process the owner of a job whose driver died; RecoveryError if it still runs."""
+def refuse_running_driver(store: Storage, job_id: str) -> None:
+    """RecoveryError if the job's driver still runs: only a job whose driver died is taken over."""
     owner = partitions.read_job_owner(store, job_id)
     # A driver on another host cannot be judged from here: recovering says it died.
     here = socket.gethostname()
@@ -216,7 +217,6 @@ def take_over_storage(store: Storage, job_id: str) -> None:
             f"job {job_id} is still run by process {owner.pid} on {owner.host}: only a job "
             "whose driver died can be recovered"
         )
-    partitions.mark_job_running(store, job_id, partitions.JobOwner.current())
 
 
 def recorded_policy(settings: Settings, job_log: JobLog) -> Settings:
