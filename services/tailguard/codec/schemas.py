@@ -48,15 +48,17 @@ def schema_root() -> Traversable:
     return resources.files("tailguard").joinpath("schemas")
 
 
-def record_schema(raw: dict[str, Any]) -> RecordSchema:
-    """Parse one top-level record schema; its record name must be a tailguard record type."""
+def record_schema(raw: dict[str, Any], record_type: type[Record] | None = None) -> RecordSchema:
+    """Parse one top-level record schema; its record name must be a tailguard record type (or
+    `record_type`'s name, for a record kept off the three topics, such as `FleetBlock`)."""
     # A fresh named-types dict per schema: every top-level schema defines its own named types,
     # and two versions of one type must not meet in one namespace table.
     parsed = parse_schema(raw, named_schemas={})
     if not isinstance(parsed, dict):
         raise ValueError(f"not a record schema: {raw!r:.80}")
     short_name = str(parsed["name"]).rsplit(".", 1)[-1]
-    record_type = RECORD_TYPES_BY_NAME.get(short_name)
+    if record_type is None or record_type.__name__ != short_name:
+        record_type = RECORD_TYPES_BY_NAME.get(short_name)
     if parsed.get("type") != "record" or record_type is None:
         raise ValueError(f"schema {parsed.get('name')!r} is not a tailguard record type")
     canonical = to_parsing_canonical_form(parsed)

@@ -1,11 +1,11 @@
 """The compacted topic `tailguard.blocklist`: the fleet blocklist as anyone reads it.
 
 Key: the host (UTF-8). Value: a `FleetBlock` in Avro single-object encoding (`C3 01`, the
-schema's CRC-64-AVRO fingerprint, the body; schema `schemas/blocklist/FleetBlock.avsc`), or no
-value at all (a tombstone) once the host is no longer blocked. With `cleanup.policy=compact`
-Kafka keeps the last value per host; the embedded broker does not compact, so readers fold the
-whole topic the same way (last value per key wins, a tombstone deletes), which is what a
-compacted topic gives them anyway.
+schema's CRC-64-AVRO fingerprint, the body: the records' `SingleObjectCodec`; schema
+`schemas/blocklist/FleetBlock.avsc`), or no value at all (a tombstone) once the host is no
+longer blocked. With `cleanup.policy=compact` Kafka keeps the last value per host; the embedded
+broker does not compact, so readers fold the whole topic the same way (last value per key wins,
+a tombstone deletes), which is what a compacted topic gives them anyway.
 
 Every value is signed like the services' other outputs (`log/signing.py`): by `blocklist` for
 the service's decisions, by `operator` for `tailguard blocklist add|remove`. With signing on, a
@@ -16,7 +16,6 @@ write the list (`model/authority.py`, `FLEET_WRITERS`).
 from __future__ import annotations
 
 import functools
-import io
 import json
 import logging
 import time
@@ -28,35 +27,25 @@ from confluent_kafka import (
     Consumer,
     KafkaException,
     Message,
-    Producer,
     TopicPartition,
 )
-from fastavro import parse_schema, schemaless_reader, schemaless_writer
-from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from tailguard.codec.schemas import schema_root
+from tailguard.codec.errors import DecodeError
+from tailguard.codec.schemas import record_schema, schema_root
+from tailguard.codec.single_object import SingleObjectCodec
 from tailguard.log.kafka_config import client_config
-from tailguard.log.producer import producer_config
+from tailguard.log.producer import Headers, RecordProducer
 from tailguard.log.signing import signer_for, verifier_for
 from tailguard.model.authority import FLEET_WRITERS, Signed, Unauthentic, shown
 from tailguard.model.fleet import BLOCKLIST_TOPIC, FleetBlock
 
 log = logging.getLogger(__name__)
 
-MARKER = b"\xc3\x01"
 # Topic settings for a real Kafka cluster (`kafka-topics --create --config ...`): keep the last
 # value per host, and drop tombstones a day after they were written.
 TOPIC_CONFIG = {"cleanup.policy": "compact", "delete.retention.ms": "86400000"}
 
 _TIMEOUT_S = 10.0
-
-
-@functools.cache
-def _schema() -> tuple[Any, bytes]:
-    raw = json.loads(schema_root().joinpath("blocklist", "FleetBlock.avsc").read_text())
-    parsed = parse_schema(raw, named_schemas={})
-    canonical = to_parsing_canonical_form(parsed)
-    return parsed, MARKER + bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
 
 
 def schema_json() -> dict[str, Any]:
@@ -67,53 +56,37 @@ def schema_json() -> dict[str, Any]:
     return loaded
 
 
+@functools.cache
+def _codec() -> SingleObjectCodec:
+    """The records' own single-object codec, over the one FleetBlock schema."""
+    schema = record_schema(schema_json(), FleetBlock)
+    return SingleObjectCodec(current={"FleetBlock": schema}, released=())
+
+
 def encode(entry: FleetBlock) -> tuple[bytes, bytes | None]:
     """(key, value) of one change of the list; the value is None for a removal (tombstone)."""
     key = entry.host.encode()
     if entry.until_ts is None:
         return key, None
-    parsed, header = _schema()
-    body = io.BytesIO()
-    schemaless_writer(
-        body,
-        parsed,
-        {
-            "job_id": entry.job_id,
-            "ts": entry.ts,
-            "id": entry.id,
-            "host": entry.host,
-            "until_ts": entry.until_ts,
-            "cause": entry.cause,
-            "evidence": list(entry.evidence),
-        },
-    )
-    return key, header + body.getvalue()
+    return key, _codec().encode(entry)
 
 
 def decode(key: bytes, value: bytes | None) -> FleetBlock:
-    """One message of the topic as a change of the list; a ValueError names what is wrong."""
+    """One message of the topic as a change of the list; a ValueError (`DecodeError`) names
+    what is wrong."""
     host = key.decode()
     if value is None:
         return FleetBlock(job_id="", ts=0, id="", host=host, until_ts=None)
-    parsed, header = _schema()
-    if value[: len(header)] != header:
-        raise ValueError(
-            f"{BLOCKLIST_TOPIC} entry for {host!r} is not a FleetBlock in single-object "
-            f"encoding (starts {value[:10].hex()}, expected {header.hex()})"
-        )
-    data = schemaless_reader(io.BytesIO(value[len(header) :]), parsed, parsed)
-    assert isinstance(data, dict)
-    if data["host"] != host:
-        raise ValueError(f"{BLOCKLIST_TOPIC} entry keyed {host!r} names host {data['host']!r}")
-    return FleetBlock(
-        job_id=data["job_id"],
-        ts=data["ts"],
-        id=data["id"],
-        host=host,
-        until_ts=data["until_ts"],
-        cause=data["cause"],
-        evidence=tuple(data["evidence"]),
-    )
+    try:
+        entry = _codec().decode(value)
+    except DecodeError as err:
+        raise DecodeError(
+            f"{BLOCKLIST_TOPIC} entry for {host!r} is not a FleetBlock: {err}"
+        ) from None
+    assert isinstance(entry, FleetBlock)
+    if entry.host != host:
+        raise DecodeError(f"{BLOCKLIST_TOPIC} entry keyed {host!r} names host {entry.host!r}")
+    return entry
 
 
 def read_changes(settings: Mapping[str, str], timeout: float = _TIMEOUT_S) -> list[FleetBlock]:
@@ -179,25 +152,16 @@ def _checked(msg: Message, verifier: Any) -> FleetBlock | None:
         return None
     try:
         return decode(key, value)
-    except (ValueError, UnicodeDecodeError, EOFError) as err:
+    except ValueError as err:  # DecodeError, or a key that is not UTF-8
         log.warning("ignored %s entry at offset %s: %s", BLOCKLIST_TOPIC, msg.offset(), err)
         return None
 
 
 def publish(settings: Mapping[str, str], entry: FleetBlock, signer: str) -> None:
-    """Put one change of the list on the topic, signed as `signer`, and wait for delivery."""
+    """Put one change of the list on the topic, signed as `signer`, and wait for delivery
+    (`DeliveryError` if it was not delivered)."""
     key, value = encode(entry)
-    headers: list[tuple[str, str | bytes | None]] = list(
-        signer_for(settings, signer).headers(BLOCKLIST_TOPIC, value or b"")
-    )
-    producer = Producer(producer_config(settings))
-    errors: list[str] = []
-    producer.produce(
-        BLOCKLIST_TOPIC,
-        key=key,
-        value=value,
-        headers=headers,
-        on_delivery=lambda err, _msg: errors.append(str(err)) if err else None,
-    )
-    if producer.flush(_TIMEOUT_S) or errors:
-        raise RuntimeError(f"{BLOCKLIST_TOPIC}: not delivered: {errors or 'timed out'}")
+    headers: Headers = list(signer_for(settings, signer).headers(BLOCKLIST_TOPIC, value or b""))
+    producer = RecordProducer(settings)
+    producer.send_bytes(BLOCKLIST_TOPIC, key, value, headers)
+    producer.flush(_TIMEOUT_S)

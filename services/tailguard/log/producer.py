@@ -93,12 +93,13 @@ class RecordProducer:
         self,
         topic: str,
         key: bytes | str | None,
-        value: bytes,
+        value: bytes | None,
         headers: Headers | None = None,
         *,
         wait_s: float | None = None,
     ) -> None:
-        """Publish already-encoded bytes (dead letters, replays of an archive). While the local
+        """Publish already-encoded bytes (dead letters, replays of an archive; None: a
+        tombstone on a compacted topic). While the local
         queue is full, wait for room: for ever, or `wait_s` seconds and then raise `QueueFull`
         (the record is not sent)."""
         deadline = None if wait_s is None else time.monotonic() + wait_s
