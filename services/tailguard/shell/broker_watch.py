@@ -49,6 +49,9 @@ class BrokerWatch:
         self._timeout = timeout_s
         self._clock = clock
         self._state = BrokerState(True, clock())
+        # Whether the broker was ever unreachable: the first state's `since` is the watch's start,
+        # not a return of the broker.
+        self._lost_once = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="broker-watch", daemon=True)
 
@@ -71,6 +74,7 @@ class BrokerWatch:
             return
         now = self._clock()
         self._state = BrokerState(reachable, now, reason)
+        self._lost_once = self._lost_once or not reachable
         if reachable:
             log.warning("broker reachable again after %.1f s", now - before.since)
         else:
@@ -91,7 +95,9 @@ class BrokerWatch:
     def lost_within(self, seconds: float) -> bool:
         """Whether the broker is unreachable now or was within the last `seconds`."""
         state = self._state
-        return not state.reachable or self._clock() - state.since <= seconds
+        if not state.reachable:
+            return True
+        return self._lost_once and self._clock() - state.since <= seconds
 
     def unhealthy_reason(self) -> str | None:
         state = self._state
