@@ -40,6 +40,9 @@ class StartingJob(Protocol):
     @property
     def pool(self) -> SlotPool: ...
 
+    @property
+    def max_blocked_fraction(self) -> float: ...
+
     def now(self) -> int: ...
 
     def block_host(self, host: str, until_ts: int, cause: str, command_id: str) -> None: ...
@@ -81,7 +84,7 @@ def apply_fleet_list(job: StartingJob, read: FleetListReader) -> list[FleetBlock
         changes,
         job.pool.hosts.keys(),
         job.pool.blocked(),
-        job.settings.number("blocklist.max-blocked-fraction"),
+        job.max_blocked_fraction,
         job.now(),
     )
     for entry in applied:
