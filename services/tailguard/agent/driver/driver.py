@@ -269,14 +269,15 @@ class JobDriver:
             self.emit(r.JobSubmitted, name=self.job.name, graph=spec, config=config)
         launched = self.runtime.start(self.job_id, self.post)
         self._await_runners(launched)
-        if self.options.fleet_list is not None:  # before any attempt is placed
-            apply_fleet_list(self, self.options.fleet_list)
         if self._recovered is not None:
             now = self.now()
             for host, until in sorted(self._recovered.blocks.items()):
                 # Still blocked for the services; one whose time is up is lifted at the tick.
                 self.block_started[host] = now
                 self._pool.block(host, until)
+        if self.options.fleet_list is not None:  # before any attempt is placed
+            # After the recovered blocks: the job's cap counts them.
+            apply_fleet_list(self, self.options.fleet_list)
         if self.options.on_start is not None:
             self.options.on_start(self)
         self._initialize_static()
