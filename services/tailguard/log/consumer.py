@@ -102,7 +102,7 @@ class RecordConsumer:
         """The records that arrive within `timeout` seconds (possibly none)."""
         out: list[Consumed] = []
         for msg in self._reader.poll(timeout, self.max_batch):
-            if self.keys is not None and msg.key() is not None and msg.key() not in self.keys:
+            if self.keys is not None and (key := msg.key()) is not None and key not in self.keys:
                 continue
             consumed = self._decode(msg)
             if consumed is not None:
