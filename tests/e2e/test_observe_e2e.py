@@ -26,7 +26,7 @@ from tailguard.model.fleet import current_entries
 from tailguard.observer import listener_jar
 from tailguard.replay.engine import replay
 from tailguard.replay.inputs import read_archive, read_topics
-from tailguard.testing import Harness
+from tailguard.testing import Harness, run_settings
 
 # Two executors on the two cores: pausing one really removes capacity (with three, the others
 # take the paused CPU, design §7), and a factor of 10 keeps it slow at the loads (15-30) measured
@@ -92,12 +92,7 @@ def test_an_unmodified_job_has_its_stragglers_found_and_the_host_listed(
     data = write_sales(tmp_path / "sales", files=24, rows=100_000)
     spark = tailguard_harness.spark_of(node)
     services = tailguard_harness.services_of(node)
-    settings = {
-        **dict(services.settings),
-        **OBSERVE_POLICY,
-        "tailguard.archive-dir": str(tmp_path / "archive"),
-        "tailguard.work-dir": str(tmp_path / "work"),
-    }
+    settings = run_settings(tmp_path, services, OBSERVE_POLICY)
     # One scan task per file, as a submission would ask with --conf: the shared session would
     # otherwise pack these small files into one task per core, too few to have stragglers.
     spark.conf.set(OPEN_COST, str(256 << 20))
