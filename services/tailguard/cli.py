@@ -35,7 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("tailguard.bench.bench_cli", "tailguard vs Spark's speculation on a local cluster"),
     "blocklist": (
         "tailguard.blocklist.cli",
-        "the cluster-wide blocklist: list, add HOST, remove HOST (signed as operator)",
+        "the cluster-wide blocklist: list, add HOST, remove HOST (signed as operator), export",
     ),
 }
 

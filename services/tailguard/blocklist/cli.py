@@ -1,10 +1,12 @@
-"""`tailguard blocklist list|add|remove`: the cluster-wide (fleet) blocklist, as operators see it.
+"""`tailguard blocklist list|add|remove|export`: the cluster-wide (fleet) blocklist, as operators
+see it.
 
 `list` reads the compacted topic `tailguard.blocklist` to its end and prints the blocks in
-force. `add HOST --for DURATION --reason TEXT` drains a host: an entry signed by `operator`
-(`model/authority.py`), which every job that starts before it expires applies. `remove HOST`
-publishes a tombstone signed the same way. Both take effect for jobs that start afterwards;
-a running job keeps the blocks it holds until their time is up.
+force; `export --format yarn|k8s|hosts` prints them in a platform's form for the next
+submission (`tailguard.observer.export`). `add HOST --for DURATION --reason TEXT` drains a host:
+an entry signed by `operator` (`model/authority.py`), which every job that starts before it
+expires applies. `remove HOST` publishes a tombstone signed the same way. Both take effect for
+jobs that start afterwards; a running job keeps the blocks it holds until their time is up.
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ import sys
 import time
 from datetime import UTC, datetime
 
+from confluent_kafka import KafkaException
+
 from tailguard.log import fleet_topic
+from tailguard.log.broker import BrokerError
 from tailguard.model.authority import OPERATOR
 from tailguard.model.config import ConfigError, parse_duration_ms
 from tailguard.model.fleet import FleetBlock, current_entries
 from tailguard.model.ids import derived_id
+from tailguard.observer.export import FORMATS, export_hosts
 from tailguard.settings_file import load_settings
 
 
@@ -34,13 +40,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add.add_argument("--reason", required=True, help="why, recorded in every job it affects")
     remove = verbs.add_parser("remove", help="take a host off the list")
     remove.add_argument("host")
+    export = verbs.add_parser("export", help="the blocks in force, for the next submission")
+    export.add_argument("--format", required=True, choices=FORMATS, help="the target's form")
 
 
 def run(args: argparse.Namespace) -> int:
     settings = load_settings(getattr(args, "config", None))
     now = int(time.time() * 1000)
-    if args.verb == "list":
-        entries = current_entries(fleet_topic.read_changes(settings), now)
+    if args.verb in ("list", "export"):
+        try:
+            entries = current_entries(fleet_topic.read_changes(settings), now)
+        except (BrokerError, KafkaException, TimeoutError) as err:  # no broker, or none answers
+            print(f"tailguard blocklist {args.verb}: {err}", file=sys.stderr)
+            return 2
+        if args.verb == "export":
+            return export_hosts(args.format, list(entries), f"tailguard blocklist {args.verb}")
         _print(list(entries.values()), now, args.json)
         return 0
     host = args.host.strip()

@@ -9,10 +9,9 @@ schedules them; docs/observe.md). What it can do is hand the list to the next su
   for `spark.kubernetes.driver.podTemplateFile` / `spark.kubernetes.executor.podTemplateFile`;
 - `hosts`: one host per line, for anything else.
 
-The formatters are pure; `run_export` reads the compacted `tailguard.blocklist` topic (the blocks
-in force now) and prints one. `add_export_arguments`/`run_export` are shaped like the verbs of
-`blocklist/cli.py`, so `tailguard blocklist export` is two lines there; until then
-`python -m tailguard.observer export --format yarn|k8s|hosts`.
+The formatters are pure; `tailguard blocklist export --format yarn|k8s|hosts` reads the
+compacted `tailguard.blocklist` topic (the blocks in force now: `blocklist/cli.py`, the one reader
+of the list) and prints one; `python -m tailguard.observer export` is the same command.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import argparse
 import json
 import re
 import sys
-import time
 from collections.abc import Callable, Sequence
 
 FORMATS = ("yarn", "k8s", "hosts")
@@ -81,27 +79,23 @@ FORMATTERS: dict[str, Callable[[Sequence[str]], str]] = {
 }
 
 
+def export_hosts(form: str, hosts: Sequence[str], command: str) -> int:
+    """Print `hosts` in `form`; the exit status (1: a host the form cannot carry, named)."""
+    try:
+        sys.stdout.write(FORMATTERS[form](hosts))
+    except ExportError as err:
+        print(f"{command}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", required=True, choices=FORMATS, help="the target's form")
     parser.add_argument("--config", help="tailguard settings file (default: tailguard.toml)")
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from tailguard.log import fleet_topic
-    from tailguard.log.broker import BrokerError
-    from tailguard.model.fleet import current_entries
-    from tailguard.settings_file import load_settings
+    """`tailguard blocklist export`, which reads the list."""
+    from tailguard.blocklist.cli import run
 
-    settings = load_settings(getattr(args, "config", None))
-    now = int(time.time() * 1000)
-    try:
-        entries = current_entries(fleet_topic.read_changes(settings), now)
-    except BrokerError as err:
-        print(f"tailguard blocklist export: {err}", file=sys.stderr)
-        return 2
-    try:
-        sys.stdout.write(FORMATTERS[args.format](list(entries)))
-    except ExportError as err:
-        print(f"tailguard blocklist export: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run(argparse.Namespace(**{**vars(args), "verb": "export"}))
