@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,33 +48,28 @@ from sim.report import LEGEND, row, seeds_summary, speed, table, trace, trace_li
 from sim.scenario import ScenarioParams, build, describe
 from sim.tailguard_driver import SIMULATION_SETTINGS, VARIANTS, TailguardPolicy
 
-POLICY_NAMES = (
-    "none",
-    "tailguard-flip168",
-    "tailguard",
-    "tailguard-progress",
-    "tailguard-progress-lpt",
-    "spark",
-    "LATE",
-)
+# The contenders of a default run, in the table's order.
+POLICY_NAMES = ("none", *VARIANTS, "spark", "LATE")
 # Diagnostics, run only when named in --policies.
-DIAGNOSTIC_NAMES = ("LATE-oracle", "LATE-lpt")
+DIAGNOSTICS: dict[str, Callable[[], Policy]] = {
+    "LATE-oracle": LateOracle,
+    "LATE-lpt": LateLargestFirst,
+}
+BASELINES: dict[str, Callable[[], Policy]] = {
+    "none": NoSpeculation,
+    "spark": SparkRule,
+    "LATE": Late,
+    **DIAGNOSTICS,
+}
+KNOWN = (*POLICY_NAMES, *DIAGNOSTICS)
 
 
 def make_policy(name: str, tailguard_settings: dict[str, str] | None = None) -> Policy:
-    if name == "none":
-        return NoSpeculation()
     if name in VARIANTS:
         return TailguardPolicy(tailguard_settings, variant=name)
-    if name == "spark":
-        return SparkRule()
-    if name == "LATE":
-        return Late()
-    if name == "LATE-oracle":
-        return LateOracle()
-    if name == "LATE-lpt":
-        return LateLargestFirst()
-    raise ValueError(f"unknown policy {name!r}; known: {POLICY_NAMES + DIAGNOSTIC_NAMES}")
+    if name in BASELINES:
+        return BASELINES[name]()
+    raise ValueError(f"unknown policy {name!r}; known: {KNOWN}")
 
 
 def run(
@@ -175,10 +171,9 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, ScenarioParams]:
 def main(argv: list[str] | None = None) -> int:
     args, params = parse(argv)
     policies = [p for p in args.policies.split(",") if p]
-    unknown = [p for p in policies if p not in POLICY_NAMES + DIAGNOSTIC_NAMES]
+    unknown = [p for p in policies if p not in KNOWN]
     if unknown:
-        known = list(POLICY_NAMES + DIAGNOSTIC_NAMES)
-        print(f"unknown policies {unknown}; known: {known}", file=sys.stderr)
+        print(f"unknown policies {unknown}; known: {list(KNOWN)}", file=sys.stderr)
         return 2
     malformed = [item for item in args.set if "=" not in item]
     if malformed:
