@@ -275,6 +275,7 @@ def replay(
         recorded_by_service.get(service_of(out), unattributed).append(out)
 
     live = _services_live(events)
+    finding_ids = {f.id for f in findings}
     detector_out: list[r.Record] = []
     reports: list[ServiceReport] = []
     for spec in SERVICES:
@@ -293,7 +294,7 @@ def replay(
         report = ServiceReport(spec.name, spec.output_kind, compared)
         report.recorded, report.replayed = len(recorded), len(replayed)
         fleet_checks: list[Difference] = []
-        if compared and not evidence_in_log(recorded, {f.id for f in findings}):
+        if compared and not evidence_in_log(recorded, finding_ids):
             # One job's log: the fleet's commands to it are checked, its own compared.
             fleet_checks = [
                 Difference(p.position, p.command, None, p.problem)

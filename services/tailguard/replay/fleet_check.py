@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from tailguard.blocklist.fleet import fleet_block_command
-from tailguard.blocklist.policy import blocked_fraction_problem
+from tailguard.blocklist.policy import BlockRule, blocked_fraction_problem
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.model.fleet import is_fleet_cause
@@ -42,7 +43,7 @@ class FleetProblem:
     problem: str
 
 
-def is_fleet_command(record: r.Record) -> bool:
+def is_fleet_command(record: r.Record) -> TypeGuard[r.BlockNodes]:
     return isinstance(record, r.BlockNodes) and is_fleet_cause(record.cause)
 
 
@@ -52,21 +53,24 @@ def evidence_in_log(commands: Iterable[r.Record], finding_ids: Collection[str]) 
 
 
 def _fleet_commands(records: Iterable[r.Record]) -> list[r.BlockNodes]:
-    return [c for c in records if isinstance(c, r.BlockNodes) and is_fleet_cause(c.cause)]
+    return [c for c in records if is_fleet_command(c)]
 
 
 def check_fleet_commands(
     commands: Sequence[r.Record], events: Sequence[r.Event], settings: Settings
 ) -> list[FleetProblem]:
     """The recorded fleet commands (in `commands`) that their job's record does not bear out."""
-    duration = settings.duration_ms("execution.batch.speculative.block-slow-node-duration")
-    fraction = settings.number("blocklist.max-blocked-fraction")
+    rule = BlockRule.from_settings(settings)
     problems: list[FleetProblem] = []
+    by_job: dict[str, list[r.Event]] | None = None
     for position, command in enumerate(_fleet_commands(commands)):
-        problem = _built_problem(command) or _time_problem(command, duration)
+        problem = _built_problem(command) or _time_problem(command, rule.duration_ms)
         if problem is None:
-            job_events = [e for e in events if e.job_id == command.job_id]
-            problem = _cap_problem(command, job_events, fraction)
+            if by_job is None:  # once, not a pass over every event per command
+                by_job = {}
+                for event in events:
+                    by_job.setdefault(event.job_id, []).append(event)
+            problem = _cap_problem(command, by_job.get(command.job_id, []), rule.fraction)
         if problem is not None:
             problems.append(FleetProblem(position, command, problem))
     return problems
