@@ -20,7 +20,9 @@ from tailguard.codec import codec_for
 from tailguard.log.archive import ArchiveWriter
 from tailguard.log.consumer import RecordConsumer
 from tailguard.log.producer import RecordProducer
+from tailguard.log.signing import verifier_for
 from tailguard.model import records as r
+from tailguard.model.authority import UNAUTHENTICATED_COMMANDS_TOPIC, Unauthentic
 from tailguard.model.config import Settings
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ class ObservedAppPublisher(ArchivePublisher):
         super().__init__(archive, codec)
         self.job_prefix = f"{app_id}-job-"
         self._producer = RecordProducer(settings, codec)
+        self._verifier = verifier_for(settings)
         self._consumer = RecordConsumer(
             settings,
             codec,
@@ -72,8 +75,14 @@ class ObservedAppPublisher(ArchivePublisher):
                     continue
                 self._last_seen = time.monotonic()
                 # Spark schedules a native job's tasks itself: a command is recorded for the
-                # audit and the replay, and nothing applies it (docs/observe.md).
-                self.received(record)
+                # audit and the replay, and nothing applies it (docs/observe.md). As the agent
+                # archives it (KafkaPublisher._take): one whose signature does not check out is
+                # kept apart from the services' decisions, which the replay compares.
+                unauthentic = isinstance(record, r.Command) and isinstance(
+                    self._verifier.verify(item.topic, item.raw, item.headers), Unauthentic
+                )
+                topic = UNAUTHENTICATED_COMMANDS_TOPIC if unauthentic else None
+                self._append(record, "received", topic)
 
     def close(self) -> None:
         """Flush, then listen until the services have gone quiet about the application's last
