@@ -202,6 +202,10 @@ def test_contradicting_bounds_are_named():
         m.with_min_parallelism(3)
     assert job.vertices["m2"].min_parallelism is None  # the refused value is not kept
     with pytest.raises(
+        JobDefinitionError, match="m3: parallelism 8 is above its max_parallelism 4"
+    ):
+        src.map(ident, name="m3", parallelism=8, max_parallelism=4)
+    with pytest.raises(
         JobDefinitionError, match="min_parallelism must be a positive integer, got 0"
     ):
         m.with_min_parallelism(0)

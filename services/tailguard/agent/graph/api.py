@@ -343,6 +343,11 @@ def _check_bounds(vertex: VertexDef) -> None:
         raise JobDefinitionError(
             f"{vertex.name}: parallelism {fixed} is below its min_parallelism {low}"
         )
+    if fixed is not None and high is not None and fixed > high:
+        # Flink refuses the same ("the parallelism must be at most the max parallelism").
+        raise JobDefinitionError(
+            f"{vertex.name}: parallelism {fixed} is above its max_parallelism {high}"
+        )
 
 
 def _vertex_options(options: dict[str, Any]) -> dict[str, Any]:
