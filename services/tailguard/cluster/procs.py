@@ -58,7 +58,9 @@ def state_of(pid: int) -> str | None:
 
 def cmdline(pid: int) -> str:
     try:
-        return (_PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        # A command line need not be UTF-8 (arguments are bytes): a lookup by marker must not fail.
+        raw = (_PROC / str(pid) / "cmdline").read_bytes()
+        return raw.replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
 
