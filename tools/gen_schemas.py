@@ -45,6 +45,8 @@ TYPE_DOCS: dict[str, str] = {
     "SubtaskInputs": "The input ranges one subtask of a vertex reads.",
     "PartitionRef": "A result partition: the output of one attempt of one producer subtask.",
     "TaskRef": "One subtask of a vertex.",
+    "AttemptRef": "One attempt of one subtask.",
+    "ResultLoss": "Why a finished result did not survive its driver (found on recovery).",
     "SlowAttempt": "A live attempt of a slow subtask at detection time.",
     "SlowSubtask": "A subtask found slow, with its live attempts.",
     "JobSubmitted": "A job was submitted: its graph and its configuration.",
@@ -62,6 +64,11 @@ TYPE_DOCS: dict[str, str] = {
     "CommandApplied": "The agent applied a command.",
     "CommandRejected": "The agent rejected a command.",
     "JobFinished": "The job ended.",
+    "JobRecovered": (
+        "A new driver took the job over after its driver died; the first event it publishes "
+        "(Flink 1.20's JobEventStore / DefaultBatchJobRecoveryHandler record no single event "
+        "for this). The reset attempts are ended by AttemptCanceled (RESTART) right after it."
+    ),
     "LaunchSpeculativeAttempts": "Launch speculative attempts of a slow subtask (FLIP-168).",
     "BlockNodes": "Block hosts for new attempts until a time (slow-node blocking).",
     "UnblockNodes": "Lift the block of hosts.",
@@ -157,6 +164,25 @@ FIELD_DOCS: dict[str, str] = {
     "execution_time_ms": "Execution time of the attempt so far, in ms.",
     "records_read": "Records the attempt has read so far.",
     "bytes_read": "Input bytes the attempt has read so far.",
+    "replaced_run": (
+        "Id of the event that began the driver run this one replaces: the job's JobSubmitted, "
+        "or the JobRecovered of an earlier recovery."
+    ),
+    "last_sequence": "The last event sequence number the dead driver reached.",
+    "last_event_ts": "Event time (ms) of the dead driver's last event: when it was last heard of.",
+    "log_source": "Where the dead driver's log was read from, in words.",
+    "reset_attempts": "Attempts running when the driver died: reset, their subtasks run again.",
+    "kept_results": "Finished result partitions whose files still verify: kept, not re-run.",
+    "kept_sink_parts": "Sink subtasks whose committed part still verifies: kept, not re-run.",
+    "lost_results": (
+        "Finished results (partitions, or committed sink parts) whose files no longer verify."
+    ),
+    "LostResult.partition": (
+        "The lost result partition; for a sink part, the attempt that committed it."
+    ),
+    "loss": "Why the result is lost: a file missing, or bytes not matching its checksum.",
+    "produced_again": "Whether its producer runs again (an unfinished consumer still reads it).",
+    "commands_handled": "How many command ids the dead driver had applied or rejected.",
     "bytes_total": (
         "Input bytes assigned to the attempt (its splits or subpartition ranges), when known."
     ),

@@ -190,6 +190,23 @@ EXAMPLES: dict[type[r.Record], r.Record] = {
     r.JobFinished: r.JobFinished(
         job_id=JOB, ts=1_763_900_200_000, id=f"{JOB}-e120", status=r.JobStatus.SUCCEEDED
     ),
+    r.JobRecovered: r.JobRecovered(
+        job_id=JOB,
+        ts=1_763_900_150_000,
+        id=f"{JOB}-e58",
+        replaced_run=f"{JOB}-e1",
+        last_sequence=57,
+        last_event_ts=1_763_900_090_000,
+        log_source="the archive and the events topic (2 events not archived)",
+        reset_attempts=(r.AttemptRef(CHAIN, 1, 0), r.AttemptRef(CHAIN, 3, 1)),
+        kept_results=(r.PartitionRef(CHAIN, 0, 0), r.PartitionRef(CHAIN, 2, 0)),
+        kept_sink_parts=(r.TaskRef("join→sink", 0),),
+        lost_results=(
+            r.LostResult(r.PartitionRef(CHAIN, 4, 0), r.ResultLoss.CHECKSUM_MISMATCH, True),
+            r.LostResult(r.PartitionRef(CHAIN, 5, 2), r.ResultLoss.MISSING, False),
+        ),
+        commands_handled=6,
+    ),
     r.SlowTasksDetected: r.SlowTasksDetected(
         job_id=JOB,
         ts=1_763_900_029_000,

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastavro import parse_schema
+from fastavro.schema import to_parsing_canonical_form
 
 from tailguard.codec.schemas import current_schemas, released_schemas, schema_root
 from tailguard.model import records as r
@@ -146,8 +148,20 @@ def test_each_release_holds_a_subset_of_the_next() -> None:
         assert not missing, f"{newer} dropped {sorted(missing)} that {older} released"
 
 
+def _off_topic_forms(version: str) -> list[str]:
+    """Canonical forms of a release's schemas of records kept off the three topics (from v5:
+    the fleet list, `blocklist/FleetBlock.avsc`), which `released_schemas` does not load."""
+    release = REPO / "schemas" / "released" / version
+    return [
+        to_parsing_canonical_form(parse_schema(json.loads(path.read_text()), named_schemas={}))
+        for path in sorted(release.glob("*/*.avsc"))
+        if path.parent.name not in TOPIC_DIRS.values()
+    ]
+
+
 def _release_digest(version: str) -> str:
     forms = sorted(s.canonical_form for s in released_schemas()[version].values())
+    forms += _off_topic_forms(version)
     return hashlib.sha256("\n".join(forms).encode()).hexdigest()[:16]
 
 
@@ -157,6 +171,7 @@ RELEASED_DIGESTS = {
     "v2": "a5c757f91357308a",
     "v3": "5d07312017e2afc8",
     "v4": "e9b1ce82f62795e8",
+    "v5": "9f9dd9b0275f9bf6",
 }
 
 
@@ -203,6 +218,18 @@ def test_v4_added_min_parallelism_to_vertex_spec() -> None:
         "type": ["null", "long"],
         "default": None,
     }
+
+
+def test_v5_added_job_recovered_and_released_the_fleet_list() -> None:
+    v4, v5 = released_schemas()["v4"], released_schemas()["v5"]
+    assert set(v5) - set(v4) == {"JobRecovered"}
+    assert all(v5[name].fingerprint == v4[name].fingerprint for name in v4)
+    # The fleet list's schema travels with the records' releases from v5 on (it was in none).
+    fleet = REPO / "schemas" / "released" / "v5" / "blocklist" / "FleetBlock.avsc"
+    assert json.loads(fleet.read_text()) == json.loads(
+        (REPO / "schemas" / "blocklist" / "FleetBlock.avsc").read_text()
+    )
+    assert _off_topic_forms("v4") == [] and len(_off_topic_forms("v5")) == 1
 
 
 def _crc64_avro(data: bytes) -> bytes:

@@ -69,6 +69,13 @@ class JobStatus(enum.Enum):
     CANCELED = "CANCELED"
 
 
+class ResultLoss(enum.Enum):
+    """Why a result a dead driver had finished did not survive it (found on recovery)."""
+
+    MISSING = "MISSING"  # a file of it is gone or cannot be read
+    CHECKSUM_MISMATCH = "CHECKSUM_MISMATCH"  # its bytes are not those its AttemptFinished hashed
+
+
 # --------------------------------------------------------------------------- nested values
 
 
@@ -144,6 +151,27 @@ class PartitionRef:
 class TaskRef:
     vertex: str
     subtask: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRef:
+    """One attempt of one subtask."""
+
+    vertex: str
+    subtask: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class LostResult:
+    """A finished result (a result partition, or a sink's committed part: then `partition` names
+    the attempt that committed it) whose files no longer verify."""
+
+    partition: PartitionRef
+    loss: ResultLoss
+    # Whether its producer runs again: only when an unfinished consumer still reads it (a
+    # sink's part, the job's output, always).
+    produced_again: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +361,34 @@ class JobFinished(Event):
     message: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRecovered(Event):
+    """A new driver took the job over after its driver died: the first event it publishes.
+
+    Flink 1.20 (FLIP-383) has no single event for this: its `JobEventStore` holds the
+    execution-vertex and job-vertex events a recovery replays, and
+    `DefaultBatchJobRecoveryHandler` reconciles and resets without recording the takeover. The
+    attempts it lists as reset are ended for the services by `AttemptCanceled` (RESTART) events
+    right after it; the lost results still read by someone are `PartitionReleased` after those.
+    """
+
+    # Id of the event that began the driver run replaced: the job's JobSubmitted, or the
+    # JobRecovered of an earlier recovery. The log knows runs by their events, not by process.
+    replaced_run: str
+    # The last event sequence number the dead driver reached (this event's is the next one),
+    # and that event's ts: when the dead driver was last heard of.
+    last_sequence: int
+    last_event_ts: int
+    # Where the dead driver's log was read from, in words (the archive, the events topic).
+    log_source: str
+    reset_attempts: tuple[AttemptRef, ...]
+    kept_results: tuple[PartitionRef, ...]
+    kept_sink_parts: tuple[TaskRef, ...]
+    lost_results: tuple[LostResult, ...]
+    # Command ids the dead driver had applied or rejected: none of them is applied again.
+    commands_handled: int
+
+
 # --------------------------------------------------------------------------- findings
 
 
@@ -423,6 +479,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     CommandApplied,
     CommandRejected,
     JobFinished,
+    JobRecovered,
 )
 FINDING_TYPES: tuple[type[Finding], ...] = (SlowTasksDetected, SpeculativeAttemptWon)
 COMMAND_TYPES: tuple[type[Command], ...] = (
