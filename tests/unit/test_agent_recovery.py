@@ -70,8 +70,26 @@ def test_a_recovered_job_finishes_exactly_running_only_what_was_lost(tmp_path: P
     assert (result.recovery.kept_results, result.recovery.lost_attempts) == (4, 1)
     assert (result.recovery.lost_results, result.recovery.attempts_after) == (0, 1)
     new = h.publisher.events
-    # The lost attempt is ended for the services first; the sequence goes on without a gap.
-    first = new[0]
+    # The takeover is the first thing in the log: which run it replaces, where that one
+    # stopped, and what was kept, reset and lost.
+    marker = new[0]
+    assert marker == r.JobRecovered(
+        job_id="job",
+        ts=marker.ts,
+        id=f"job-e{len(events) + 1}",
+        replaced_run="job-e1",
+        last_sequence=len(events),
+        last_event_ts=events[-1].ts,
+        log_source="the test's log",
+        reset_attempts=(r.AttemptRef(F, 1, 0),),
+        kept_results=(r.PartitionRef(P, 0, 0), r.PartitionRef(P, 1, 0)),
+        kept_sink_parts=(r.TaskRef(F, 0), r.TaskRef(F, 2)),
+        lost_results=(),
+        commands_handled=len([e for e in events if isinstance(e, r.CommandApplied)]),
+    )
+    assert marker.commands_handled >= 1
+    # Then the lost attempt is ended for the services; the sequence goes on without a gap.
+    first = new[1]
     assert isinstance(first, r.AttemptCanceled)
     assert (first.vertex, first.subtask, first.attempt, first.reason) == (
         F,
@@ -98,6 +116,11 @@ def test_a_lost_partition_still_needed_is_produced_again(tmp_path: Path) -> None
     assert (result.recovery.lost_results, result.recovery.rerun_results) == (1, 1)
     released = [e.partition for e in h.publisher.of(r.PartitionReleased)]
     assert released[0] == r.PartitionRef(P, 1, 0)
+    (marker,) = h.publisher.of(r.JobRecovered)
+    assert marker.lost_results == (
+        r.LostResult(r.PartitionRef(P, 1, 0), r.ResultLoss.CHECKSUM_MISMATCH, True),
+    )
+    assert marker.kept_results == (r.PartitionRef(P, 0, 0),)
 
 
 def test_a_deleted_sink_part_is_committed_again(tmp_path: Path) -> None:
@@ -108,6 +131,33 @@ def test_a_deleted_sink_part_is_committed_again(tmp_path: Path) -> None:
     assert result.ok, result.message
     assert output_totals(tmp_path) == expected_totals(tmp_path)
     assert sorted(h.runtime.keys()) == [(F, 0, 1), (F, 1, 1)]
+    (marker,) = h.publisher.of(r.JobRecovered)
+    assert marker.lost_results == (
+        r.LostResult(r.PartitionRef(F, 0, 0), r.ResultLoss.MISSING, True),
+    )
+    assert marker.kept_sink_parts == (r.TaskRef(F, 2),)
+
+
+def test_a_second_recovery_replaces_the_first_recovered_run(tmp_path: Path) -> None:
+    job, events, _ = crash_mid_job(tmp_path)
+    n = len(events)
+    first = r.JobRecovered(
+        job_id="job",
+        ts=events[-1].ts + 1,
+        id=f"job-e{n + 1}",
+        replaced_run="job-e1",
+        last_sequence=n,
+        last_event_ts=events[-1].ts,
+        log_source="test",
+        reset_attempts=(),
+        kept_results=(),
+        kept_sink_parts=(),
+        lost_results=(),
+        commands_handled=0,
+    )
+    rebuilt = rebuild(_state(job), JobLog("job", (*events, first), {}, "test"))
+    assert rebuilt.marker("test")["replaced_run"] == first.id
+    assert rebuilt.marker("test")["last_sequence"] == n + 1
 
 
 def _state(job: Job) -> ExecutionState:

@@ -312,12 +312,14 @@ class JobDriver:
             len(rebuilt.lost_results),
             len(rebuilt.rerun_partitions),
         )
+        # Before anything else: the log says where this driver took over, and with what.
+        self.emit(r.JobRecovered, **rebuilt.marker(job_log.source))
         # The services still time the lost attempts as running: end them for everyone.
         for attempt in rebuilt.lost_attempts:
             self._attempt_event(r.AttemptCanceled, attempt, reason=r.CancelReason.RESTART)
-        for ref, _ in rebuilt.lost_results:
-            if self._state.vertices[ref.vertex].definition.sink is None:
-                self.emit(r.PartitionReleased, partition=ref)
+        for lost in rebuilt.lost_results:
+            if self._state.vertices[lost.partition.vertex].definition.sink is None:
+                self.emit(r.PartitionReleased, partition=lost.partition)
 
     def _await_runners(self, launched: int) -> None:
         """Wait until the runners launched at start have all reported (connected, or ended),

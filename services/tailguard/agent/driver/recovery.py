@@ -17,6 +17,10 @@ module follows:
    attempts that were deploying at the crash are the lost ones: the new driver records each as
    `AttemptCanceled` (reason RESTART, so the services stop timing it) and redeploys its subtask.
 
+Flink records no event for the takeover itself; here the new driver's first event is
+`JobRecovered` (`Recovered.marker`): the run it replaces, where that run stopped, and what the
+steps above kept, reset and found lost, so the audit trail says where a new driver took over.
+
 Pure bookkeeping over records plus a storage check; no Kafka, Spark or clock. Reading the log is
 the shell's job (`agent/adapters/job_log.py`).
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from tailguard.agent.driver.state import Attempt, AttemptStatus, ExecutionState, Subtask
 from tailguard.agent.executor import partitions
@@ -67,15 +72,40 @@ class Recovered:
     handled: set[str]
     # host -> blocked until (ms), for blocks still in force at the crash.
     blocks: dict[str, int]
+    # The event that began the dead driver's run: the JobSubmitted, or the JobRecovered of an
+    # earlier recovery (a run is known to the log by its events, not by its process).
+    replaced_run: str = ""
     # Attempts that were running when the driver died (their results are gone with it).
     lost_attempts: list[Attempt] = field(default_factory=list)
-    # Finished results whose files no longer verify, and whether they must be produced again.
-    lost_results: list[tuple[r.PartitionRef, bool]] = field(default_factory=list)
-    kept_results: int = 0
+    # Finished results whose files still verify: result partitions, and sinks' committed parts.
+    kept_partitions: list[r.PartitionRef] = field(default_factory=list)
+    kept_sink_parts: list[r.TaskRef] = field(default_factory=list)
+    # Finished results whose files no longer verify, why, and whether they are produced again.
+    lost_results: list[r.LostResult] = field(default_factory=list)
+
+    @property
+    def kept_results(self) -> int:
+        return len(self.kept_partitions) + len(self.kept_sink_parts)
 
     @property
     def rerun_partitions(self) -> list[r.PartitionRef]:
-        return [ref for ref, rerun in self.lost_results if rerun]
+        return [lost.partition for lost in self.lost_results if lost.produced_again]
+
+    def marker(self, log_source: str) -> dict[str, Any]:
+        """The fields of the `JobRecovered` the new driver publishes before anything else."""
+        return {
+            "replaced_run": self.replaced_run,
+            "last_sequence": self.last_sequence,
+            "last_event_ts": self.events[-1].ts,
+            "log_source": log_source,
+            "reset_attempts": tuple(
+                r.AttemptRef(a.vertex, a.subtask, a.number) for a in self.lost_attempts
+            ),
+            "kept_results": tuple(self.kept_partitions),
+            "kept_sink_parts": tuple(self.kept_sink_parts),
+            "lost_results": tuple(self.lost_results),
+            "commands_handled": len(self.handled),
+        }
 
 
 def sequence_of(job_id: str, event: r.Event) -> int:
@@ -112,6 +142,9 @@ def rebuild(state: ExecutionState, log: JobLog) -> Recovered:
         last_sequence=max(sequence_of(log.job_id, e) for e in log.events),
         handled=set(),
         blocks={},
+        replaced_run=[e for e in log.events if isinstance(e, r.JobSubmitted | r.JobRecovered)][
+            -1
+        ].id,
     )
     for event in log.events[1:]:
         _fold(state, rebuilt, log, event)
@@ -304,6 +337,19 @@ def _still_needed(state: ExecutionState, producer: Subtask) -> bool:
     return False
 
 
+def _loss(files: Iterable[tuple[str, Storage, str]]) -> r.ResultLoss | None:
+    """Why a finished result's files no longer verify; None when they all do. A missing file
+    outweighs a mismatch (the result is gone, not merely damaged)."""
+    found: r.ResultLoss | None = None
+    for path, where, expected in files:
+        actual = file_checksum(where, path)
+        if actual is None:
+            return r.ResultLoss.MISSING
+        if actual != expected:
+            found = r.ResultLoss.CHECKSUM_MISMATCH
+    return found
+
+
 def reconcile(state: ExecutionState, rebuilt: Recovered, storage: Storage, job_id: str) -> None:
     """Keep each finished result whose files still verify; a lost one is produced again when a
     consumer still needs it (Flink's reconcile with the shuffle master, then reset)."""
@@ -312,16 +358,16 @@ def reconcile(state: ExecutionState, rebuilt: Recovered, storage: Storage, job_i
             winner = subtask.winner
             if winner is None or not subtask.available:
                 continue
-            ok = all(
-                file_checksum(where, path) == expected
-                for path, where, expected in _result_files(state, storage, job_id, subtask)
-            )
-            if ok:
-                rebuilt.kept_results += 1
-                continue
             ref = r.PartitionRef(subtask.vertex, subtask.index, winner.number)
+            loss = _loss(_result_files(state, storage, job_id, subtask))
+            if loss is None:
+                if vertex.definition.sink is not None:
+                    rebuilt.kept_sink_parts.append(r.TaskRef(subtask.vertex, subtask.index))
+                else:
+                    rebuilt.kept_partitions.append(ref)
+                continue
             rerun = _still_needed(state, subtask)
-            rebuilt.lost_results.append((ref, rerun))
+            rebuilt.lost_results.append(r.LostResult(ref, loss, rerun))
             subtask.available = False
             if rerun:
                 subtask.unfinish()
