@@ -109,9 +109,12 @@ def start(
     timeout_s: float = 90.0,
     report: Callable[[str], None] = print,
     log_format: str | None = None,
+    on_launch: Callable[[str, int], None] | None = None,
 ) -> dict[str, RunningService]:
     """Start the named services that are not already running; wait until all are ready.
-    `log_format` ("text", "json") is how they write their log files (default text)."""
+    `log_format` ("text", "json") is how they write their log files (default text);
+    `on_launch(name, pid)` is called as each process is launched, before the wait (the test
+    harness writes it down then, so a run killed during the wait leaves none behind)."""
     unknown = sorted(set(names) - set(SERVICE_NAMES))
     if unknown:
         raise ServiceError(f"unknown service(s) {unknown}; choose from {list(SERVICE_NAMES)}")
@@ -146,6 +149,8 @@ def start(
                 env={**os.environ, **(env or {})},
             )
         launched[name] = process.pid
+        if on_launch is not None:
+            on_launch(name, process.pid)
         report(f"{name}: starting (pid {process.pid})")
     deadline = time.monotonic() + timeout_s
     waiting = set(launched)

@@ -15,7 +15,9 @@ and hands the same one to every test that asks for the same thing:
 
 Everything is stopped at the end by the process ids this harness started; what it found
 already running (a cluster or broker under a configured work dir, `tailguard cluster up`) is
-reused and left running.
+reused and left running. Each process is also written down in the session's ledger
+(tailguard.testing.leftovers) the moment it starts, so that a run killed before its teardown
+leaves nothing running past the next session's start.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from tailguard.testing.markers import (
     CLUSTER_MARKER,
@@ -44,6 +46,9 @@ from tailguard.testing.markers import (
     services_request,
     spark_conf,
 )
+
+if TYPE_CHECKING:
+    from tailguard.testing.leftovers import Ledger
 
 SPARK_APP_NAME = "tailguard-pytest"
 # Spark's own INFO/WARN lines drown a test's output; errors still show.
@@ -91,6 +96,8 @@ class Services:
     settings: Any  # tailguard.model.config.Settings
     # The services this harness launched: the only ones it stops.
     started: set[str] = field(default_factory=set)
+    # Told (name, pid) of each process launched, as soon as it is (the session's ledger).
+    on_launch: Callable[[str, int], None] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -109,7 +116,13 @@ class Services:
 
         wanted = list(names or self.names)
         before = set(supervisor.running(self.work_dir))
-        running = supervisor.start(self.work_dir, wanted, config=str(self.config), report=_quiet)
+        running = supervisor.start(
+            self.work_dir,
+            wanted,
+            config=str(self.config),
+            report=_quiet,
+            on_launch=self.on_launch,
+        )
         self.started |= set(wanted) - before
         return running
 
@@ -188,11 +201,14 @@ class Harness:
         root: Path,
         defaults: Defaults | None = None,
         java_missing: Callable[[str], NoReturn] = _raise_java_missing,
+        ledger: Ledger | None = None,
     ) -> None:
         """`root` holds the state of what the harness starts; `defaults` are the options'
         values (`tailguard_workers`, ...); `java_missing` is called with the reason when Spark
-        is asked for without a JDK (the plugin skips the test)."""
+        is asked for without a JDK (the plugin skips the test); `ledger` is where each started
+        process is written down (the plugin's: one per pytest session)."""
         self.root = Path(root).resolve()
+        self.ledger = ledger
         self.defaults = defaults or Defaults()
         self._java_missing = java_missing
         self.costs: list[Cost] = []
@@ -202,6 +218,10 @@ class Harness:
         self._services: Services | None = None
         # host -> (factor, mode) currently applied by this harness.
         self._slow: dict[str, tuple[float, str]] = {}
+
+    def _record(self, pid: int, what: str) -> None:
+        if self.ledger is not None:
+            self.ledger.record(pid, what)
 
     def _timed(self, what: str, start: Callable[[], Any]) -> Any:
         began = time.monotonic()
@@ -261,7 +281,9 @@ class Harness:
             state = embedded.status()
             if state is None:
                 raise HarnessError(f"the embedded broker in {embedded.work_dir} died at once")
-            if not embedded.started_here:
+            if embedded.started_here:
+                self._record(state.pid, f"embedded broker {bootstrap}")
+            else:
                 self.costs.pop()  # reused: nothing was started
             self._broker = Broker(bootstrap, embedded.work_dir, state.pid, embedded.started_here)
         return self._broker
@@ -282,12 +304,20 @@ class Harness:
         with contextlib.suppress(ClusterError):
             running_before = LocalCluster.attach(directory).processes_alive()
         local = LocalCluster(shape.workers, shape.cores, shape.memory, directory)
+        if self.ledger is not None and not running_before:
+            self.ledger.record_cluster(local.work_dir)
         try:
             self._timed(f"cluster ({shape.describe()})", local.start)
         except ClusterError as err:
             raise HarnessError(f"local cluster ({shape.describe()}): {err}") from None
         if running_before:
             self.costs.pop()
+        else:
+            state = local.state
+            assert state is not None  # started
+            self._record(state.master_pid, f"Spark master {state.master_url}")
+            for worker in state.workers:
+                self._record(worker.pid, f"Spark worker {worker.host}")
         self._cluster = _ClusterSlot(shape, local, not running_before, local.master_url)
         return local
 
@@ -418,7 +448,13 @@ class Harness:
                 "tailguard.work-dir": str(work),
             }
             config.write_text(toml_settings(values))
-            current = Services(request, work, config, load_settings(config, environ={}))
+            current = Services(
+                request,
+                work,
+                config,
+                load_settings(config, environ={}),
+                on_launch=lambda name, pid: self._record(pid, f"service {name}"),
+            )
             self._services = current
             self._timed(f"services ({', '.join(request.names)})", current.start)
             if not current.started:
@@ -444,6 +480,10 @@ class Harness:
             except Exception as err:  # keep stopping the rest
                 errors.append(f"{what}: {err}")
         self._services = None
+        if self.ledger is not None:
+            # What the steps above missed: a failed stop, or a process launched while a
+            # signal interrupted its start (so never handed to a step).
+            self.ledger.close()
         if errors:
             raise HarnessError("could not stop everything: " + "; ".join(errors))
 

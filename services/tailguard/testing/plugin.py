@@ -17,16 +17,25 @@ The function-scoped ones are cheap after the first use: they hand out the sessio
 resources, shaped by the closest `tailguard_cluster`, `tailguard_spark` and
 `tailguard_services` markers (test, class or module `pytestmark`). A module-scoped fixture of
 your own gets the same from the harness: `tailguard_harness.spark_of(request.node)`.
+
+A run stopped from outside still stops what it started: SIGTERM (and SIGHUP) is turned into an
+interrupt, as Ctrl-C's SIGINT is, so pytest runs every fixture's teardown; a run killed with
+SIGKILL is cleaned up by the next session that uses the harness, from its ledger
+(tailguard.testing.leftovers).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tailguard.testing import leftovers
 from tailguard.testing.harness import Broker, Harness, Services
 from tailguard.testing.markers import Defaults, HarnessUsageError, read_defaults
 
@@ -40,6 +49,11 @@ OPTIONS = {
         "where the broker, cluster and services keep their state (default: a temporary dir); "
         "what is already running there is reused and left running"
     ),
+    "tailguard_ledger_dir": (
+        "where each session writes down the processes it starts, so the next session stops "
+        "those of a killed run (default: $TAILGUARD_HARNESS_LEDGERS, else "
+        "<tmp>/tailguard-harness-<uid>)"
+    ),
 }
 MARKERS = (
     "tailguard_cluster(workers=3, cores=1, memory='1g', slow={host: factor}, slow_mode='cpu'): "
@@ -49,6 +63,45 @@ MARKERS = (
     "services run",
 )
 HARNESS = pytest.StashKey[Harness]()
+REAPED = pytest.StashKey[list[str]]()
+# SIGTERM: what CI runners, timeouts and `kill` send; SIGHUP: a closed terminal or ssh session.
+INTERRUPTING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP during a session that uses the harness, raised as Ctrl-C's
+    KeyboardInterrupt is: pytest then stops, runs every fixture's teardown (the harness stops
+    what it started) and exits 2, interrupted. Python's default for these signals ends the
+    process at once, with no teardown (checked: pytest 8 installs no handler of its own)."""
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """While the harness holds processes, SIGTERM/SIGHUP interrupt pytest instead of killing
+    it. A signal someone else already handles (a conftest, pytest-xdist) is left to them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    ours = [sig for sig in INTERRUPTING_SIGNALS if signal.getsignal(sig) == signal.SIG_DFL]
+
+    def interrupt(signum: int, _frame: object) -> None:
+        # A second signal ends the run at once: the next session reaps what is left.
+        for sig in ours:
+            signal.signal(sig, signal.SIG_DFL)
+        raise Terminated(
+            f"{signal.Signals(signum).name}: the tailguard harness stops what it started"
+        )
+
+    for sig in ours:
+        signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig in ours:
+            if signal.getsignal(sig) is interrupt:
+                signal.signal(sig, signal.SIG_DFL)
+
+
 DEFAULTS = pytest.StashKey[Defaults]()
 
 
@@ -92,12 +145,18 @@ def tailguard_harness(
     config = request.config
     configured = _setting(config, "tailguard_work_dir")
     root = Path(configured) if configured else tmp_path_factory.mktemp("tailguard")
-    harness = Harness(root, config.stash[DEFAULTS], java_missing=pytest.skip)
+    ledgers = _setting(config, "tailguard_ledger_dir")
+    ledger_dir = Path(ledgers) if ledgers else leftovers.default_ledger_dir()
+    # Before anything starts: what a killed run left would hold ports and memory.
+    config.stash[REAPED] = leftovers.reap(ledger_dir)
+    ledger = leftovers.Ledger(ledger_dir)
+    harness = Harness(root, config.stash[DEFAULTS], java_missing=pytest.skip, ledger=ledger)
     config.stash[HARNESS] = harness
-    try:
-        yield harness
-    finally:
-        harness.close()
+    with _signals_interrupt():
+        try:
+            yield harness
+        finally:
+            harness.close()
 
 
 @pytest.fixture(scope="session")
@@ -139,6 +198,11 @@ def tailguard_services(
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    reaped = config.stash.get(REAPED, [])
+    if reaped:
+        terminalreporter.write_sep("-", "tailguard harness: left running by killed sessions")
+        for line in reaped:
+            terminalreporter.write_line(f"stopped {line}")
     harness = config.stash.get(HARNESS, None)
     if harness is None or not harness.costs:
         return

@@ -1,0 +1,210 @@
+"""What a pytest session's harness started, kept on disk, so that nothing outlives a killed run.
+
+A pytest run killed with SIGKILL (a CI job cancelled or timed out, the OOM killer) runs no
+fixture teardown: the embedded broker, the Spark daemons and the services it started would keep
+running for hours (five orphaned services were found 90 minutes after such a run). So the harness
+writes down every process it starts as soon as it has the pid, in a **ledger**: one JSON file per
+pytest session in a per-user directory, naming the session's own process and each started
+process by pid *and* create time (psutil), because a pid alone may belong to another process by
+the time anyone reads the file. A local cluster is also named by its state directory before it
+starts, since a run killed while the cluster starts has no pids to record yet.
+
+The next session that uses the harness reads every ledger whose session is dead and stops what
+is still running of it, with the process trees below (a Spark worker's executors and Python
+workers), then deletes the ledger. It stops nothing else: a process is stopped only if a ledger
+names it with the same create time, and a cluster only through its own state file (whose pids
+are checked against the Spark class names). SIGTERM is the plugin's business: it makes teardown
+run (`tailguard.testing.plugin`); this is the SIGKILL path.
+
+    python -m tailguard.testing.leftovers [DIR]   # reap now (a CI job's cleanup step)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+from tailguard.cluster import procs
+
+log = logging.getLogger("tailguard.testing")
+
+# Overrides the per-user default directory (so does the `tailguard_ledger_dir` option).
+LEDGER_DIR_ENV = "TAILGUARD_HARNESS_LEDGERS"
+# A stopped process gets this long after SIGTERM before SIGKILL: the services write their last
+# snapshot on SIGTERM, the JVMs stop their children.
+STOP_GRACE_S = 10.0
+# psutil's create time comes from /proc's start ticks (1/100 s): a reading is exact to that.
+_SAME_START_S = 0.05
+
+
+def default_ledger_dir() -> Path:
+    """Per user, not per run: the next session must find a killed one's ledger whatever its
+    pytest base temp dir was (a new `pytest-N`, `--basetemp`, another checkout)."""
+    configured = os.environ.get(LEDGER_DIR_ENV, "").strip()
+    if configured:
+        return Path(configured)
+    return Path(tempfile.gettempdir()) / f"tailguard-harness-{os.getuid()}"
+
+
+@dataclass(frozen=True)
+class Started:
+    """One process a session started: which, when it started (to tell a reused pid), and what."""
+
+    pid: int
+    created: float
+    what: str
+
+    @classmethod
+    def of(cls, pid: int, what: str) -> Started | None:
+        """The live process `pid`; None if it is already gone."""
+        try:
+            return cls(pid, psutil.Process(pid).create_time(), what)
+        except psutil.NoSuchProcess:
+            return None
+
+    def running(self) -> bool:
+        """Whether this very process still runs (not another one that got its pid)."""
+        try:
+            process = psutil.Process(self.pid)
+            return (
+                abs(process.create_time() - self.created) < _SAME_START_S
+                and process.status() != psutil.STATUS_ZOMBIE
+            )
+        except psutil.NoSuchProcess:
+            return False
+
+
+@dataclass
+class LedgerFile:
+    """What one ledger file holds."""
+
+    session: Started
+    processes: list[Started] = field(default_factory=list)
+    clusters: list[str] = field(default_factory=list)  # local clusters' state directories
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> LedgerFile:
+        raw = json.loads(text)
+        return cls(
+            Started(**raw["session"]),
+            [Started(**p) for p in raw["processes"]],
+            [str(c) for c in raw["clusters"]],
+        )
+
+
+class Ledger:
+    """This session's ledger: `record` each process as it starts; `close` at a clean end."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        me = Started.of(os.getpid(), "pytest session")
+        assert me is not None  # this process runs
+        self._file = LedgerFile(me)
+        self.path = self.directory / f"session-{me.pid}-{int(me.created * 1000)}.json"
+
+    def record(self, pid: int, what: str) -> None:
+        """Write down a process this session started (before anything else can go wrong)."""
+        started = Started.of(pid, what)
+        if started is not None:
+            self._file.processes.append(started)
+            self._write()
+
+    def record_cluster(self, state_dir: Path) -> None:
+        """Write down a local cluster's directory before it starts: a kill during the start
+        leaves daemons whose pids only its state file knows."""
+        if str(state_dir) not in self._file.clusters:
+            self._file.clusters.append(str(state_dir))
+            self._write()
+
+    def _write(self) -> None:
+        aside = self.path.with_suffix(".tmp")
+        aside.write_text(self._file.to_json())
+        aside.replace(self.path)  # a reader sees the old ledger or the new one, never half
+
+    def close(self, report: Callable[[str], None] = log.warning) -> list[str]:
+        """At the session's end, after the harness stopped what it started: stop whatever it
+        recorded that still runs (a stop that failed, a process started while a signal
+        interrupted the harness), then delete the ledger. What was stopped, described."""
+        stopped = _stop(self._file, report)
+        self.path.unlink(missing_ok=True)
+        return stopped
+
+
+def reap(directory: Path, report: Callable[[str], None] = log.warning) -> list[str]:
+    """Stop what the dead sessions recorded in `directory` still runs, and delete their ledgers.
+    What was stopped, described (also passed to `report`, one line each)."""
+    stopped: list[str] = []
+    if not directory.is_dir():
+        return stopped
+    for path in sorted(directory.glob("session-*.json")):
+        try:
+            ledger = LedgerFile.from_json(path.read_text())
+        except FileNotFoundError:
+            continue  # another session reaped it meanwhile
+        except (ValueError, KeyError, TypeError) as err:
+            report(f"tailguard harness: unreadable ledger {path} removed ({err})")
+            path.unlink(missing_ok=True)
+            continue
+        if ledger.session.running():
+            continue  # a session still at work (this one, or a concurrent run)
+        stopped += _stop(ledger, report)
+        path.unlink(missing_ok=True)
+    return stopped
+
+
+def _stop(ledger: LedgerFile, report: Callable[[str], None]) -> list[str]:
+    session = f"pytest session {ledger.session.pid}"
+    alive = [p for p in ledger.processes if p.running()]
+    stopped = [f"{p.what} (pid {p.pid}), started by {session}" for p in alive]
+    # Newest first, as the harness itself stops them: the services before their broker.
+    procs.terminate_trees([p.pid for p in reversed(alive)], STOP_GRACE_S)
+    for state_dir in ledger.clusters:
+        stopped += _stop_cluster(Path(state_dir), session)
+    for line in stopped:
+        report(f"tailguard harness: stopped {line}")
+    return stopped
+
+
+def _stop_cluster(state_dir: Path, session: str) -> list[str]:
+    """Whatever the cluster's state file still names; `LocalCluster.stop` checks each pid
+    against the Spark daemon's class name before signalling it."""
+    if not (state_dir / "cluster.json").exists():
+        return []
+    from tailguard.cluster.local import MASTER_CLASS, WORKER_CLASS, ClusterError, LocalCluster
+
+    try:
+        local = LocalCluster.attach(state_dir)
+    except ClusterError:
+        return []  # an unreadable state file names nothing to stop
+    state = local.state
+    assert state is not None  # attach read it
+    anything = procs.is_alive(state.master_pid, MASTER_CLASS) or any(
+        procs.is_alive(w.pid, WORKER_CLASS) for w in state.workers
+    )
+    local.stop(grace_s=STOP_GRACE_S)  # also removes the state file of a cluster already dead
+    return [f"local cluster in {state_dir}, started by {session}"] if anything else []
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    directory = Path(args[0]) if args else default_ledger_dir()
+    stopped = reap(directory, report=print)
+    if not stopped:
+        print(f"nothing left running by a dead pytest session (ledgers in {directory})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

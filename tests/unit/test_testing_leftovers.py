@@ -1,0 +1,85 @@
+"""The harness's ledger: a dead session's processes are stopped, and nothing else is.
+
+Real processes (`sleep`), real pids and create times; the "dead session" names a pid no process
+can have.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tailguard.testing.leftovers import Ledger, LedgerFile, Started, reap
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(["sleep", "300"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def _dead_session() -> Started:
+    # Above any pid_max (2^22): no process has it.
+    return Started(999_999_999, 1.0, "pytest session")
+
+
+def _ledger(directory: Path, session: Started, *processes: Started) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"session-{session.pid}-1.json"
+    path.write_text(LedgerFile(session, list(processes)).to_json())
+    return path
+
+
+def test_a_dead_sessions_process_is_stopped_and_its_ledger_deleted(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    recorded = Started.of(sleeper.pid, "service decider")
+    assert recorded is not None
+    ledger = _ledger(tmp_path, _dead_session(), recorded)
+    lines: list[str] = []
+    stopped = reap(tmp_path, report=lines.append)
+    assert sleeper.wait(timeout=15) is not None
+    assert stopped == [f"service decider (pid {sleeper.pid}), started by pytest session 999999999"]
+    assert lines == [f"tailguard harness: stopped {stopped[0]}"]
+    assert not ledger.exists()
+
+
+def test_a_reused_pid_is_not_signalled(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    recorded = Started.of(sleeper.pid, "embedded broker")
+    assert recorded is not None
+    # The ledger's process started at another time: the pid now belongs to someone else.
+    reused = Started(recorded.pid, recorded.created - 60.0, recorded.what)
+    _ledger(tmp_path, _dead_session(), reused)
+    assert reap(tmp_path, report=lambda _: None) == []
+    assert sleeper.poll() is None, "a process no ledger names with its create time was killed"
+
+
+def test_a_live_sessions_processes_are_left_alone(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    live = Ledger(tmp_path)  # this test's own process is the live session
+    live.record(sleeper.pid, "Spark worker 127.0.0.2")
+    assert reap(tmp_path, report=lambda _: None) == []
+    assert sleeper.poll() is None
+    assert live.path.exists()
+    # Its own clean end stops what it recorded and still runs, and deletes the ledger.
+    assert live.close(report=lambda _: None) == [
+        f"Spark worker 127.0.0.2 (pid {sleeper.pid}), started by pytest session "
+        f"{live.path.name.split('-')[1]}"
+    ]
+    assert sleeper.wait(timeout=15) is not None
+    assert not live.path.exists()
+
+
+def test_an_unreadable_ledger_is_removed_with_a_message(tmp_path: Path) -> None:
+    broken = tmp_path / "session-1-1.json"
+    broken.write_text("{not json")
+    lines: list[str] = []
+    assert reap(tmp_path, report=lines.append) == []
+    assert not broken.exists()
+    assert len(lines) == 1 and str(broken) in lines[0] and "unreadable ledger" in lines[0]
