@@ -27,9 +27,13 @@ own evidence earns, with the per-job rules of `policy.py`) and adds the fleet vi
   that topic (`tailguard.agent.fleet_blocks`).
 
 The view is a pure function of the findings in their order: time is the findings' `ts`, and the
-output ids are derived from the causing finding, the job and the hosts. Fleet blocks do not end
-early when evidence goes stale (the per-job rule does, for the job it concerns): the jobs that
-gave the evidence may simply have ended, which says nothing about the host.
+output ids are derived from the causing finding, the job and the hosts. What no later decision
+can read is forgotten on that time (`policy.forget_after_ms`, swept at most once per half of it):
+evidence older than that, and jobs silent that long, so the state (and the service's snapshot of
+it, `export_state`) follows the recent window and the running jobs, not the cluster's history.
+Fleet blocks do not end early when evidence goes stale (the per-job rule does, for the job it
+concerns): the jobs that gave the evidence may simply have ended, which says nothing about the
+host.
 
 Findings from any producer count (the detector on tailguard's own jobs, observe mode on plain
 PySpark jobs): the core reads `SlowTasksDetected` records, whoever wrote them.
@@ -37,15 +41,17 @@ PySpark jobs): the core reads `SlowTasksDetected` records, whoever wrote them.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from tailguard.blocklist.policy import (
     MAX_TRACKED_JOBS,
     BlocklistTracker,
     BlockRule,
     blocked_fraction_problem,
+    forget_after_ms,
     host_evidence,
     max_blocked_hosts,
 )
@@ -55,6 +61,9 @@ from tailguard.model.ids import derived_id
 from tailguard.model.records import BlockNodes, Record, SlowTasksDetected, UnblockNodes
 
 __all__ = ["FleetBlocklist", "fleet_block_command"]
+
+# Bumped on any change of what export_state writes; import_state refuses other versions.
+STATE_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +102,18 @@ class FleetBlocklist:
         settings: Settings,
         publish_view: bool = False,
         max_tracked_jobs: int = MAX_TRACKED_JOBS,
+        forget_after: int | None = None,
     ) -> None:
+        """`forget_after` (ms) overrides `policy.forget_after_ms`, as in `BlocklistTracker`."""
         self.settings = settings
         self._rule = BlockRule.from_settings(settings)
         # How long a slow subtask counts against its host (see "Evidence across jobs").
         self._memory_ms = max(self._rule.window_ms, self._rule.duration_ms)
-        self._per_job = BlocklistTracker(settings, max_tracked_jobs)
+        self._per_job = BlocklistTracker(settings, max_tracked_jobs, forget_after)
+        self._forget_after_ms = (
+            forget_after_ms(self._rule) if forget_after is None else forget_after
+        )
+        self._next_sweep: int | None = None
         self._publish_view = publish_view
         self._max_jobs = max_tracked_jobs
         # host -> evidence -> (ts last seen slow, finding id that last reported it)
@@ -130,6 +145,7 @@ class FleetBlocklist:
     def handle(self, record: Record) -> list[Record]:
         if not isinstance(record, SlowTasksDetected):
             return []
+        self._forget(record.ts)
         out = self._per_job.handle(record)
         job = self._seen(record)
         for command in out:
@@ -142,6 +158,102 @@ class FleetBlocklist:
         changed = self._update_blocks(record, self._record_evidence(record))
         out.extend(self._tell_jobs(record, changed))
         return out
+
+    # ------------------------------------------------------------------ forgetting, state
+
+    def _forget(self, now: int) -> None:
+        """Drop evidence and jobs no decision can read any more (`policy.forget_after_ms`).
+        Evidence is otherwise pruned only for a host found slow again, so a host slow once and
+        never again kept its evidence for good; a job seen once stayed until 1,024 later ones.
+        Blocks are not swept: each ends with a tombstone at the first finding after its time."""
+        if self._next_sweep is not None and now < self._next_sweep:
+            return
+        self._next_sweep = now + self._forget_after_ms // 2
+        horizon = now - self._forget_after_ms
+        for host, seen in list(self._evidence.items()):
+            for key in [k for k, (ts, _) in seen.items() if ts < horizon]:
+                del seen[key]
+            if not seen:
+                del self._evidence[host]
+        for job_id in [j for j, job in self._jobs.items() if job.last_ts < horizon]:
+            del self._jobs[job_id]
+
+    def held(self) -> dict[str, int]:
+        """How much state is held: what must not grow with the findings' history."""
+        return {
+            "jobs": len(self._jobs),
+            "jobsWithBlocksOrEvidence": self._per_job.jobs_held,
+            "evidence": sum(len(seen) for seen in self._evidence.values()),
+            "fleetBlocks": len(self._blocks),
+        }
+
+    def export_state(self) -> bytes:
+        """The whole state, encoded (JSON): the blocklist service's snapshot. A later decision
+        of a core given it by `import_state` is the one this core would make."""
+        state = {
+            "version": STATE_VERSION,
+            "per_job": self._per_job.state(),
+            "evidence": [
+                [host, [[e.job_id, e.vertex, e.subtask, ts, fid] for e, (ts, fid) in seen.items()]]
+                for host, seen in self._evidence.items()
+            ],
+            "blocks": [
+                [host, b.until_ts, list(b.evidence), b.jobs] for host, b in self._blocks.items()
+            ],
+            "jobs": [
+                [job_id, sorted(job.hosts), job.last_ts, sorted(job.holds.items())]
+                for job_id, job in self._jobs.items()
+            ],
+            "next_sweep": self._next_sweep,
+            "counts": [self._fleet_blocks, self._jobs_told, self._refused_by_job_cap],
+        }
+        return json.dumps(state, separators=(",", ":")).encode()
+
+    def import_state(self, encoded: bytes) -> None:
+        """Take over a state `export_state` wrote; ValueError naming the problem if it is not
+        one (this core is then unchanged)."""
+        try:
+            state = json.loads(encoded)
+            if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+                found = state.get("version") if isinstance(state, dict) else type(state).__name__
+                raise ValueError(f"version {found!r}, this release reads {STATE_VERSION}")
+            loaded = FleetBlocklist(
+                self.settings, self._publish_view, self._max_jobs, self._forget_after_ms
+            )
+            loaded._load(state)
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"not a blocklist state: {err}") from err
+        self.__dict__.update(loaded.__dict__)
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self._per_job.load_state(state["per_job"])
+        self._evidence = {
+            str(host): {
+                _Evidence(str(job), str(vertex), int(subtask)): (int(ts), str(fid))
+                for job, vertex, subtask, ts, fid in seen
+            }
+            for host, seen in state["evidence"]
+        }
+        self._blocks = {
+            str(host): _Block(int(until), tuple(str(i) for i in evidence), int(jobs))
+            for host, until, evidence, jobs in state["blocks"]
+        }
+        self._jobs = OrderedDict(
+            (
+                str(job_id),
+                _JobSeen(
+                    frozenset(str(h) for h in hosts),
+                    int(last_ts),
+                    {str(h): int(until) for h, until in holds},
+                ),
+            )
+            for job_id, hosts, last_ts, holds in state["jobs"]
+        )
+        sweep = state["next_sweep"]
+        self._next_sweep = None if sweep is None else int(sweep)
+        self._fleet_blocks, self._jobs_told, self._refused_by_job_cap = (
+            int(n) for n in state["counts"]
+        )
 
     # ------------------------------------------------------------------ the view
 

@@ -37,7 +37,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from tailguard.model.config import Settings
 from tailguard.model.ids import derived_id
@@ -54,6 +54,16 @@ __all__ = [
 # Findings carry no end-of-job marker, so beyond this many jobs with state the least recently
 # active job's state is dropped (its blocks expire at the agent anyway).
 MAX_TRACKED_JOBS = 1024
+
+
+def forget_after_ms(rule: BlockRule) -> int:
+    """How long after its last finding a job's state (and a piece of fleet evidence) is
+    forgotten: twice the longest horizon any of it is read with (a block lasts D, evidence
+    counts for W, the fleet's for max(W, D), a job stays "active" for D and what it was sent
+    matters D/2 beyond its block). Past max(W, D) a silent job's state equals a new job's; the
+    second max(W, D) is slack for drivers whose clocks disagree, since the time that forgets is
+    another job's finding's."""
+    return 2 * max(rule.window_ms, rule.duration_ms, 1)
 
 
 def max_blocked_hosts(registered: int, fraction: float) -> int:
@@ -130,6 +140,8 @@ class _Job:
     blocked: dict[str, int] = field(default_factory=dict)
     # host -> (vertex, subtask) -> ts it was last seen slow there.
     evidence: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
+    # ts of the job's last finding: when to forget it (`forget_after_ms`).
+    last_ts: int = 0
 
     def fresh_evidence(self, host: str, now: int, window_ms: int) -> int:
         """Drop the evidence older than the window; what is left."""
@@ -147,11 +159,22 @@ class _Job:
 class BlocklistTracker:
     SERVICE: ClassVar[str] = "blocklist"
 
-    def __init__(self, settings: Settings, max_tracked_jobs: int = MAX_TRACKED_JOBS) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        max_tracked_jobs: int = MAX_TRACKED_JOBS,
+        forget_after: int | None = None,
+    ) -> None:
+        """`forget_after` (ms) overrides `forget_after_ms`: the tests' "never" shows forgetting
+        changes no decision."""
         self.settings = settings
         self._rule = BlockRule.from_settings(settings)
         self._max_jobs = max_tracked_jobs
         self._jobs: OrderedDict[str, _Job] = OrderedDict()
+        self._forget_after_ms = (
+            forget_after_ms(self._rule) if forget_after is None else forget_after
+        )
+        self._next_sweep: int | None = None  # finding ts at which silent jobs are next dropped
         self._blocks_issued = 0
         self._hosts_blocked = 0
         self._skipped = 0
@@ -162,7 +185,9 @@ class BlocklistTracker:
     def handle(self, record: Record) -> list[Record]:
         if not isinstance(record, SlowTasksDetected):
             return []
+        self._forget_silent_jobs(record.ts)
         job = self._jobs.pop(record.job_id, None) or _Job()
+        job.last_ts = record.ts
         out = self._update(record, job)
         if job.blocked or job.evidence:
             self._jobs[record.job_id] = job
@@ -181,6 +206,78 @@ class BlocklistTracker:
             # Slow attempts not counted against their host: their subtask was slow on 2+ hosts.
             "slowAttemptsBlamedOnTheTask": float(self._task_evidence),
         }
+
+    def _forget_silent_jobs(self, now: int) -> None:
+        """Drop the state of jobs silent for `forget_after_ms`: every block it holds has expired
+        and all its evidence is stale, so its next finding would find it as a new job's. A job
+        that ended sends no more findings and no marker, so without this its last evidence
+        stayed until 1,024 later jobs pushed it out. Swept at most once per half that time of
+        finding time, so the work per finding stays constant."""
+        if self._next_sweep is not None and now < self._next_sweep:
+            return
+        self._next_sweep = now + self._forget_after_ms // 2
+        horizon = now - self._forget_after_ms
+        for job_id in [j for j, job in self._jobs.items() if job.last_ts < horizon]:
+            del self._jobs[job_id]
+
+    @property
+    def jobs_held(self) -> int:
+        return len(self._jobs)
+
+    def state(self) -> dict[str, Any]:
+        """Everything a later decision depends on, as JSON values (`load_state` reads it): the
+        blocklist service snapshots its core's state, not its input (`tailguard.shell.retention`
+        says why)."""
+        return {
+            "jobs": [
+                [
+                    job_id,
+                    job.last_ts,
+                    sorted(job.blocked.items()),
+                    [
+                        [h, [[v, s, ts] for (v, s), ts in seen.items()]]
+                        for h, seen in job.evidence.items()
+                    ],
+                ]
+                for job_id, job in self._jobs.items()
+            ],
+            "next_sweep": self._next_sweep,
+            "counts": [
+                self._blocks_issued,
+                self._hosts_blocked,
+                self._skipped,
+                self._unblocks_issued,
+                self._early_unblocks,
+                self._task_evidence,
+            ],
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Take over a state `state()` gave (this tracker's own is replaced)."""
+        self._jobs = OrderedDict(
+            (
+                str(job_id),
+                _Job(
+                    blocked={str(h): int(until) for h, until in blocked},
+                    evidence={
+                        str(h): {(str(v), int(s)): int(ts) for v, s, ts in seen}
+                        for h, seen in evidence
+                    },
+                    last_ts=int(last_ts),
+                ),
+            )
+            for job_id, last_ts, blocked, evidence in state["jobs"]
+        )
+        sweep = state["next_sweep"]
+        self._next_sweep = None if sweep is None else int(sweep)
+        (
+            self._blocks_issued,
+            self._hosts_blocked,
+            self._skipped,
+            self._unblocks_issued,
+            self._early_unblocks,
+            self._task_evidence,
+        ) = (int(n) for n in state["counts"])
 
     def limit(self, registered_hosts: int) -> int:
         """How many hosts may be blocked at once in a cluster of this size."""
