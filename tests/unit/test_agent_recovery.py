@@ -21,6 +21,7 @@ from tailguard.agent.graph.api import Job
 from tailguard.agent.graph.chaining import chain
 from tailguard.model import records as r
 from tailguard.model.config import Settings
+from tailguard.replay.engine import SERVICES, Recorded, replay
 
 P = "sales→score→partial"
 F = "final→out"
@@ -29,6 +30,12 @@ F = "final→out"
 def crash_mid_job(tmp_path: Path) -> tuple[Job, list[r.Event], Storage]:
     """Run the sales job until both partials and final#0 finished, final#1 runs and final#2
     waits for a slot; then 'kill' the driver: keep its events and a copy of its storage."""
+    job, events, _, storage = crash_with_decisions(tmp_path)
+    return job, events, storage
+
+
+def crash_with_decisions(tmp_path: Path) -> tuple[Job, list[r.Event], list[r.Record], Storage]:
+    """`crash_mid_job`, with the decisions the dead driver took locally (its log's commands)."""
     job = sales_job(tmp_path, final_parallelism=3)
     h = Harness(job, FakeRuntime.hosts(a=2), Storage(str(tmp_path / "storage"))).start()
     h.post(h.runtime.execute((P, 0, 0)))
@@ -40,7 +47,7 @@ def crash_mid_job(tmp_path: Path) -> tuple[Job, list[r.Event], Storage]:
     events = [e for e in h.publisher.events if isinstance(e, r.Event)]
     shutil.copytree(tmp_path / "storage", tmp_path / "storage-at-crash")
     h.stop()  # (its cleanup only touches the original storage)
-    return job, events, Storage(str(tmp_path / "storage-at-crash"))
+    return job, events, h.publisher.local_records, Storage(str(tmp_path / "storage-at-crash"))
 
 
 def recovering(job: Job, events: list[r.Event], storage: Storage) -> Harness:
@@ -195,3 +202,29 @@ def test_another_job_graph_is_refused_before_anything_is_recorded(tmp_path: Path
     with pytest.raises(RecoveryError, match="not the one its log recorded"):
         h.driver.run()
     assert h.publisher.events == []
+
+
+def test_the_cores_and_replay_take_the_recovered_log_with_its_marker(tmp_path: Path) -> None:
+    job, events, decided, storage = crash_with_decisions(tmp_path)
+    h = recovering(job, events, storage)
+    assert run_all(h.start()).ok
+    log = [*events, *h.publisher.events]
+    assert sum(isinstance(e, r.JobRecovered) for e in log) == 1
+    decisions = [*decided, *h.publisher.local_records]
+    assert decisions, "the fallbacks decided nothing: the replay below would compare nothing"
+    recorded = [Recorded(r.EVENTS_TOPIC, e) for e in log]
+    recorded += [Recorded(r.COMMANDS_TOPIC, c) for c in decisions]
+    report = replay(recorded, Settings(QUIET))
+    assert report.differences == 0, [s.line() for s in report.services]
+    assert sum(s.reproduced for s in report.services) == len(decisions)
+    # Each core that reads events takes the marker as nothing to act on: the same outputs,
+    # and the same state after, with it and without it. (The speculator and the blocklist
+    # read findings only: the marker never reaches them.)
+    without = [e for e in log if not isinstance(e, r.JobRecovered)]
+    for spec in SERVICES:
+        if spec.input_topic != r.EVENTS_TOPIC:
+            continue
+        with_marker, plain = spec.factory(Settings(QUIET)), spec.factory(Settings(QUIET))
+        outputs = [out for e in log for out in with_marker.handle(e)]
+        assert outputs == [out for e in without for out in plain.handle(e)], spec.name
+        assert with_marker.metrics() == plain.metrics(), spec.name  # type: ignore[attr-defined]
