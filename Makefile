@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 VENV35  := .venv-spark35
 STAMP35 := $(VENV35)/.installed
 
-.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe test-observe test-fleet bench-load chaos clean
+.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe test-observe test-fleet bench-load bench-restart chaos clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
@@ -16,7 +16,7 @@ help:
 	@echo "make chaos  the fault-injection suite: kills, garbage, lost partitions, storage down (minutes; not in make test)"
 	@echo "make test-fleet / test-observe  the fleet blocklist and observe mode end to end (minutes; not in make test)"
 	@echo "make test-multihost the multi-host test (network namespaces, root; minutes, not in make test)"
-	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim, bench-memory, bench-fleet, bench-observe, bench-load)"
+	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim, bench-memory, bench-fleet, bench-observe, bench-load, bench-restart)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -119,6 +119,10 @@ bench-fleet: $(STAMP)
 # Decision latency of the five services against N concurrent synthetic jobs (docs/reliability.md).
 bench-load: $(STAMP)
 	$(BIN)/python benchmarks/load.py
+
+# A real service killed -9 and restarted with 1M events of history: start -> ready, -> decision.
+bench-restart: $(STAMP)
+	$(BIN)/python benchmarks/restart_ready.py
 
 bench: $(STAMP)
 	$(BIN)/tailguard bench
