@@ -54,6 +54,28 @@ def _slow(finding: r.SlowTasksDetected) -> str:
     )
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _recovered(e: r.JobRecovered, start: int) -> str:
+    kept = len(e.kept_results) + len(e.kept_sink_parts)
+    again = sum(1 for lost in e.lost_results if lost.produced_again)
+    lost = (
+        f", lost {_plural(len(e.lost_results), 'result')} ({again} produced again)"
+        if e.lost_results
+        else ""
+    )
+    return (
+        f"driver recovered: kept {_plural(kept, 'result')}"
+        + (f" ({len(e.kept_sink_parts)} sink parts)" if e.kept_sink_parts else "")
+        + f", re-ran {_plural(len(e.reset_attempts), 'attempt')}{lost}; "
+        f"replaces the run begun by {e.replaced_run}, last heard of at "
+        f"{relative(e.last_event_ts, start)} (event {e.last_sequence}); "
+        f"{_plural(e.commands_handled, 'command')} handled before; log from {e.log_source}"
+    )
+
+
 def _restart(c: r.RestartTasks, start: int) -> str:
     tasks = ", ".join(attempt_name(t.vertex, t.subtask) for t in c.tasks)
     return f"restart {tasks} not before {relative(c.not_before_ts, start)}: {c.reason}"
@@ -99,6 +121,7 @@ _DESCRIBE: dict[type[r.Record], Callable[[Any, int], str]] = {
     r.JobFinished: lambda e, _: (
         f"job {e.status.value.lower()}" + (f": {e.message}" if e.message else "")
     ),
+    r.JobRecovered: _recovered,
     r.SlowTasksDetected: lambda f, _: _slow(f),
     r.SpeculativeAttemptWon: lambda f, _: (
         f"speculative attempt {_attempt(f)} on {f.host} finished first"

@@ -5,7 +5,8 @@ names it in `command_id`. Those links are followed, and a few the records imply 
 - a slow-task finding lists the slow attempts: their deployment and last progress before it;
 - an attempt's events lead to its deployment, and a deployment to what started it (the
   speculative launch, the restart, or the initialisation of its vertex);
-- a lost race leads to the winner, a failure on a missing partition to the attempt that made it.
+- a lost race leads to the winner, a failure on a missing partition to the attempt that made it;
+- an attempt a new driver reset after a crash leads to its takeover (`JobRecovered`).
 Each record is shown once; a second path to it says so. What followed (the command applied,
 the attempts it started and how they ended) is listed after the causes, and then the settings
 each deciding core read, with the job's values.
@@ -151,6 +152,13 @@ def _causes(history: History, record: r.Record) -> list[tuple[str, str]]:
         winner = _winner(history, record)
         if winner is not None:
             found.append(("lost to", winner.id))
+    if isinstance(record, r.AttemptCanceled) and record.reason is r.CancelReason.RESTART:
+        ref = r.AttemptRef(record.vertex, record.subtask, record.attempt)
+        found += [
+            ("reset by the driver's recovery", e.id)
+            for e in history.records
+            if isinstance(e, r.JobRecovered) and ref in e.reset_attempts
+        ]
     if isinstance(record, r.AttemptFailed) and record.missing_partition is not None:
         p = record.missing_partition
         producer = history.ended.get((p.vertex, p.subtask, p.attempt))

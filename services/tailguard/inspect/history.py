@@ -153,7 +153,8 @@ def _deploy_causes(
 ) -> dict[AttemptKey, str | None]:
     """Why each attempt was started. A speculative copy names its command; the agent deploys
     a first attempt once its vertex is initialised and a later one after a restart, and names
-    neither, so those are found from the latest initialisation or applied restart before it."""
+    neither, so those are found from the latest initialisation, applied restart or driver
+    recovery (`JobRecovered`) before it."""
     initialized: dict[str, str] = {}
     restarted: dict[tuple[str, int], str] = {}
     causes: dict[AttemptKey, str | None] = {}
@@ -166,6 +167,14 @@ def _deploy_causes(
             if command is not None and isinstance(command.record, r.RestartTasks):
                 for task in command.record.tasks:
                     restarted[(task.vertex, task.subtask)] = command.record.id
+        elif isinstance(record, r.JobRecovered):
+            # A new driver runs again what was running at the crash and what was lost.
+            again = [(a.vertex, a.subtask) for a in record.reset_attempts]
+            again += [
+                (lost.partition.vertex, lost.partition.subtask) for lost in record.lost_results
+            ]
+            for vertex_subtask in again:
+                restarted[vertex_subtask] = record.id
         elif isinstance(record, r.AttemptDeploying):
             if record.command_id or record.speculative:
                 cause: str | None = record.command_id

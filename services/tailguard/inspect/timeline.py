@@ -9,6 +9,7 @@ What the agent records is enough to draw Spark's event timeline and Flink's subt
 - the spans a host was blocked (`NodeBlocked` to `NodeUnblocked`, or to its `until_ts`, or the
   job's end) and absent (`NodeRemoved` to `NodeAdded`), drawn over all lanes of the host.
 - each vertex (chain) from initialisation to its first deployment and to its last attempt end.
+- a mark across the whole chart where a new driver took the job over (`JobRecovered`).
 All times are milliseconds after the job's start (its `JobSubmitted`).
 """
 
@@ -35,7 +36,7 @@ class Outcome(enum.Enum):
 class Cause:
     """What made the agent start an attempt."""
 
-    kind: str  # "first deployment", "speculative launch", "restart", "unknown"
+    kind: str  # "first deployment", "speculative launch", "restart", "recovery", "unknown"
     summary: str
     # The deciding command and what caused it, when the archive holds them.
     command_id: str | None = None
@@ -70,6 +71,15 @@ class Span:
     end_ms: int
     label: str
     record_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """An instant of the whole job, drawn across every lane (a driver's takeover)."""
+
+    at_ms: int
+    label: str
+    record_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +122,7 @@ class Timeline:
     hosts: tuple[HostRow, ...]
     bars: tuple[Bar, ...]
     vertices: tuple[VertexPhase, ...]
+    marks: tuple[Mark, ...] = ()
 
 
 def build_timeline(history: History) -> Timeline:
@@ -145,6 +156,11 @@ def build_timeline(history: History) -> Timeline:
         hosts=tuple(rows),
         bars=tuple(sorted(bars, key=lambda b: (b.start_ms, b.lane))),
         vertices=_phases(history, bars),
+        marks=tuple(
+            Mark(e.ts - start, describe(e, start), e.id)
+            for e in history.records
+            if isinstance(e, r.JobRecovered)
+        ),
     )
 
 
@@ -192,6 +208,8 @@ def _cause(history: History, deploying: r.AttemptDeploying) -> Cause:
         kind = "speculative launch"
     elif isinstance(cause, r.RestartTasks):
         kind = "restart"
+    elif isinstance(cause, r.JobRecovered):
+        kind = "recovery"
     elif isinstance(cause, r.VertexInitialized):
         kind = "first deployment"
     else:

@@ -3,7 +3,8 @@
 The Trace Event Format's JSON object form: a process per host with a thread per slot (one
 complete event "X" per attempt), a "blocked / removed" thread on each host for its spans (on a
 thread of their own, since events on one thread must nest), and a "job" process with a thread
-per vertex for its running spans. Times are microseconds after the job's start.
+per vertex for its running spans; a driver's takeover is a global instant event ("i", scope
+"g"). Times are microseconds after the job's start.
 """
 
 from __future__ import annotations
@@ -126,6 +127,19 @@ def trace_events(timeline: Timeline) -> dict[str, Any]:
         )
         event["cname"] = _COLOURS[bar.outcome]
         events.append(event)
+    for mark in timeline.marks:
+        events.append(
+            {
+                "ph": "i",
+                "s": "g",
+                "name": mark.label,
+                "cat": "recovery",
+                "pid": JOB_PID,
+                "tid": 0,
+                "ts": _us(mark.at_ms),
+                "args": {"event": mark.record_id},
+            }
+        )
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",

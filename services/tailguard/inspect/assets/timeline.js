@@ -147,6 +147,17 @@
   const over = el("g", { class: "overlays" }, svg);
   for (const [s, top, h, cls] of overlays) rect(over, s.start_ms, s.end_ms, top, h, cls);
 
+  // A driver's takeover: a line across the whole chart, its summary on hover.
+  const marks = el("g", { class: "marks" }, svg);
+  for (const m of data.marks) {
+    const g = el("g", { class: "mark", "data-event": m.record_id }, marks);
+    el("line", { x1: x(m.at_ms), x2: x(m.at_ms), y1: AXIS_H - 6, y2: height, class: "mark-line" }, g);
+    el("rect", { x: x(m.at_ms) - 4, y: AXIS_H - 6, width: 8, height: height - AXIS_H + 6,
+      class: "mark-hit" }, g);
+    text(g, x(m.at_ms) + 4, AXIS_H - 1, "driver recovered", "mark-label");
+    details(g, [secs(m.at_ms) + ": " + m.label, "event: " + m.record_id]);
+  }
+
   // The hover panel.
   const tip = document.getElementById("tip");
   svg.addEventListener("mousemove", (ev) => {
