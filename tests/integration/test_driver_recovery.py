@@ -140,6 +140,19 @@ def test_driver_killed_mid_job_is_recovered_exactly(
     assert summary.lost_attempts == len(running_at_kill) >= 1, summary
     assert summary.lost_results == 0, summary
     assert summary.kept_results == len(finished_before), summary
+    # The takeover is the recovered driver's first event, and says what the checks above found.
+    marker = recovered[0]
+    assert isinstance(marker, r.JobRecovered), recovered[:3]
+    assert (marker.replaced_run, marker.last_sequence) == (dead[0].id, len(dead))
+    assert marker.last_event_ts == dead[-1].ts
+    assert sorted((a.vertex, a.subtask, a.attempt) for a in marker.reset_attempts) == sorted(
+        running_at_kill
+    )
+    assert len(marker.kept_results) + len(marker.kept_sink_parts) == len(finished_before)
+    assert marker.kept_sink_parts, "the kill came after a sink subtask committed"
+    assert marker.lost_results == ()
+    handled = {e.command_id for e in dead if isinstance(e, r.CommandApplied | r.CommandRejected)}
+    assert marker.commands_handled == len(handled) >= 1
     # One continuous job: one JobSubmitted, one JobFinished, ids in one sequence, no gaps.
     assert len([e for e in events if isinstance(e, r.JobSubmitted)]) == 1
     assert len([e for e in events if isinstance(e, r.JobFinished)]) == 1
