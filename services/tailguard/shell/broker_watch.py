@@ -5,6 +5,9 @@ broker is back (at the same address; aio-libs/aiokafka#876 is what it looks like
 what it does not do is tell anyone that it is cut off: the stream simply stops. So a probe of
 its own asks the broker for metadata every `interval_s`, from a thread (a blocked event loop must
 not make the service look healthy or unhealthy), and remembers since when it has failed.
+
+A stop asks it too (`cut_off`): faust's own shutdown waits on the broker (its commit, its
+leave-group), so with the broker gone a service would sit out the supervisor's whole grace.
 """
 
 from __future__ import annotations
@@ -59,11 +62,13 @@ class BrokerWatch:
     def state(self) -> BrokerState:
         return self._state
 
-    def probe(self) -> BrokerState:
+    def probe(self, timeout_s: float | None = None) -> BrokerState:
+        """Ask the broker now (at most `timeout_s`, default the watch's timeout)."""
+        timeout = self._timeout if timeout_s is None else timeout_s
         try:
-            self._client.list_topics(timeout=self._timeout)
+            self._client.list_topics(timeout=timeout)
         except KafkaException as err:
-            self._changed(False, f"no broker answered within {self._timeout:g} s ({err})")
+            self._changed(False, f"no broker answered within {timeout:g} s ({err})")
         else:
             self._changed(True, "")
         return self._state
@@ -98,6 +103,11 @@ class BrokerWatch:
         if not state.reachable:
             return True
         return self._lost_once and self._clock() - state.since <= seconds
+
+    def cut_off(self, timeout_s: float | None = None) -> bool:
+        """Whether the broker is unreachable: known already, or by a probe now (a broker killed
+        less than a probe interval ago is not known yet)."""
+        return not self._state.reachable or not self.probe(timeout_s).reachable
 
     def unhealthy_reason(self) -> str | None:
         state = self._state

@@ -177,22 +177,26 @@ def stop(
     timeout_s: float = 20.0,
     report: Callable[[str], None] = print,
 ) -> list[str]:
-    """SIGTERM the named services (faust commits and leaves cleanly), SIGKILL after a grace."""
+    """SIGTERM the named services (faust commits and leaves cleanly; with the broker gone, a
+    service writes its snapshot and exits at once), SIGKILL those still running after a grace.
+    All at once: each one's stop waits on its own broker round trips, so in turn they would
+    add up."""
     current = running(work_dir)
-    stopped = []
-    for name in names:
-        service = current.get(name)
-        if service is None:
-            continue
-        os.kill(service.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while _alive(service.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+    stopping = {name: current[name] for name in names if name in current}
+    for service in stopping.values():
+        with contextlib.suppress(ProcessLookupError):  # ended on its own meanwhile
+            os.kill(service.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while any(_alive(s.pid) for s in stopping.values()) and time.monotonic() < deadline:
+        time.sleep(
+            0.05
+        )  # not always our children (`services up` ran elsewhere): no exit to wait on
+    for name, service in stopping.items():
         if _alive(service.pid):
-            os.kill(service.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(service.pid, signal.SIGKILL)
             report(f"{name}: did not stop within {timeout_s:.0f} s, killed")
         else:
             report(f"{name}: stopped")
         (services_dir(work_dir) / f"{name}.json").unlink(missing_ok=True)
-        stopped.append(name)
-    return stopped
+    return list(stopping)

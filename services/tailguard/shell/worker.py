@@ -5,6 +5,9 @@ Start-up order matters: metrics first (so a supervisor sees the process), then t
 last snapshot (tailguard.shell.snapshot) and the input topic's tail after it up to the group's
 committed offsets, then the faust stream from those offsets. `/health` turns ready only when the
 stream runs, and unready again while the broker cannot be reached (tailguard.shell.broker_watch).
+
+A stop (SIGTERM, Ctrl-C) is faust's clean shutdown, then a last snapshot; with the broker gone,
+the last snapshot and an exit at once instead (`ServiceWorker`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +81,25 @@ def _shorten_fetch_wait(max_wait_ms: int) -> None:
     driver.aiokafka.AIOKafkaConsumer = Consumer
 
 
+class ServiceWorker(Worker):
+    """faust's worker, whose stop on SIGTERM or Ctrl-C first asks `stop_without_broker`, which
+    returns only if the broker answers. faust's shutdown commits and leaves its group, and with
+    the broker gone it waits for it: `services down` sat out its 20 s grace per service, then
+    killed each one before its last snapshot."""
+
+    def __init__(self, app: faust.App, stop_without_broker: Callable[[], None], **options: Any):
+        self._stop_without_broker = stop_without_broker
+        super().__init__(app, **options)
+
+    def _on_sigterm(self) -> None:
+        self._stop_without_broker()
+        super()._on_sigterm()
+
+    def _on_sigint(self) -> None:
+        self._stop_without_broker()
+        super()._on_sigint()
+
+
 class ServiceState:
     def __init__(self, broker: BrokerWatch | None = None) -> None:
         self.ready = False
@@ -133,9 +155,7 @@ def build_app(
             message = event.message
             if snapshots is not None:
                 snapshots.before_input()
-            outputs = processor.process(
-                event.value, message.partition, message.offset, message.key
-            )
+            outputs = processor.process(event.value, message.partition, message.offset, message.key)
             for out in outputs:
                 # Sent at once and awaited: the input is acknowledged (and later committed)
                 # only after its outputs are on the broker, so a crash loses no decision.
@@ -219,8 +239,29 @@ def serve(
     # WARN also keeps faust's terminal spinner, which would raise our handler to WARN, out of
     # the log file.
     app.conf.loghandlers = [log_handler]
-    worker = Worker(
+
+    def stop_without_broker() -> None:
+        # Called on the event loop (faust's signal handler), between two inputs' steps: the
+        # core is not being changed meanwhile.
+        if not broker.cut_off():
+            return
+        log.warning("%s: stopping with its broker unreachable: %s", name, broker.state.reason)
+        answering = snapshots.answering
+        snapshots.close()  # written and fsynced before the exit below
+        log.warning(
+            "%s: %s; exiting without faust's shutdown, which would wait for the broker",
+            name,
+            f"the last snapshot kept ({store.path}): an input's outputs were not yet on the broker"
+            if answering
+            else f"snapshot written to {store.path}",
+        )
+        metrics.stop()
+        logging.shutdown()
+        os._exit(0)
+
+    worker = ServiceWorker(
         app,
+        stop_without_broker,
         loglevel="info",
         quiet=True,
         redirect_stdouts=False,
