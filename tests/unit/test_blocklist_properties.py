@@ -1,14 +1,17 @@
-"""BlocklistTracker over generated histories: deterministic, never past its fraction."""
+"""BlocklistTracker over generated histories: deterministic, never past its fraction; the fleet
+forgets without changing a decision, and its state restored anywhere decides as before."""
 
 from __future__ import annotations
 
 import math
 
+from fleet_histories import fleet_history
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from speculation_histories import SimulationParams, simulate, slow_finding
 
-from tailguard.blocklist.policy import BlocklistTracker
+from tailguard.blocklist.fleet import FleetBlocklist
+from tailguard.blocklist.policy import BlocklistTracker, BlockRule, forget_after_ms
 from tailguard.model.config import Settings
 from tailguard.model.records import (
     BlockNodes,
@@ -130,3 +133,57 @@ def test_a_new_block_always_has_enough_fresh_evidence(
                         ]
                         assert len(fresh) >= need, (host, fresh)
                     until[host] = command.until_ts
+
+
+# --------------------------------------------------------------------------- forgetting, state
+
+# How far apart the jobs' drivers' clocks are (each off by up to this either way).
+skews = st.sampled_from([0, 30_000, 240_000])
+fleet_modes = st.sampled_from(
+    [
+        {},
+        {"blocklist.min-slow-attempts": "1", "blocklist.evidence-window": "0 ms"},
+        {"blocklist.evidence-window": "10 s", "blocklist.max-blocked-fraction": "0.75"},
+        {"execution.batch.speculative.block-slow-node-duration": "5 min"},
+    ]
+)
+
+
+def run(fleet: FleetBlocklist, findings: list[SlowTasksDetected]) -> list[Record]:
+    return [out for f in findings for out in fleet.handle(f)]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**32), st.integers(5, 60), skews, fleet_modes)
+def test_forgetting_changes_no_decision(
+    seed: int, jobs: int, skew_ms: int, mode: dict[str, str]
+) -> None:
+    """The fleet forgets jobs silent and evidence older than 2 x max(window, duration) + 10 min,
+    on finding time: over histories of jobs that end, with drivers' clocks up to 8 min apart,
+    it decides exactly as a fleet that never forgets, and holds less."""
+    findings = [read.finding for read in fleet_history(jobs, seed, skew_ms=skew_ms)]
+    config = Settings(mode)
+    forgetting = FleetBlocklist(config, publish_view=True)
+    never = FleetBlocklist(config, publish_view=True, forget_after=2**62)
+    assert run(forgetting, findings) == run(never, findings)
+    if findings[-1].ts - findings[0].ts > 2 * forget_after_ms(BlockRule.from_settings(config)):
+        assert forgetting.held()["jobs"] < never.held()["jobs"]  # it did forget
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32), st.floats(0, 1), fleet_modes)
+def test_a_state_taken_anywhere_decides_as_the_uninterrupted_core(
+    seed: int, at: float, mode: dict[str, str]
+) -> None:
+    findings = [read.finding for read in fleet_history(30, seed)]
+    cut = int(at * len(findings))
+    config = Settings(mode)
+    whole, before = FleetBlocklist(config, True), FleetBlocklist(config, True)
+    expected = run(whole, findings)
+    prefix = run(before, findings[:cut])
+    after = FleetBlocklist(config, True)
+    after.import_state(before.export_state())
+    assert after.export_state() == before.export_state()
+    assert prefix + run(after, findings[cut:]) == expected
+    assert after.export_state() == whole.export_state()
+    assert after.metrics() == whole.metrics()

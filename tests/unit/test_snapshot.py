@@ -1,5 +1,6 @@
 """Service snapshots: the file round-trips, the retention rules drop what the cores drop, and a
-service restored from a snapshot plus the tail decides exactly what one fed from offset 0 does."""
+service restored from a snapshot plus the tail decides exactly what one fed from offset 0 does
+(the blocklist, whose snapshot is its core's state, over long histories on several partitions)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fleet_histories import HOSTS, Read, _attempts, fleet_history, partition_of
+from speculation_histories import slow_finding
 
+from tailguard.blocklist.fleet import FleetBlocklist
 from tailguard.codec import codec_for
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.replay.inputs import read_archive
 from tailguard.shell.definition import SERVICE_NAMES, load_definition
 from tailguard.shell.processor import Processor
-from tailguard.shell.retention import RecentJobs, Retained, UntilJobFinished
+from tailguard.shell.retention import (
+    STATE_PARTITION,
+    CoreState,
+    RecentJobs,
+    Retained,
+    UntilJobFinished,
+)
 from tailguard.shell.snapshot import (
     SNAPSHOT_VERSION,
     PeriodicSnapshots,
@@ -181,3 +191,106 @@ def test_state_carried_over_to_a_new_log_stays_before_it() -> None:
     expected = list(outputs(whole, inputs, cut))
     rest = [o for i, raw in enumerate(inputs[cut:]) for o in new.process(raw, 0, i)]
     assert [(o.topic, o.value) for o in rest] == expected
+
+
+# --------------------------------------------------------------------------- the blocklist
+
+
+def blocklist_input(history: list[Read]) -> list[tuple[int, int, bytes]]:
+    """(partition, offset, value) in reading order, offsets counted per partition."""
+    offsets: dict[int, int] = {}
+    out = []
+    for read in history:
+        offset = offsets.get(read.partition, 0)
+        offsets[read.partition] = offset + 1
+        out.append((read.partition, offset, CODEC.encode(read.finding)))
+    return out
+
+
+def blocklist_outputs(processor: Processor, inputs: list[tuple[int, int, bytes]]) -> list[object]:
+    return [
+        (o.topic, o.key, o.value) for p, at, raw in inputs for o in processor.process(raw, p, at)
+    ]
+
+
+def slow_for_half_an_hour(start_ms: int) -> list[Read]:
+    """h7 slow without a break across 15 jobs in a row, findings 1-3 s apart: its fleet block is
+    extended every half duration for 30 minutes, an expiry chained to the first evidence."""
+    reads, at = [], start_ms
+    for i in range(900):
+        at += (1_000, 2_000, 3_000)[(i * 7) % 3]
+        job = f"long-{i // 60}"
+        finding = slow_finding(
+            _attempts(i % 5, ("h7",)),
+            _attempts(1 + i % 5, ("h7",)),
+            job_id=job,
+            ts=at,
+            hosts=HOSTS,
+            finding_id=f"detector-{job}-{i}",
+        )
+        reads.append(Read(partition_of(job), finding))
+    return reads
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_blocklist_restored_mid_history_decides_as_from_offset_zero(
+    seed: int, tmp_path: Path
+) -> None:
+    """Jobs that end, evidence that ages out, blocks that expire and fleet blocks, on four
+    partitions; then a host slow for half an hour across jobs. Refolding the input of the last
+    window (or the whole input partition by partition, as a snapshot of input is folded) gives
+    other commands here; the core's state does not."""
+    history = fleet_history(60, seed)
+    history += slow_for_half_an_hour(history[-1].finding.ts + 600_000)
+    inputs = blocklist_input(history)
+    definition = load_definition("blocklist")
+    expected = blocklist_outputs(Processor(definition, SETTINGS, CODEC), inputs)
+    assert sum(1 for topic, _, _ in expected if topic == r.COMMANDS_TOPIC) > 100
+    for cut in (len(inputs) // 4, len(inputs) // 2, len(inputs) - 450, len(inputs) - 100):
+        before = Processor(definition, SETTINGS, CODEC)
+        prefix_out = blocklist_outputs(before, inputs[:cut])
+        store = SnapshotStore(tmp_path / f"blocklist-{seed}-{cut}.avro")
+        store.write(before.snapshot())
+        after = Processor(definition, SETTINGS, CODEC)
+        snapshot = store.read(definition.name, definition.input_topic)
+        assert snapshot is not None
+        assert [x.partition for x in snapshot.records] == [STATE_PARTITION]  # no input kept
+        after.restore(snapshot)
+        assert prefix_out + blocklist_outputs(after, inputs[cut:]) == expected, f"cut at {cut}"
+
+
+def test_blocklist_snapshot_stays_bounded_as_history_grows() -> None:
+    """10x more jobs in the past, then the same recent jobs: the same state is held (jobs,
+    evidence, blocks), and the snapshot is the same size but for the counters' digits."""
+    definition = load_definition("blocklist")
+    held, sizes = [], []
+    for old_jobs in (20, 200):
+        history = fleet_history(old_jobs, seed=5, prefix="old")
+        # The recent jobs come at one time for both, past every horizon after the last old
+        # one (the same time: timestamps of as many digits).
+        assert history[-1].finding.ts < 10**10
+        recent = fleet_history(10, seed=6, start_ms=10**11)
+        processor = Processor(definition, SETTINGS, CODEC)
+        blocklist_outputs(processor, blocklist_input(history + recent))
+        core = processor.core
+        assert isinstance(core, FleetBlocklist)
+        held.append(core.held())
+        sizes.append(len(processor.snapshot().records[0].value))
+    assert held[0] == held[1]
+    assert held[1]["jobs"] <= 10
+    assert sizes[1] <= sizes[0] + 32, sizes  # a few more digits in the counters, no more
+
+
+def test_a_core_state_is_carried_over_as_it_is_and_needs_a_stateful_core() -> None:
+    definition = load_definition("blocklist")
+    processor = Processor(definition, SETTINGS, CODEC)
+    blocklist_outputs(processor, blocklist_input(fleet_history(5, seed=1)))
+    snapshot = processor.snapshot()
+    moved = carried_over(snapshot)
+    assert moved.records == snapshot.records and moved.positions == {}
+    with pytest.raises(TypeError, match="CoreState needs a core with export_state"):
+        CoreState().attach(object())
+    with pytest.raises(ValueError, match="not a blocklist state: version 99"):
+        FleetBlocklist(SETTINGS).import_state(b'{"version": 99}')
+    with pytest.raises(ValueError, match="not a blocklist state"):
+        FleetBlocklist(SETTINGS).import_state(b'{"version": 1, "per_job": {}}')

@@ -44,9 +44,11 @@ from tailguard.model.ids import derived_id
 from tailguard.model.records import BlockNodes, Record, SlowTasksDetected, UnblockNodes
 
 __all__ = [
+    "LATE_FINDINGS_MS",
     "BlockRule",
     "BlocklistTracker",
     "blocked_fraction_problem",
+    "forget_after_ms",
     "host_evidence",
     "max_blocked_hosts",
 ]
@@ -56,14 +58,19 @@ __all__ = [
 MAX_TRACKED_JOBS = 1024
 
 
+# How far behind a finding already read another may come and still find what it would have: the
+# time that forgets is the finding being read, and the drivers' clocks differ, and a service that
+# catches up reads one partition's backlog ahead of another's.
+LATE_FINDINGS_MS = 10 * 60_000
+
+
 def forget_after_ms(rule: BlockRule) -> int:
-    """How long after its last finding a job's state (and a piece of fleet evidence) is
-    forgotten: twice the longest horizon any of it is read with (a block lasts D, evidence
-    counts for W, the fleet's for max(W, D), a job stays "active" for D and what it was sent
-    matters D/2 beyond its block). Past max(W, D) a silent job's state equals a new job's; the
-    second max(W, D) is slack for drivers whose clocks disagree, since the time that forgets is
-    another job's finding's."""
-    return 2 * max(rule.window_ms, rule.duration_ms, 1)
+    """How long after its last finding a job's state, and a piece of fleet evidence, is
+    forgotten: twice the longest horizon any of it is read with, plus `LATE_FINDINGS_MS`. A
+    block lasts D, per-job evidence counts for W, the fleet's for max(W, D), a job stays
+    "active" for D, and what it was sent matters D/2 beyond its block: past 2 max(W, D) a silent
+    job's state is a new job's, and no decision reads evidence that old."""
+    return 2 * max(rule.window_ms, rule.duration_ms) + LATE_FINDINGS_MS
 
 
 def max_blocked_hosts(registered: int, fraction: float) -> int:

@@ -11,11 +11,15 @@ from tailguard.model.fleet import FleetBlock
 from tailguard.model.records import FINDINGS_TOPIC
 from tailguard.shell import core_metrics as m
 from tailguard.shell.definition import ServiceDefinition
+from tailguard.shell.retention import CoreState
 
 DEFINITION = ServiceDefinition(
     name="blocklist",
     input_topic=FINDINGS_TOPIC,
     core=FleetBlocklist.publishing,
+    # Its snapshot is the core's state, which the core keeps bounded (CoreState says why not
+    # the input it depends on).
+    retention=CoreState,
     encoders={FleetBlock: lambda entry: fleet_topic.encode(_entry(entry))},
     metrics=(
         m.gauge(

@@ -18,7 +18,7 @@ from tailguard.model.config import Settings
 from tailguard.model.records import Record
 from tailguard.shell.definition import Core, ServiceDefinition
 from tailguard.shell.metrics_http import ServiceMetrics
-from tailguard.shell.retention import Retained
+from tailguard.shell.retention import STATE_PARTITION, CoreState, Retained
 from tailguard.shell.snapshot import Position, Snapshot, digest
 
 log = logging.getLogger("tailguard.service")
@@ -50,6 +50,8 @@ class Processor:
         self._signer = signer_for(settings, definition.name)
         # What a snapshot would hold now: the retained input, and how far it was read.
         self._retention = definition.retention()
+        if isinstance(self._retention, CoreState):  # the blocklist: its snapshot is its state
+            self._retention.attach(self.core)
         self._positions: dict[int, Position] = {}
         # partition -> (next offset, last record's bytes) read since: hashed into a Position only
         # when a snapshot is taken, not for every record (the digest was ~12% of process()).
@@ -127,7 +129,11 @@ class Processor:
     def restore(self, snapshot: Snapshot) -> int:
         """Fold a snapshot's records into the (fresh) core; returns how many."""
         for kept in snapshot.records:
-            self.replay(kept.value, kept.partition, kept.offset)
+            if kept.partition == STATE_PARTITION and isinstance(self._retention, CoreState):
+                with self._lock:
+                    self._retention.load(kept)
+            else:
+                self.replay(kept.value, kept.partition, kept.offset)
         # Read up to there, whatever the last retained record was.
         self._positions = dict(snapshot.positions)
         self._read_to.clear()

@@ -3,13 +3,16 @@
 Each service names its rule in its `ServiceDefinition.retention`; every rule is a pure function of
 the input order, so a snapshot is a pure function of the input prefix it covers
 (tailguard.shell.snapshot says why the snapshot holds input rather than the cores' state).
+
+One core is the exception, `CoreState`: the blocklist's state cannot be rebuilt from any bounded
+part of its input, so its snapshot holds the state itself.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from tailguard.model.records import JobFinished, Record
 
@@ -85,3 +88,60 @@ class RecentJobs(_PerJob):
         self._jobs.move_to_end(record.job_id)
         while len(self._jobs) > self._limit:
             self._jobs.popitem(last=False)
+
+
+@runtime_checkable
+class StatefulCore(Protocol):
+    """A core that writes its whole state and takes one back (`CoreState`)."""
+
+    def export_state(self) -> bytes: ...
+
+    def import_state(self, encoded: bytes) -> None:
+        """ValueError naming the problem if `encoded` is not such a state."""
+        ...
+
+
+# The partition of the snapshot row that holds a core's own state: below every partition of a
+# topic, so the snapshot (sorted by partition and offset) lists it first.
+STATE_PARTITION = -1
+
+
+class CoreState:
+    """For a core whose state no bounded subset of its input rebuilds exactly: the snapshot is one
+    row holding the core's state (`StatefulCore.export_state`), and no input.
+
+    The blocklist's fleet is that core. A fleet block is extended only once the extension
+    reaches half the block duration, so its expiry is a chain of extensions that goes back to the
+    first evidence of a host that has stayed slow, across every job since: the records of the
+    last window refolded start the chain elsewhere and give other expiries. And its view spans
+    jobs, so it depends on how the partitions' records interleaved, which a snapshot of input
+    (folded partition by partition) does not keep. Its state is small (hosts, blocks, the jobs
+    of the recent window: the core forgets the rest on finding time), so it is the snapshot.
+
+    The processor attaches the core (`attach`) and hands the state row back at a restore
+    (`load`). A snapshot of input (an older release's) is still folded as such."""
+
+    def __init__(self) -> None:
+        self._core: StatefulCore | None = None
+
+    def attach(self, core: object) -> None:
+        if not isinstance(core, StatefulCore):
+            raise TypeError(
+                f"retention CoreState needs a core with export_state() and import_state(); "
+                f"{type(core).__name__} has neither"
+            )
+        self._core = core
+
+    def keep(self, record: Record, retained: Retained) -> None:
+        """Nothing: the state the core folded the record into is the snapshot."""
+
+    def records(self) -> list[Retained]:
+        return [Retained(STATE_PARTITION, 0, self._attached().export_state())]
+
+    def load(self, kept: Retained) -> None:
+        self._attached().import_state(kept.value)
+
+    def _attached(self) -> StatefulCore:
+        if self._core is None:
+            raise RuntimeError("retention CoreState used before its core was attached")
+        return self._core

@@ -17,7 +17,9 @@ a pure function of the input order:
 
 - `UntilJobFinished`: a job's records until its `JobFinished` (events readers);
 - `RecentJobs(n)`: the records of the n most recently active jobs (the speculator's own LRU rule);
-- `EveryRecord`: everything (a core whose forgetting the shell cannot mirror exactly).
+- `EveryRecord`: everything (a core whose forgetting the shell cannot mirror exactly);
+- `CoreState`: no input but one row holding the core's own state (the blocklist, whose state no
+  bounded part of its input rebuilds: tailguard.shell.retention says why).
 
 The snapshot file is an Avro container (fastavro): one `RetainedRecord` per record, the positions
 (next offset per partition, and a digest of the last record read there, which tells a snapshot of
@@ -38,7 +40,7 @@ from pathlib import Path
 
 import fastavro
 
-from tailguard.shell.retention import Retained
+from tailguard.shell.retention import STATE_PARTITION, Retained
 
 # Bumped on any change of the file's meaning; a snapshot of another version is ignored (the
 # service then rebuilds from the topic, which is slower but exact).
@@ -169,12 +171,14 @@ def carried_over(snapshot: Snapshot) -> Snapshot:
     """The same state for a new log of the topic (an embedded broker restarted empty numbers it
     from 0 again): no positions (read the new log from its start), and the records renumbered
     below 0 in their order, so they stay before every record of the new log."""
-    records = sorted(snapshot.records)
+    # A core's own state (retention.CoreState) is no record of the log: kept as it is.
+    state = tuple(r for r in snapshot.records if r.partition == STATE_PARTITION)
+    records = sorted(r for r in snapshot.records if r.partition != STATE_PARTITION)
     return Snapshot(
         snapshot.service,
         snapshot.topic,
         {},
-        tuple(Retained(0, i - len(records), r.value) for i, r in enumerate(records)),
+        state + tuple(Retained(0, i - len(records), r.value) for i, r in enumerate(records)),
     )
 
 
