@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from speculation_histories import slow_finding
 
-from tailguard.model.records import SlowAttempt, SlowSubtask, SlowTasksDetected
+from tailguard.model.records import Record, SlowAttempt, SlowSubtask, SlowTasksDetected
 
 HOSTS = tuple(f"h{i}" for i in range(8))
 SLOW_HOST = "h7"
@@ -46,11 +47,11 @@ def fleet_history(
         at = begin
         for tick in range(rng.randint(10, 40)):
             at += rng.choice((1_000, 2_000, 3_000))
-            subtasks = [_attempts(s, (SLOW_HOST,)) for s in slow_subtasks if tick >= s]
+            subtasks = [slow_subtask(s, (SLOW_HOST,)) for s in slow_subtasks if tick >= s]
             if rng.random() < 0.15:  # noise: a healthy host slow once
-                subtasks.append(_attempts(20 + tick, (rng.choice(hosts),)))
+                subtasks.append(slow_subtask(20 + tick, (rng.choice(hosts),)))
             if rng.random() < 0.05:  # a subtask slow on two hosts: the task's fault
-                subtasks.append(_attempts(40 + tick, tuple(rng.sample(hosts, 2))))
+                subtasks.append(slow_subtask(40 + tick, tuple(rng.sample(hosts, 2))))
             finding = slow_finding(
                 *subtasks,
                 job_id=job_id,
@@ -64,6 +65,20 @@ def fleet_history(
     return [read for _, _, read in arrivals]
 
 
-def _attempts(subtask: int, hosts: tuple[str, ...]) -> SlowSubtask:
+def on_partitions(
+    history: list[Read], encode: Callable[[Record], bytes]
+) -> list[tuple[int, int, bytes]]:
+    """(partition, offset, encoded finding) in reading order, offsets counted per partition: the
+    findings topic as a service reads it."""
+    offsets: dict[int, int] = {}
+    out = []
+    for read in history:
+        offset = offsets.get(read.partition, 0)
+        offsets[read.partition] = offset + 1
+        out.append((read.partition, offset, encode(read.finding)))
+    return out
+
+
+def slow_subtask(subtask: int, hosts: tuple[str, ...]) -> SlowSubtask:
     live = tuple(SlowAttempt(a, h, 90_000, None, a > 0, True) for a, h in enumerate(hosts))
     return SlowSubtask(subtask, live, len(hosts) - 1)

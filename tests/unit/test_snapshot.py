@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fleet_histories import HOSTS, Read, _attempts, fleet_history, partition_of
+from fleet_histories import HOSTS, Read, fleet_history, on_partitions, partition_of, slow_subtask
 from speculation_histories import slow_finding
 
 from tailguard.blocklist.fleet import FleetBlocklist
@@ -197,14 +197,7 @@ def test_state_carried_over_to_a_new_log_stays_before_it() -> None:
 
 
 def blocklist_input(history: list[Read]) -> list[tuple[int, int, bytes]]:
-    """(partition, offset, value) in reading order, offsets counted per partition."""
-    offsets: dict[int, int] = {}
-    out = []
-    for read in history:
-        offset = offsets.get(read.partition, 0)
-        offsets[read.partition] = offset + 1
-        out.append((read.partition, offset, CODEC.encode(read.finding)))
-    return out
+    return on_partitions(history, CODEC.encode)
 
 
 def blocklist_outputs(processor: Processor, inputs: list[tuple[int, int, bytes]]) -> list[object]:
@@ -221,8 +214,8 @@ def slow_for_half_an_hour(start_ms: int) -> list[Read]:
         at += (1_000, 2_000, 3_000)[(i * 7) % 3]
         job = f"long-{i // 60}"
         finding = slow_finding(
-            _attempts(i % 5, ("h7",)),
-            _attempts(1 + i % 5, ("h7",)),
+            slow_subtask(i % 5, ("h7",)),
+            slow_subtask(1 + i % 5, ("h7",)),
             job_id=job,
             ts=at,
             hosts=HOSTS,
