@@ -6,6 +6,7 @@ can have.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tailguard.testing.leftovers import Ledger, LedgerFile, Started, reap
+from tailguard.testing.plugin import Terminated, signals_interrupt
 
 
 @pytest.fixture
@@ -83,3 +85,20 @@ def test_an_unreadable_ledger_is_removed_with_a_message(tmp_path: Path) -> None:
     assert reap(tmp_path, report=lines.append) == []
     assert not broken.exists()
     assert len(lines) == 1 and str(broken) in lines[0] and "unreadable ledger" in lines[0]
+
+
+def test_sigterm_interrupts_once_and_a_foreign_handler_is_left_alone() -> None:
+    def foreign(_signum: int, _frame: object) -> None:
+        pass
+
+    before = signal.signal(signal.SIGHUP, foreign)
+    try:
+        with signals_interrupt():
+            assert signal.getsignal(signal.SIGHUP) is foreign
+            with pytest.raises(Terminated, match="SIGTERM"):
+                signal.raise_signal(signal.SIGTERM)
+            # A second SIGTERM would end the process at once: the default is back.
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGHUP) is foreign
+    finally:
+        signal.signal(signal.SIGHUP, before)

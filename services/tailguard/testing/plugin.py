@@ -76,7 +76,7 @@ class Terminated(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def signals_interrupt() -> Iterator[None]:
     """While the harness holds processes, SIGTERM/SIGHUP interrupt pytest instead of killing
     it. A signal someone else already handles (a conftest, pytest-xdist) is left to them."""
     if threading.current_thread() is not threading.main_thread():
@@ -152,7 +152,7 @@ def tailguard_harness(
     ledger = leftovers.Ledger(ledger_dir)
     harness = Harness(root, config.stash[DEFAULTS], java_missing=pytest.skip, ledger=ledger)
     config.stash[HARNESS] = harness
-    with _signals_interrupt():
+    with signals_interrupt():
         try:
             yield harness
         finally:
