@@ -18,24 +18,17 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaException,
-    Message,
-    TopicPartition,
-)
+from confluent_kafka import Message
 
 from tailguard.codec.errors import DecodeError
 from tailguard.codec.schemas import record_schema, schema_root
 from tailguard.codec.single_object import SingleObjectCodec
-from tailguard.log.kafka_config import client_config
 from tailguard.log.producer import Headers, RecordProducer
 from tailguard.log.signing import signer_for, verifier_for
+from tailguard.log.topic_scan import read_only_consumer, read_to_end
 from tailguard.model.authority import FLEET_WRITERS, Signed, Unauthentic, shown
 from tailguard.model.fleet import BLOCKLIST_TOPIC, FleetBlock
 
@@ -93,45 +86,11 @@ def read_changes(settings: Mapping[str, str], timeout: float = _TIMEOUT_S) -> li
     """Every change on the topic to its current end, in order (one partition per host key:
     the order that matters is per host). A missing topic is an empty list."""
     verifier = verifier_for(settings)
-    consumer = Consumer(
-        client_config(
-            settings,
-            "consumer",
-            {
-                "group.id": "tailguard-fleet-reader",
-                "enable.auto.commit": False,
-                "allow.auto.create.topics": False,
-                "log_level": 3,
-            },
-        )
-    )
-    changes: list[FleetBlock] = []
+    consumer = read_only_consumer(settings, "tailguard-fleet-reader")
     try:
-        meta = consumer.list_topics(BLOCKLIST_TOPIC, timeout=timeout).topics.get(BLOCKLIST_TOPIC)
-        if meta is None or meta.error is not None or not meta.partitions:
-            return []
-        ends: dict[int, int] = {}
-        for p in sorted(meta.partitions):
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(BLOCKLIST_TOPIC, p), timeout=timeout
-            )
-            if high > low:
-                ends[p] = high
-        consumer.assign([TopicPartition(BLOCKLIST_TOPIC, p, OFFSET_BEGINNING) for p in ends])
-        deadline = time.monotonic() + timeout
-        while ends:
-            msg = consumer.poll(max(0.0, deadline - time.monotonic()))
-            if msg is None:
-                raise TimeoutError(f"reading {BLOCKLIST_TOPIC}: {ends} not reached in {timeout} s")
-            if msg.error():
-                raise KafkaException(msg.error())
-            partition, offset = msg.partition() or 0, msg.offset() or 0
-            if offset + 1 >= ends.get(partition, 0):
-                ends.pop(partition, None)
-            change = _checked(msg, verifier)
-            if change is not None:
-                changes.append(change)
-        return changes
+        messages = read_to_end(consumer, BLOCKLIST_TOPIC, stall_s=timeout)
+        checked = (_checked(msg, verifier) for msg in messages)
+        return [change for change in checked if change is not None]
     finally:
         consumer.close()
 

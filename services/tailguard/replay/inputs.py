@@ -36,43 +36,23 @@ def read_archive(location: str | Path, settings: Settings) -> Iterator[Recorded]
 
 
 def _read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[bytes]:
-    """Every message of `topic` from offset 0 to its current end, in partition-offset order."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    """Every message of `topic` from its oldest to its current end, in partition-offset order."""
+    # Here, not at the top: a replay of archives needs no Kafka client.
+    from tailguard.log.topic_scan import TopicReadStalled, read_only_consumer, read_to_end
 
-    from tailguard.log.kafka_config import client_config
-
-    consumer = Consumer(
-        client_config(
-            settings,
-            "consumer",
-            # Assigned, never subscribed, never committed: a replay moves nobody's offsets.
-            {"group.id": "tailguard-replay", "enable.auto.commit": False},
-        )
-    )
-    values: list[bytes] = []
+    # Assigned, never subscribed, never committed: a replay moves nobody's offsets.
+    consumer = read_only_consumer(settings, "tailguard-replay")
     try:
-        metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            return []  # never produced to: an empty topic
-        for partition in sorted(metadata.partitions):
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=timeout_s
-            )
-            if high <= low:
-                continue
-            consumer.assign([TopicPartition(topic, partition, low)])
-            offset = low
-            while offset < high:
-                msg = consumer.poll(timeout_s)
-                if msg is None:
-                    raise LogReadError(f"{topic}[{partition}] stalled at offset {offset}")
-                if msg.error():
-                    raise KafkaException(msg.error())
-                values.append(msg.value() or b"")
-                offset = msg.offset() + 1
+        found = [
+            (msg.partition() or 0, msg.offset() or 0, msg.value() or b"")
+            for msg in read_to_end(consumer, topic, stall_s=timeout_s)
+        ]
+    except TopicReadStalled as err:
+        raise LogReadError(str(err)) from None
     finally:
         consumer.close()
-    return values
+    # Per-job order is per partition (the key is the job id): partition after partition.
+    return [value for _, _, value in sorted(found, key=lambda m: m[:2])]
 
 
 def read_topic(settings: Settings, topic: str, job: str | None = None) -> Iterator[Recorded]:

@@ -14,9 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from tailguard.log.kafka_config import client_config
+from tailguard.log.topic_scan import read_to_end
 from tailguard.shell.snapshot import Position, digest
 
 # Read-only: never commit on the service group's behalf.
@@ -25,7 +26,8 @@ _REBUILD_CONSUMER = {"enable.auto.commit": False, "auto.offset.reset": "earliest
 
 def rebuild_config(settings: Mapping[str, str], group_id: str) -> dict[str, Any]:
     """The librdkafka config of the rebuild's consumer: the service's own `kafka.*` settings
-    (the same brokers and credentials as its faust app), reading as `group_id`."""
+    (the same brokers and credentials as its faust app), reading as `group_id` (whose committed
+    offsets it reads; it never joins the group)."""
     return client_config(settings, "consumer", {**_REBUILD_CONSUMER, "group.id": group_id})
 
 
@@ -60,9 +62,13 @@ def rebuild(
     consumer = Consumer(rebuild_config(settings, group_id))
     try:
         ends = committed_offsets(consumer, topic, timeout)
-        starts = dict(start_at or {})
-        ranges = {p: (starts.get(p, 0), end) for p, end in ends.items() if end > starts.get(p, 0)}
-        fed = _read(consumer, topic, ranges, feed, timeout, progress)
+        fed = 0
+        if ends:
+            for msg in read_to_end(consumer, topic, starts=start_at, ends=ends, stall_s=timeout):
+                feed(msg.value(), msg.partition() or 0, msg.offset() or 0)
+                fed += 1
+                if progress is not None and fed % 10_000 == 0:
+                    progress(fed)
         return Rebuilt(fed, ends)
     finally:
         consumer.close()
@@ -81,7 +87,7 @@ def snapshot_mismatch(
     already deleted by retention cannot be checked and is taken as matching."""
     consumer = Consumer(rebuild_config(settings, group_id))
     try:
-        ranges: dict[int, tuple[int, int]] = {}
+        last_read: dict[int, int] = {}  # partition -> the offset the snapshot read last
         for partition, position in positions.items():
             if position.next_offset <= 0:
                 continue
@@ -94,13 +100,17 @@ def snapshot_mismatch(
                     f"{position.next_offset}: another log"
                 )
             if low < position.next_offset:
-                ranges[partition] = (position.next_offset - 1, position.next_offset)
-        found: dict[int, str] = {}
-
-        def check(value: bytes | None, partition: int, offset: int) -> None:
-            found[partition] = digest(value)
-
-        _read(consumer, topic, ranges, check, timeout, None)
+                last_read[partition] = position.next_offset - 1
+        found = {
+            msg.partition() or 0: digest(msg.value())
+            for msg in read_to_end(
+                consumer,
+                topic,
+                starts=last_read,
+                ends={p: at + 1 for p, at in last_read.items()},
+                stall_s=timeout,
+            )
+        }
         for partition, seen in sorted(found.items()):
             if seen != positions[partition].last_digest:
                 offset = positions[partition].next_offset - 1
@@ -108,37 +118,3 @@ def snapshot_mismatch(
         return None
     finally:
         consumer.close()
-
-
-def _read(
-    consumer: Consumer,
-    topic: str,
-    ranges: Mapping[int, tuple[int, int]],
-    feed: Callable[[bytes | None, int, int], None],
-    timeout: float,
-    progress: Callable[[int], None] | None,
-) -> int:
-    """Feed the records of [start, end) on each partition; returns how many."""
-    if not ranges:
-        return 0
-    consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in sorted(ranges.items())])
-    remaining = {p: end for p, (_, end) in ranges.items()}
-    fed = 0
-    while remaining:
-        msg = consumer.poll(timeout)
-        if msg is None:
-            raise TimeoutError(f"reading {topic} stalled with {remaining} left to read")
-        if msg.error():
-            raise KafkaException(msg.error())
-        partition, offset = msg.partition(), msg.offset()
-        end = remaining.get(partition)
-        if end is None or offset >= end:
-            continue
-        feed(msg.value(), partition, offset)
-        fed += 1
-        if progress is not None and fed % 10_000 == 0:
-            progress(fed)
-        if offset + 1 >= end:
-            del remaining[partition]
-            consumer.pause([TopicPartition(topic, partition)])
-    return fed

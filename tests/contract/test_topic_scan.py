@@ -1,0 +1,100 @@
+"""`read_to_end`: a topic read once, up to the ends fixed before the read (replay, a service's
+rebuild and the fleet list read topics this way)."""
+
+from __future__ import annotations
+
+from tailguard.log.producer import RecordProducer
+from tailguard.log.topic_scan import read_only_consumer, read_to_end, watermarks
+from tailguard.model.config import Settings
+
+KEYS = [f"job-{k}".encode() for k in range(8)]
+
+
+def _publish(settings: Settings, topic: str, values: range) -> None:
+    producer = RecordProducer(settings)
+    for i in values:
+        producer.send_bytes(topic, KEYS[i % len(KEYS)], str(i).encode())
+    producer.flush()
+    producer.close()
+
+
+def test_reads_every_partition_up_to_the_ends_seen_before_it_began(
+    settings: Settings, topic: str
+) -> None:
+    _publish(settings, topic, range(200))
+    consumer = read_only_consumer(settings, "test-scan")
+    try:
+        messages = read_to_end(consumer, topic, stall_s=10.0)
+        first = next(messages)
+        # Published while the read runs: past the ends it read first, so not part of it.
+        _publish(settings, topic, range(200, 260))
+        read = [first, *messages]
+    finally:
+        consumer.close()
+    values = [int(m.value() or b"") for m in read]
+    assert sorted(values) == list(range(200))
+    for key in KEYS:  # per key (one partition each), in the order published
+        mine = [int(m.value() or b"") for m in read if m.key() == key]
+        assert mine == sorted(mine)
+
+
+def test_reads_only_the_given_ranges(settings: Settings, topic: str) -> None:
+    _publish(settings, topic, range(100))
+    consumer = read_only_consumer(settings, "test-scan")
+    try:
+        held = watermarks(consumer, topic, 10.0)
+        partition = max(held, key=lambda p: held[p][1] - held[p][0])
+        low, high = held[partition]
+        assert high - low >= 3
+        middle = [
+            m.offset()
+            for m in read_to_end(
+                consumer, topic, starts={partition: low + 1}, ends={partition: high - 1}
+            )
+        ]
+        # An end past the partition's end reads to its end; a start below the oldest, from it.
+        whole = [
+            m.offset()
+            for m in read_to_end(consumer, topic, starts={partition: -5}, ends={partition: 10**9})
+        ]
+    finally:
+        consumer.close()
+    assert middle == list(range(low + 1, high - 1))
+    assert whole == list(range(low, high))
+
+
+def test_a_missing_topic_is_empty_and_stays_missing(settings: Settings, topic: str) -> None:
+    consumer = read_only_consumer(settings, "test-scan")
+    try:
+        assert list(read_to_end(consumer, topic, stall_s=5.0)) == []
+        assert watermarks(consumer, topic, 5.0) == {}
+    finally:
+        consumer.close()
+
+
+def test_nothing_to_read_when_the_range_is_empty(settings: Settings, topic: str) -> None:
+    _publish(settings, topic, range(10))
+    consumer = read_only_consumer(settings, "test-scan")
+    try:
+        held = watermarks(consumer, topic, 10.0)
+        # Ends at the starts: nothing, at once (no wait for a record that will not come).
+        ends = {p: high for p, (_, high) in held.items()}
+        assert list(read_to_end(consumer, topic, starts=ends, ends=ends, stall_s=30.0)) == []
+    finally:
+        consumer.close()
+
+
+def test_replay_reads_a_topic_partition_after_partition(settings: Settings, topic: str) -> None:
+    from tailguard.replay.inputs import _read_topic
+
+    _publish(settings, topic, range(120))
+    consumer = read_only_consumer(settings, "test-scan")
+    try:
+        expected = [
+            m.value()
+            for m in sorted(read_to_end(consumer, topic), key=lambda m: (m.partition(), m.offset()))
+        ]
+    finally:
+        consumer.close()
+    assert _read_topic(settings, topic) == expected
+    assert len(expected) == 120
