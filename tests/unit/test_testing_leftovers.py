@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tailguard.cluster.local import WORKER_CLASS, ClusterState, WorkerState
 from tailguard.testing.leftovers import Ledger, LedgerFile, Started, reap
 from tailguard.testing.plugin import Terminated, signals_interrupt
 
@@ -102,3 +104,39 @@ def test_sigterm_interrupts_once_and_a_foreign_handler_is_left_alone() -> None:
         assert signal.getsignal(signal.SIGHUP) is foreign
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+def test_a_cluster_killed_while_starting_is_stopped_through_its_state_file(
+    tmp_path: Path,
+) -> None:
+    # A stand-in for a Spark worker: `LocalCluster.stop` knows a worker by its class name on
+    # the command line, and this one has it (a real cluster costs 10-15 s to start).
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", WORKER_CLASS], start_new_session=True
+    )
+    try:
+        cluster_dir = tmp_path / "cluster"
+        cluster_dir.mkdir()
+        state = ClusterState(
+            master_url="spark://127.0.0.1:7077",
+            web_ui="http://127.0.0.1:8080",
+            master_pid=999_999_998,  # the master had died already
+            workers=[WorkerState("127.0.0.2", worker.pid, 8081, str(tmp_path / "w.log"))],
+            cores=1,
+            memory="1g",
+            spark_home=str(tmp_path),
+            python=sys.executable,
+        )
+        (cluster_dir / "cluster.json").write_text(state.to_json())
+        ledgers = tmp_path / "ledgers"
+        ledgers.mkdir()
+        dead = LedgerFile(_dead_session(), clusters=[str(cluster_dir)])
+        (ledgers / "session-999999999-1.json").write_text(dead.to_json())
+
+        stopped = reap(ledgers, report=lambda _: None)
+        assert worker.wait(timeout=15) is not None
+        assert stopped == [f"local cluster in {cluster_dir}, started by pytest session 999999999"]
+        assert not (cluster_dir / "cluster.json").exists()
+    finally:
+        worker.kill()
+        worker.wait()
