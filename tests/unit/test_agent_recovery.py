@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from agent_fakes import QUIET, FakeRuntime, Harness, run_all
-from test_agent_driver import expected_totals, output_totals, sales_job
+from agent_fakes import QUIET, FakeRuntime, Harness, failed_outcome, run_all
+from test_agent_driver import FAST_RESTART, expected_totals, output_totals, sales_job
 
 from tailguard.agent.driver.driver import JobDriver, RunOptions
 from tailguard.agent.driver.recovery import JobLog, RecoveryError, rebuild
@@ -50,13 +50,15 @@ def crash_with_decisions(tmp_path: Path) -> tuple[Job, list[r.Event], list[r.Rec
     return job, events, h.publisher.local_records, Storage(str(tmp_path / "storage-at-crash"))
 
 
-def recovering(job: Job, events: list[r.Event], storage: Storage) -> Harness:
+def recovering(
+    job: Job, events: list[r.Event], storage: Storage, settings: dict[str, str] | None = None
+) -> Harness:
     h = Harness(job, FakeRuntime.hosts(a=2), storage)
     h.driver = JobDriver(
         job,
         h.runtime,
         h.publisher,
-        Settings(QUIET),
+        Settings({**QUIET, **(settings or {})}),
         RunOptions(services=False, storage=storage, progress=False),
         job_id="job",
         inbox=h.inbox,
@@ -128,6 +130,23 @@ def test_a_lost_partition_still_needed_is_produced_again(tmp_path: Path) -> None
         r.LostResult(r.PartitionRef(P, 1, 0), r.ResultLoss.CHECKSUM_MISMATCH, True),
     )
     assert marker.kept_results == (r.PartitionRef(P, 0, 0),)
+
+
+def test_a_failure_of_a_lost_partitions_new_producer_is_restarted(tmp_path: Path) -> None:
+    # The failover core learns from JobRecovered that partial#1 runs again: without it, the
+    # failure of partial#1's new attempt hid behind the lost result and the job waited.
+    job, events, storage = crash_mid_job(tmp_path)
+    damaged = partitions.subpartition_path(storage, "job", r.PartitionRef(P, 1, 0), 0)
+    Path(damaged).write_bytes(b"not what was written")
+    h = recovering(job, events, storage, FAST_RESTART).start()
+    assert h.runtime.keys() == [(P, 1, 1)]
+    h.end((P, 1, 1), failed_outcome())
+    result = run_all(h)
+    assert result.ok, result.message
+    assert output_totals(tmp_path) == expected_totals(tmp_path)
+    restarts = [c for c in h.publisher.local_records if isinstance(c, r.RestartTasks)]
+    assert [t for c in restarts for t in c.tasks][:1] == [r.TaskRef(P, 1)]
+    assert h.runtime.keys().count((P, 1, 2)) == 1
 
 
 def test_a_deleted_sink_part_is_committed_again(tmp_path: Path) -> None:
@@ -217,9 +236,9 @@ def test_the_cores_and_replay_take_the_recovered_log_with_its_marker(tmp_path: P
     report = replay(recorded, Settings(QUIET))
     assert report.differences == 0, [s.line() for s in report.services]
     assert sum(s.reproduced for s in report.services) == len(decisions)
-    # Each core that reads events takes the marker as nothing to act on: the same outputs,
-    # and the same state after, with it and without it. (The speculator and the blocklist
-    # read findings only: the marker never reaches them.)
+    # With nothing lost, each core that reads events has nothing to act on in the marker (the
+    # failover acts on lost results produced again: the test above): the same outputs and
+    # metrics with it and without it. (The speculator and the blocklist read findings only.)
     without = [e for e in log if not isinstance(e, r.JobRecovered)]
     for spec in SERVICES:
         if spec.input_topic != r.EVENTS_TOPIC:

@@ -46,6 +46,7 @@ from tailguard.model.records import (
     ErrorKind,
     FailJob,
     JobFinished,
+    JobRecovered,
     JobSubmitted,
     PartitionReleased,
     Record,
@@ -104,6 +105,13 @@ class FailoverStrategy:
             )
         elif isinstance(record, PartitionReleased):
             job.released.add(record.partition)
+        elif isinstance(record, JobRecovered):
+            # A new driver found these results lost and produces them again: the subtasks are
+            # unfinished, so a failure of the new attempt counts (else the old result hides it
+            # and the job waits for ever).
+            for lost in record.lost_results:
+                if lost.produced_again:
+                    job.task(TaskRef(lost.partition.vertex, lost.partition.subtask)).restart()
         elif isinstance(record, CommandApplied):
             for ref in job.restart_commands.pop(record.command_id, ()):
                 job.task(ref).retire_known_attempts()
