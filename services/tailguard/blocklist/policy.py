@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any, ClassVar
 
 from tailguard.model.config import Settings
@@ -163,6 +163,19 @@ class _Job:
         return len(seen)
 
 
+@dataclass
+class _Counts:
+    """What `metrics()` counts (in the state: a restored service goes on counting)."""
+
+    blocks_issued: int = 0
+    hosts_blocked: int = 0
+    skipped: int = 0
+    unblocks_issued: int = 0
+    early_unblocks: int = 0
+    # Slow attempts not counted against their host: their subtask was slow on 2+ hosts.
+    task_evidence: int = 0
+
+
 class BlocklistTracker:
     SERVICE: ClassVar[str] = "blocklist"
 
@@ -182,12 +195,7 @@ class BlocklistTracker:
             forget_after_ms(self._rule) if forget_after is None else forget_after
         )
         self._next_sweep: int | None = None  # finding ts at which silent jobs are next dropped
-        self._blocks_issued = 0
-        self._hosts_blocked = 0
-        self._skipped = 0
-        self._unblocks_issued = 0
-        self._early_unblocks = 0
-        self._task_evidence = 0
+        self._counts = _Counts()
 
     def handle(self, record: Record) -> list[Record]:
         if not isinstance(record, SlowTasksDetected):
@@ -205,13 +213,13 @@ class BlocklistTracker:
     def metrics(self) -> dict[str, float]:
         return {
             "blockedHosts": float(sum(len(job.blocked) for job in self._jobs.values())),
-            "blocksIssued": float(self._blocks_issued),
-            "hostsBlocked": float(self._hosts_blocked),
-            "hostsSkippedByFraction": float(self._skipped),
-            "unblocksIssued": float(self._unblocks_issued),
-            "earlyUnblocks": float(self._early_unblocks),
+            "blocksIssued": float(self._counts.blocks_issued),
+            "hostsBlocked": float(self._counts.hosts_blocked),
+            "hostsSkippedByFraction": float(self._counts.skipped),
+            "unblocksIssued": float(self._counts.unblocks_issued),
+            "earlyUnblocks": float(self._counts.early_unblocks),
             # Slow attempts not counted against their host: their subtask was slow on 2+ hosts.
-            "slowAttemptsBlamedOnTheTask": float(self._task_evidence),
+            "slowAttemptsBlamedOnTheTask": float(self._counts.task_evidence),
         }
 
     def _forget_silent_jobs(self, now: int) -> None:
@@ -249,14 +257,7 @@ class BlocklistTracker:
                 for job_id, job in self._jobs.items()
             ],
             "next_sweep": self._next_sweep,
-            "counts": [
-                self._blocks_issued,
-                self._hosts_blocked,
-                self._skipped,
-                self._unblocks_issued,
-                self._early_unblocks,
-                self._task_evidence,
-            ],
+            "counts": list(astuple(self._counts)),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -277,14 +278,7 @@ class BlocklistTracker:
         )
         sweep = state["next_sweep"]
         self._next_sweep = None if sweep is None else int(sweep)
-        (
-            self._blocks_issued,
-            self._hosts_blocked,
-            self._skipped,
-            self._unblocks_issued,
-            self._early_unblocks,
-            self._task_evidence,
-        ) = (int(n) for n in state["counts"])
+        self._counts = _Counts(*(int(n) for n in state["counts"]))
 
     def limit(self, registered_hosts: int) -> int:
         """How many hosts may be blocked at once in a cluster of this size."""
@@ -315,7 +309,7 @@ class BlocklistTracker:
             ]
             if recovered:
                 out.append(self._unblock_hosts(finding, blocked, recovered))
-                self._early_unblocks += len(recovered)
+                self._counts.early_unblocks += len(recovered)
         until = now + rule.duration_ms
         to_emit: list[str] = []
         candidates = []
@@ -327,17 +321,17 @@ class BlocklistTracker:
             current = blocked.get(host)
             if current is None:
                 if blocked_fraction_problem(blocked, (host,), registered, rule.fraction):
-                    self._skipped += 1
+                    self._counts.skipped += 1
                     continue
                 blocked[host] = until
                 to_emit.append(host)
-                self._hosts_blocked += 1
+                self._counts.hosts_blocked += 1
             elif until - current >= rule.duration_ms / 2:
                 blocked[host] = until
                 to_emit.append(host)
         if to_emit:
             hosts = tuple(sorted(to_emit))
-            self._blocks_issued += 1
+            self._counts.blocks_issued += 1
             out.append(
                 BlockNodes(
                     job_id=finding.job_id,
@@ -356,7 +350,7 @@ class BlocklistTracker:
     ) -> set[str]:
         """Note each host's slow subtasks; returns the hosts with a slow attempt now."""
         evidence, blamed_on_task = host_evidence(finding, registered, self._rule.window_ms)
-        self._task_evidence += blamed_on_task
+        self._counts.task_evidence += blamed_on_task
         for subtask, host in evidence:
             job.evidence.setdefault(host, {})[(finding.vertex, subtask)] = finding.ts
         return {host for _, host in evidence}
@@ -379,7 +373,7 @@ class BlocklistTracker:
         for host in lifted:
             del blocked[host]
         hosts = tuple(sorted(lifted))
-        self._unblocks_issued += 1
+        self._counts.unblocks_issued += 1
         return UnblockNodes(
             job_id=finding.job_id,
             ts=finding.ts,
