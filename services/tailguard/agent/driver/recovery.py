@@ -142,9 +142,7 @@ def rebuild(state: ExecutionState, log: JobLog) -> Recovered:
         last_sequence=max(sequence_of(log.job_id, e) for e in log.events),
         handled=set(),
         blocks={},
-        replaced_run=[e for e in log.events if isinstance(e, r.JobSubmitted | r.JobRecovered)][
-            -1
-        ].id,
+        replaced_run=_run_start(log.events),
     )
     for event in log.events[1:]:
         _fold(state, rebuilt, log, event)
@@ -165,6 +163,13 @@ def rebuild(state: ExecutionState, log: JobLog) -> Recovered:
             if subtask.winner is None and lost:
                 subtask.wanted = True
     return rebuilt
+
+
+def _run_start(events: Iterable[r.Event]) -> str:
+    """Id of the event that began the log's latest driver run: its JobSubmitted, or the
+    JobRecovered of the last recovery."""
+    starts = [e.id for e in events if isinstance(e, r.JobSubmitted | r.JobRecovered)]
+    return starts[-1]
 
 
 def _fold(state: ExecutionState, rebuilt: Recovered, log: JobLog, event: r.Event) -> None:
