@@ -167,6 +167,7 @@ def s3_store() -> Iterator[dict[str, Any]]:
         endpoint_override=settings["s3.endpoint"],
         region="us-east-1",
         scheme="http",
+        allow_bucket_creation=True,
     ).create_dir(bucket)
 
     def stop() -> None:
