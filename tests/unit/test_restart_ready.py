@@ -58,8 +58,8 @@ def test_a_service_that_decides_nothing_is_refused_by_name(template: list) -> No
 
 def test_summary_says_a_restart_without_a_decision() -> None:
     runs = [
-        Restart(True, 7.5, 7.6, 40_000, 2_000, 10, 0.5, 3.0),
-        Restart(True, 8.5, None, 40_000, 2_000, 1, 0.4, 3.0),
+        Restart(True, 7.5, 7.6, 40_000, 2_000, 10, 0.5, 6.1, 3.0),
+        Restart(True, 8.5, None, 40_000, 2_000, 1, 0.4, 6.3, 3.0),
     ]
     text = "\n".join(summary("with the snapshot:", runs))
     assert "median 8.00 s, 7.50-8.50 over 2" in text
