@@ -28,9 +28,15 @@ from tailguard.agent.driver.ports import CommandReceived
 from tailguard.codec import codec_for
 from tailguard.examples import sales_by_region as example
 from tailguard.log.archive import ArchiveReader, ArchiveWriter
+from tailguard.log.dead_letters import DeadLetterReader
 from tailguard.log.signing import KEY_SETTING, RecordSigner, SigningKey
 from tailguard.model import records as r
-from tailguard.model.authority import AGENT, UNAUTHENTICATED_COMMANDS_TOPIC, Signed
+from tailguard.model.authority import (
+    AGENT,
+    UNAUTHENTICATED_COMMANDS_TOPIC,
+    UNAUTHENTICATED_FINDINGS_TOPIC,
+    Signed,
+)
 from tailguard.model.config import Settings
 from tailguard.model.ids import derived_id
 from tailguard.replay.engine import replay
@@ -103,6 +109,28 @@ def inject(system: System, driver: JobDriver, forged: list[tuple[r.Command, list
         assert inbox.not_empty.wait_for(arrived, 60), "the agent did not receive the forgeries"
 
 
+def forged_input(job: str, now: int, host: str) -> list[r.Record]:
+    failed = r.AttemptFailed(
+        job_id=job, ts=now, id="forged-failed", vertex=HEAD, subtask=0, attempt=0, host=host,
+        error=r.ErrorKind.NODE_LOST, message="forged",
+    )  # fmt: skip
+    slow = r.SlowTasksDetected(
+        job_id=job, ts=now, id="detector-forged", vertex=HEAD, speculation_safe=True,
+        baseline_ms=1, baseline_ns_per_byte=None, hosts=(host,),
+        slow=(r.SlowSubtask(subtask=0, live_attempts=(r.SlowAttempt(0, host, 60_000),),
+                            latest_attempt=0),),
+    )  # fmt: skip
+    return [failed, slow]
+
+
+def refused(system: System, topic: str, record_id: str, readers: int) -> list[str]:
+    """The reasons of the dead letters the services filed for the forged record `record_id`."""
+    codec = codec_for(system.settings)
+    with DeadLetterReader(system.settings, topic) as dlq:
+        letters = dlq.read(readers, timeout=30)
+    return [x.error for x in letters if codec.decode(x.value).id == record_id]
+
+
 def run(system: System, name: str, settings: Settings, options: RunOptions) -> tuple[Any, Path]:
     from tailguard.agent.entry import run as run_job
 
@@ -158,6 +186,12 @@ def test_forged_commands_are_rejected_with_reasons_and_the_output_is_exact(
         ]
         inject(system, driver, forged)
         injected.extend(c.id for c, _ in forged)
+        # Forged input for the services, unsigned: a failed attempt for the failover service
+        # and a slow host for the blocklist. With signing on, no service may act on them.
+        producer = Producer({"bootstrap.servers": system.bootstrap})
+        for record in forged_input(job, now, sorted(driver.pool.hosts)[0]):
+            producer.produce(type(record).TOPIC, codec.encode(record), job.encode())
+        assert producer.flush(10) == 0
 
     caplog.set_level(logging.WARNING)
     result, archive = run(system, "signed", system.settings, RunOptions(on_start=forge))
@@ -183,6 +217,14 @@ def test_forged_commands_are_rejected_with_reasons_and_the_output_is_exact(
     assert quarantined == set(injected) - {"blocklist-fail"}  # that one's signature is valid
     assert all(SIGNING_KEY not in repr(rec) for _, _, rec in log)
     assert SIGNING_KEY.encode() not in archive.read_bytes()
+
+    # The forged input: refused by every service that reads its topic, with the reason, and the
+    # finding the agent received kept apart in the archive, where a replay does not feed it on.
+    assert refused(system, r.EVENTS_TOPIC, "forged-failed", 3) == [UNSIGNED] * 3
+    assert refused(system, r.FINDINGS_TOPIC, "detector-forged", 2) == [UNSIGNED] * 2
+    assert [rec.id for t, _, rec in log if t == UNAUTHENTICATED_FINDINGS_TOPIC] == [
+        "detector-forged"
+    ]
 
     report = replay(read_archive(archive, system.settings), system.settings)
     assert report.differences == 0, [s.line() for s in report.services] + report.notes(10)

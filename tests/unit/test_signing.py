@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tailguard.codec import codec_for
+from tailguard.log.dead_letters import HEADER_ERROR
 from tailguard.log.signing import (
     KEY_ID_HEADER,
     KEY_SETTING,
@@ -193,9 +194,14 @@ def processor(settings: Settings) -> Processor:
     return Processor(definition, settings, CODEC)
 
 
-def test_the_processor_signs_every_output_as_its_service() -> None:
+def signed_tick(signer: str = "agent", topic: str = r.EVENTS_TOPIC) -> tuple[bytes, list]:
     tick = CODEC.encode(r.Tick(job_id="job", ts=1, id="job-e1"))
-    out = processor(Settings({KEY_SETTING: "k" * 32})).process(tick, 0, 0)
+    return tick, list(RecordSigner(KEY, signer).headers(topic, tick))
+
+
+def test_the_processor_signs_every_output_as_its_service() -> None:
+    tick, headers = signed_tick()
+    out = processor(Settings({KEY_SETTING: "k" * 32})).process(tick, 0, 0, b"job", headers)
     assert [o.topic for o in out] == [r.COMMANDS_TOPIC, r.FINDINGS_TOPIC]
     verifier = SignatureVerifier([KEY])
     for o in out:
@@ -208,3 +214,37 @@ def test_the_processor_sends_unsigned_without_a_key_and_never_signs_dead_letters
     (dead,) = processor(Settings({KEY_SETTING: "k" * 32})).process(b"not avro", 0, 7)
     assert dead.topic == r.EVENTS_TOPIC + ".dlq"
     assert SIGNATURE_HEADER not in {name for name, _ in dead.headers}
+
+
+@pytest.mark.parametrize(
+    ("signer", "topic", "why"),
+    [
+        (None, r.EVENTS_TOPIC, "unauthenticated: unsigned"),
+        ("detector", r.EVENTS_TOPIC, "not permitted: tailguard.events is written by agent"),
+        ("agent", r.FINDINGS_TOPIC, "unauthenticated: signature does not match"),
+    ],
+)
+def test_with_signing_on_a_service_feeds_its_core_only_what_its_topics_writers_signed(
+    signer: str | None, topic: str, why: str
+) -> None:
+    """A forged fact steers decisions as a forged command would: it is a dead letter, with the
+    reason, and the core never sees it (EchoCore would answer it)."""
+    tick, headers = signed_tick(signer or "agent", topic)
+    service = processor(Settings({KEY_SETTING: "k" * 32}))
+    (dead,) = service.process(tick, 0, 5, b"job", [] if signer is None else headers)
+    assert dead.topic == r.EVENTS_TOPIC + ".dlq" and dead.key == b"job" and dead.value == tick
+    assert why in dict(dead.headers)[HEADER_ERROR].decode()
+    assert service.metrics.refused._value.get() == 1
+    # Rebuilding reads the same record again: still not fed (nothing the core holds changes).
+    service.replay(tick, 0, 5, [] if signer is None else headers)
+    assert service.snapshot().records == ()
+
+
+def test_a_service_takes_records_its_topics_writer_signed_and_everything_when_signing_is_off() -> (
+    None
+):
+    tick, headers = signed_tick("agent")
+    assert (
+        len(processor(Settings({KEY_SETTING: "k" * 32})).process(tick, 0, 0, b"job", headers)) == 2
+    )
+    assert len(processor(Settings()).process(tick, 0, 0, b"job", [])) == 2

@@ -39,6 +39,14 @@ OPERATOR = "operator"
 FLEET_WRITERS = frozenset({"blocklist", OPERATOR})
 # The services whose decisions the agent takes itself when they do not answer.
 AGENT_STANDS_IN_FOR = frozenset({"decider", "failover"})
+# Who may write what the services read: a job's facts come from its agent (or the observer's
+# relay, which publishes as the agent does), findings from the detector. With signing on, a
+# service feeds its core nothing else: a forged fact would steer its decisions as surely as a
+# forged command steers the job (a fake slow attempt gets a healthy host blocked).
+INPUT_WRITERS: Mapping[str, frozenset[str]] = {
+    r.EVENTS_TOPIC: frozenset({AGENT}),
+    r.FINDINGS_TOPIC: frozenset({"detector"}),
+}
 
 # CommandRejected.reason starts with one of these when the command was not a service decision.
 UNAUTHENTICATED = "unauthenticated: "
@@ -47,6 +55,9 @@ NOT_PERMITTED = "not permitted: "
 # The archive's topic for commands whose signature did not check out: received and kept for the
 # audit, but not on the commands a replay compares with the services' decisions.
 UNAUTHENTICATED_COMMANDS_TOPIC = r.COMMANDS_TOPIC + ".unauthenticated"
+# The same for findings the agent received that their topic's writer did not sign: the services
+# refuse them (`input_problem`), so a replay must not feed them to the speculator and blocklist.
+UNAUTHENTICATED_FINDINGS_TOPIC = r.FINDINGS_TOPIC + ".unauthenticated"
 
 # Signer names and key ids come from message headers anyone can write: what a reason repeats of
 # them is cut to this length.
@@ -123,6 +134,33 @@ def authority_problem(command: r.Command, origin: Origin) -> str | None:
         return UNAUTHENTICATED + origin.reason
     problem = permission_problem(origin.signer, command)
     return None if problem is None else NOT_PERMITTED + problem
+
+
+def input_problem(topic: str, origin: Origin) -> str | None:
+    """Why a service must not take a record it read on `topic`, or None to take it."""
+    if isinstance(origin, Unchecked):
+        return None  # signing is off: every record is taken, as before signing existed
+    if isinstance(origin, Unauthentic):
+        return UNAUTHENTICATED + origin.reason
+    writers = INPUT_WRITERS.get(topic, frozenset())
+    if origin.signer not in writers:
+        return (
+            f"{NOT_PERMITTED}{topic} is written by {' or '.join(sorted(writers)) or 'nobody'}, "
+            f"not {shown(origin.signer)}"
+        )
+    return None
+
+
+def received_archive_topic(record: r.Record, topic: str, origin: Origin) -> str | None:
+    """Where an agent archives a command or finding it received: under its own topic (None), or
+    apart, where a replay does not take it for a service's output. A command signed by the wrong
+    service stays on its topic: the agent answers it with `CommandRejected`, which the replay
+    reads; a finding has no answer, so any finding the services would refuse is kept apart."""
+    if isinstance(record, r.Command):
+        return UNAUTHENTICATED_COMMANDS_TOPIC if isinstance(origin, Unauthentic) else None
+    if isinstance(record, r.Finding) and input_problem(topic, origin) is not None:
+        return UNAUTHENTICATED_FINDINGS_TOPIC
+    return None
 
 
 def is_authority_rejection(rejected: r.CommandRejected) -> bool:

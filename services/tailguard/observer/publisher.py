@@ -20,9 +20,9 @@ from tailguard.codec import codec_for
 from tailguard.log.archive import ArchiveWriter
 from tailguard.log.consumer import RecordConsumer
 from tailguard.log.producer import RecordProducer
-from tailguard.log.signing import verifier_for
+from tailguard.log.signing import signer_for, verifier_for
 from tailguard.model import records as r
-from tailguard.model.authority import UNAUTHENTICATED_COMMANDS_TOPIC, Unauthentic
+from tailguard.model.authority import AGENT, received_archive_topic
 from tailguard.model.config import Settings
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class ObservedAppPublisher(ArchivePublisher):
         self.job_prefix = f"{app_id}-job-"
         self._producer = RecordProducer(settings, codec)
         self._verifier = verifier_for(settings)
+        self._signer = signer_for(settings, AGENT)
         self._consumer = RecordConsumer(
             settings,
             codec,
@@ -64,7 +65,11 @@ class ObservedAppPublisher(ArchivePublisher):
 
     def publish(self, record: r.Record) -> None:
         # Keyed by the record's job id, as the agent's: per-job order is what the services need.
-        self._producer.send(record)
+        # Signed as the agent, whose facts these stand for (the services take events only
+        # from an agent when signing is on).
+        topic, value = type(record).TOPIC, self.codec.encode(record)
+        key = record.job_id.encode()
+        self._producer.send_bytes(topic, key, value, list(self._signer.headers(topic, value)))
         super().publish(record)
 
     def _consume(self) -> None:
@@ -78,11 +83,8 @@ class ObservedAppPublisher(ArchivePublisher):
                 # audit and the replay, and nothing applies it (docs/observe.md). As the agent
                 # archives it (KafkaPublisher._take): one whose signature does not check out is
                 # kept apart from the services' decisions, which the replay compares.
-                unauthentic = isinstance(record, r.Command) and isinstance(
-                    self._verifier.verify(item.topic, item.raw, item.headers), Unauthentic
-                )
-                topic = UNAUTHENTICATED_COMMANDS_TOPIC if unauthentic else None
-                self._append(record, "received", topic)
+                origin = self._verifier.verify(item.topic, item.raw, item.headers)
+                self._append(record, "received", received_archive_topic(record, item.topic, origin))
 
     def close(self) -> None:
         """Flush, then listen until the services have gone quiet about the application's last

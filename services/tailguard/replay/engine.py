@@ -259,7 +259,8 @@ def replay(
             continue
         if item.topic == r.EVENTS_TOPIC and isinstance(record, r.Event):
             events.append(record)
-        elif isinstance(record, r.Finding):
+        elif isinstance(record, r.Finding) and item.topic == r.FINDINGS_TOPIC:
+            # Not one the agent kept apart (`received_archive_topic`): the services refused it.
             findings.append(record)
         elif isinstance(record, r.Command) and item.topic == UNAUTHENTICATED_COMMANDS_TOPIC:
             unauthenticated.append(record)

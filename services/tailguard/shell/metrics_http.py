@@ -105,6 +105,12 @@ class ServiceMetrics:
             labels,
             registry=r,
         ).labels(service)
+        self.refused = Counter(
+            "tailguard_service_inputs_refused",
+            "input records refused for their signature (signing on), sent to <topic>.dlq",
+            labels,
+            registry=r,
+        ).labels(service)
         self.rebuilt = Counter(
             "tailguard_service_records_rebuilt",
             "input records re-read at start to rebuild the core's state (outputs suppressed)",

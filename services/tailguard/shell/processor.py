@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from tailguard.codec import DecodeError, RecordCodec
 from tailguard.log.dead_letters import dead_letter_headers, dlq_topic
-from tailguard.log.signing import signer_for
+from tailguard.log.signing import ReceivedHeaders, signer_for, verifier_for
+from tailguard.model.authority import input_problem
 from tailguard.model.config import Settings
 from tailguard.model.records import Record
 from tailguard.shell.definition import Core, ServiceDefinition
@@ -48,6 +49,8 @@ class Processor:
         # Every output is signed, findings too: one rule for everything a service emits, and a
         # reader holding the key can tell who wrote any decision (the agent checks commands).
         self._signer = signer_for(settings, definition.name)
+        # ...and every input checked, so a core is fed only what its writers signed.
+        self._verifier = verifier_for(settings)
         # What a snapshot would hold now: the retained input, and how far it was read.
         self._retention = definition.retention()
         if isinstance(self._retention, CoreState):  # the blocklist: its snapshot is its state
@@ -61,10 +64,16 @@ class Processor:
         self.restored_up_to: dict[int, int] = {}
 
     def process(
-        self, raw: bytes | None, partition: int, offset: int, key: bytes | None = None
+        self,
+        raw: bytes | None,
+        partition: int,
+        offset: int,
+        key: bytes | None = None,
+        headers: ReceivedHeaders = (),
     ) -> list[Outgoing]:
         """The messages to publish for one input message (outputs, or its dead letter, which
-        keeps the message's `key`)."""
+        keeps the message's `key`). With signing on, a message not signed by one of its topic's
+        writers is a dead letter too, and the core never sees it."""
         if offset < self.restored_up_to.get(partition, 0):
             # Its outputs were published (a snapshot covers only acknowledged input).
             return []
@@ -85,12 +94,37 @@ class Processor:
                 err,
                 extra={"topic": topic, "partition": partition, "offset": offset},
             )
-            headers = dead_letter_headers(topic, partition, offset, str(err))
-            return [Outgoing(dlq_topic(topic), key or b"", raw or b"", headers)]
+            return [self._dead_letter(raw, partition, offset, key, str(err))]
+        refused = self._refused(raw, headers)
+        if refused is not None:
+            self.metrics.refused.inc()
+            log.warning(
+                "%s: %s %s at %s[%d]@%d refused, sent to %s: %s",
+                self.definition.name,
+                type(record).__name__,
+                record.id,
+                topic,
+                partition,
+                offset,
+                dlq_topic(topic),
+                refused,
+                extra={"topic": topic, "partition": partition, "offset": offset},
+            )
+            return [self._dead_letter(raw, partition, offset, key, refused)]
         with self._lock:
             self._retention.keep(record, Retained(partition, offset, raw or b""))
             outputs = self.core.handle(record)
         return [self._outgoing(o, record) for o in outputs]
+
+    def _refused(self, raw: bytes | None, headers: ReceivedHeaders) -> str | None:
+        topic = self.definition.input_topic
+        return input_problem(topic, self._verifier.verify(topic, raw or b"", headers))
+
+    def _dead_letter(
+        self, raw: bytes | None, partition: int, offset: int, key: bytes | None, error: str
+    ) -> Outgoing:
+        headers = dead_letter_headers(self.definition.input_topic, partition, offset, error)
+        return Outgoing(dlq_topic(self.definition.input_topic), key or b"", raw or b"", headers)
 
     def _outgoing(self, record: Record, cause: Record) -> Outgoing:
         topic, key, value = type(record).TOPIC, record.job_id.encode(), None
@@ -114,14 +148,30 @@ class Processor:
         headers = self._signer.headers(topic, value or b"")
         return Outgoing(topic, key, value, headers, cause.ts)
 
-    def replay(self, raw: bytes | None, partition: int, offset: int) -> None:
-        """Feed an already processed input to rebuild state; its outputs were published before."""
+    def replay(
+        self, raw: bytes | None, partition: int, offset: int, headers: ReceivedHeaders = ()
+    ) -> None:
+        """Feed an already processed input to rebuild state; its outputs were published before.
+        A snapshot's records were checked when they were first read: they come without headers
+        and `checked=True`."""
+        self._feed_again(raw, partition, offset, headers, checked=False)
+
+    def _feed_again(
+        self,
+        raw: bytes | None,
+        partition: int,
+        offset: int,
+        headers: ReceivedHeaders,
+        checked: bool,
+    ) -> None:
         self.metrics.rebuilt.inc()
         self._read_to[partition] = (offset + 1, raw)
         try:
             record = self.codec.decode(raw or b"")
         except DecodeError:
             return  # it went to the dead-letter topic the first time
+        if not checked and self._refused(raw, headers) is not None:
+            return  # refused the first time, and it went to the dead-letter topic then
         with self._lock:
             self._retention.keep(record, Retained(partition, offset, raw or b""))
             self.core.handle(record)
@@ -133,7 +183,7 @@ class Processor:
                 with self._lock:
                     self._retention.load(kept)
             else:
-                self.replay(kept.value, kept.partition, kept.offset)
+                self._feed_again(kept.value, kept.partition, kept.offset, (), checked=True)
         # Read up to there, whatever the last retained record was.
         self._positions = dict(snapshot.positions)
         self._read_to.clear()

@@ -17,6 +17,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from tailguard.log.kafka_config import client_config
+from tailguard.log.signing import ReceivedHeaders
 from tailguard.log.topic_scan import read_to_end
 from tailguard.shell.snapshot import Position, digest
 
@@ -52,20 +53,20 @@ def rebuild(
     settings: Mapping[str, str],
     group_id: str,
     topic: str,
-    feed: Callable[[bytes | None, int, int], None],
+    feed: Callable[[bytes | None, int, int, ReceivedHeaders], None],
     start_at: Mapping[int, int] | None = None,
     timeout: float = 10.0,
     progress: Callable[[int], None] | None = None,
 ) -> Rebuilt:
-    """Feed `feed(value, partition, offset)` every record from `start_at` (a snapshot's positions;
-    the beginning by default) up to the group's committed offsets."""
+    """Feed `feed(value, partition, offset, headers)` every record from `start_at` (a snapshot's
+    positions; the beginning by default) up to the group's committed offsets."""
     consumer = Consumer(rebuild_config(settings, group_id))
     try:
         ends = committed_offsets(consumer, topic, timeout)
         fed = 0
         if ends:
             for msg in read_to_end(consumer, topic, starts=start_at, ends=ends, stall_s=timeout):
-                feed(msg.value(), msg.partition() or 0, msg.offset() or 0)
+                feed(msg.value(), msg.partition() or 0, msg.offset() or 0, msg.headers() or [])
                 fed += 1
                 if progress is not None and fed % 10_000 == 0:
                     progress(fed)

@@ -155,7 +155,10 @@ def build_app(
             message = event.message
             if snapshots is not None:
                 snapshots.before_input()
-            outputs = processor.process(event.value, message.partition, message.offset, message.key)
+            outputs = processor.process(
+                event.value, message.partition, message.offset, message.key,
+                received_headers(message.headers),
+            )  # fmt: skip
             for out in outputs:
                 # Sent at once and awaited: the input is acknowledged (and later committed)
                 # only after its outputs are on the broker, so a crash loses no decision.
@@ -285,6 +288,14 @@ def serve(
         os.execv(sys.executable, sys.orig_argv)
     snapshots.close()
     return code
+
+
+def received_headers(headers: Any) -> list[tuple[str, bytes | None]]:
+    """A faust message's headers (a list of pairs or a mapping, by version) as pairs."""
+    if not headers:
+        return []
+    pairs = headers.items() if hasattr(headers, "items") else headers
+    return [(str(name), value) for name, value in pairs]
 
 
 def carry_over(

@@ -27,7 +27,7 @@ from tailguard.log.consumer import Consumed
 from tailguard.log.producer import DeliveryError, Headers, QueueFull
 from tailguard.log.signing import NoVerification, signer_for, verifier_for
 from tailguard.model import records as r
-from tailguard.model.authority import AGENT, UNAUTHENTICATED_COMMANDS_TOPIC, Unauthentic
+from tailguard.model.authority import AGENT, received_archive_topic
 from tailguard.model.config import Settings
 
 log = logging.getLogger(__name__)
@@ -159,16 +159,20 @@ class KafkaPublisher(ArchivePublisher):
 
     def publish(self, record: r.Record) -> None:
         # Per-job order on the topic is what the services depend on; the producer keeps it.
-        self._send(type(record).TOPIC, self.codec.encode(record))
+        # Signed: with signing on, the services take facts only from an agent.
+        self._send_signed(record)
         super().publish(record)
 
     def local(self, record: r.Record) -> None:
         # On the commands topic too, so the topics alone are a complete log for
         # `tailguard replay --topic`; the agent ignores its own decision when it comes back,
         # as it does any id it has applied.
+        self._send_signed(record)
+        super().local(record)
+
+    def _send_signed(self, record: r.Record) -> None:
         topic, value = type(record).TOPIC, self.codec.encode(record)
         self._send(topic, value, list(self._signer.headers(topic, value)))
-        super().local(record)
 
     def _consume(self) -> None:
         try:
@@ -184,14 +188,11 @@ class KafkaPublisher(ArchivePublisher):
         if record.job_id != self.job_id:  # its key said otherwise: a forged or broken record
             return
         self._last_seen = time.monotonic()
-        if not isinstance(record, r.Command):
-            self.received(record)
-            return
         origin = self._verifier.verify(item.topic, item.raw, item.headers)
         # Archived on arrival, including what comes after the driver stopped applying.
-        unauthentic = isinstance(origin, Unauthentic)
-        self._append(record, "received", UNAUTHENTICATED_COMMANDS_TOPIC if unauthentic else None)
-        self._deliver(CommandReceived(record, origin))
+        self._append(record, "received", received_archive_topic(record, item.topic, origin))
+        if isinstance(record, r.Command):
+            self._deliver(CommandReceived(record, origin))
 
     def close(self) -> None:
         """Flush, then keep listening until the services have gone quiet, so the decisions
