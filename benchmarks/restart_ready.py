@@ -50,7 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
 
 from load import as_job, recorded_job
 from tailguard.bench.report import spread
@@ -58,6 +58,7 @@ from tailguard.codec import codec_for
 from tailguard.log.broker import EmbeddedBroker
 from tailguard.log.consumer import RecordConsumer
 from tailguard.log.producer import RecordProducer
+from tailguard.log.topic_scan import watermarks
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.shell import supervisor
@@ -120,13 +121,7 @@ class Progress:
         self.consumer = Consumer(rebuild_config(settings, definition.group_id))
 
     def watermarks(self) -> dict[int, tuple[int, int]]:
-        topic = self.consumer.list_topics(self.topic, timeout=_KAFKA_TIMEOUT_S).topics[self.topic]
-        return {
-            p: self.consumer.get_watermark_offsets(
-                TopicPartition(self.topic, p), timeout=_KAFKA_TIMEOUT_S
-            )
-            for p in sorted(topic.partitions)
-        }
+        return watermarks(self.consumer, self.topic, _KAFKA_TIMEOUT_S)
 
     def unread(self) -> int:
         """Records on the topic the service has not committed."""

@@ -25,18 +25,21 @@ from restart_ready import (  # noqa: E402
     summary,
 )
 from tailguard.codec import codec_for  # noqa: E402
+from tailguard.model import records as r  # noqa: E402
 from tailguard.model.config import Settings  # noqa: E402
 from tailguard.shell.definition import load_definition  # noqa: E402
 from tailguard.shell.processor import Processor  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def template() -> list:
+def template() -> list[r.Event]:
     return recorded_job(200, 1)
 
 
 @pytest.mark.parametrize("service", ["decider", "detector"])
-def test_the_timed_event_is_the_first_decision_past_halfway(template: list, service: str) -> None:
+def test_the_timed_event_is_the_first_decision_past_halfway(
+    template: list[r.Event], service: str
+) -> None:
     settings = Settings()
     definition = load_definition(service)
     cut = first_decision_after_half(definition, settings, template)
@@ -50,7 +53,7 @@ def test_the_timed_event_is_the_first_decision_past_halfway(template: list, serv
     assert all(i < len(job) // 2 for i in decided_at[:-1])
 
 
-def test_a_service_that_decides_nothing_is_refused_by_name(template: list) -> None:
+def test_a_service_that_decides_nothing_is_refused_by_name(template: list[r.Event]) -> None:
     # The recorded job has no failure: failover has nothing to answer.
     with pytest.raises(BenchError, match="failover decides nothing"):
         first_decision_after_half(load_definition("failover"), Settings(), template)
