@@ -98,3 +98,29 @@ def test_replay_reads_a_topic_partition_after_partition(settings: Settings, topi
         consumer.close()
     assert _read_topic(settings, topic) == expected
     assert len(expected) == 120
+
+
+def test_a_range_the_broker_no_longer_holds_is_read_as_what_is_left(
+    settings: Settings, topic: str, backend: str
+) -> None:
+    # 8 MiB to one partition: the embedded broker keeps its newest ~5 MiB (real Kafka all).
+    producer = RecordProducer(settings)
+    for _ in range(8_000):
+        producer.send_bytes(topic, b"one-key", b"x" * 1024)
+    producer.flush()
+    producer.close()
+    consumer = read_only_consumer(settings, "test-scan")
+    try:
+        [(partition, (low, high))] = [
+            (p, held) for p, held in watermarks(consumer, topic, 10.0).items() if held[1] > 0
+        ]
+        # A service that committed offset 100 and was down meanwhile: its rebuild reads
+        # [0, 100), and whatever of it is gone is not waited for.
+        read = [
+            m.offset() for m in read_to_end(consumer, topic, ends={partition: 100}, stall_s=5.0)
+        ]
+    finally:
+        consumer.close()
+    if backend == "embedded":
+        assert low > 100  # the case this test is about: the range is gone
+    assert read == list(range(low, min(high, 100)))
