@@ -43,12 +43,14 @@ from tailguard.cluster.local import free_port
 from tailguard.demo import DEMO_POLICY
 from tailguard.examples import sales_by_region as example
 from tailguard.log.broker import EmbeddedBroker
+from tailguard.log.signing import KEY_SETTING
 from tailguard.model import records as r
 from tailguard.shell.definition import SERVICE_NAMES
 from tailguard.testing import Broker, Harness, Services, run_settings
 from tailguard.testing.harness import toml_settings
 
 SLOW_HOST = "127.0.0.4"
+CHAOS_SIGNING_KEY = "chaos-suite-signing-key-0123456789abcdef"
 # The e2e test's size: long enough for two service restarts (~5-7 s each) inside one job; 8 files
 # of 8,000 rows (work 60,000) ran 3 head subtasks and ended within ~25 s, before the second kill.
 FILES, ROWS, WORK = 12, 12_000, 100_000
@@ -58,7 +60,10 @@ pytestmark = [
     pytest.mark.spark,
     pytest.mark.slow,
     pytest.mark.tailguard_cluster(workers=3, slow={SLOW_HOST: 5}),
-    pytest.mark.tailguard_services(settings=DEMO_POLICY),
+    # Signed, as docs/security.md says to deploy: the garbage case's forged facts and findings
+    # are then refused by the services and kept apart by the agent, so replay stays exact (an
+    # unsigned deployment cannot tell a forged fact from its agent's, and its replay differs).
+    pytest.mark.tailguard_services(settings={**DEMO_POLICY, KEY_SETTING: CHAOS_SIGNING_KEY}),
 ]
 
 

@@ -18,3 +18,29 @@ def test_lost_within_counts_a_loss_not_the_start() -> None:
     assert watch.lost_within(120.0)
     now[0] += 61.0
     assert not watch.lost_within(120.0)
+
+
+def test_a_broker_replaced_faster_than_a_probe_counts_as_lost(tmp_path) -> None:
+    """An embedded broker killed and restarted on its port between two probes looks reachable
+    throughout; its new cluster id is what says its log is new (the chaos suite's broker case:
+    no service noticed, none started again, and every decision after the restart was missing)."""
+    import os
+    import signal
+
+    from tailguard.cluster import procs
+    from tailguard.log.broker import EmbeddedBroker
+
+    broker = EmbeddedBroker(tmp_path)
+    bootstrap = broker.start()
+    try:
+        watch = BrokerWatch({"bootstrap.servers": bootstrap}, timeout_s=5.0)
+        assert watch.probe().reachable and not watch.lost_within(120.0)
+        state = broker.status()
+        assert state is not None
+        os.kill(state.pid, signal.SIGKILL)
+        assert procs.wait_gone([state.pid], 10.0)
+        assert broker.start() == bootstrap  # the same address
+        assert watch.probe().reachable
+        assert watch.lost_within(120.0)
+    finally:
+        broker.stop()

@@ -55,6 +55,9 @@ class BrokerWatch:
         # Whether the broker was ever unreachable: the first state's `since` is the watch's start,
         # not a return of the broker.
         self._lost_once = False
+        # The cluster id the broker last answered with, and when another one first answered.
+        self._cluster_id: str | None = None
+        self._replaced_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="broker-watch", daemon=True)
 
@@ -66,12 +69,25 @@ class BrokerWatch:
         """Ask the broker now (at most `timeout_s`, default the watch's timeout)."""
         timeout = self._timeout if timeout_s is None else timeout_s
         try:
-            self._client.list_topics(timeout=timeout)
+            metadata = self._client.list_topics(timeout=timeout)
         except KafkaException as err:
             self._changed(False, f"no broker answered within {timeout:g} s ({err})")
         else:
             self._changed(True, "")
+            self._seen_cluster(metadata.cluster_id)
         return self._state
+
+    def _seen_cluster(self, cluster_id: str | None) -> None:
+        """A broker that answers under another cluster id is a new cluster, with a new log: an
+        embedded broker restarted faster than one probe interval looks reachable throughout, so
+        only its id tells it was lost (a real Kafka cluster keeps its id across restarts)."""
+        if not cluster_id:
+            return
+        if self._cluster_id is not None and cluster_id != self._cluster_id:
+            self._replaced_at = self._clock()
+            self._lost_once = True
+            log.error("broker replaced: cluster %s answers, not %s", cluster_id, self._cluster_id)
+        self._cluster_id = cluster_id
 
     def _changed(self, reachable: bool, reason: str) -> None:
         before = self._state
@@ -98,11 +114,15 @@ class BrokerWatch:
             self._stop.wait(self._interval)
 
     def lost_within(self, seconds: float) -> bool:
-        """Whether the broker is unreachable now or was within the last `seconds`."""
+        """Whether the broker is unreachable now, or was, or was replaced by a new cluster,
+        within the last `seconds`."""
         state = self._state
         if not state.reachable:
             return True
-        return self._lost_once and self._clock() - state.since <= seconds
+        now = self._clock()
+        if self._replaced_at is not None and now - self._replaced_at <= seconds:
+            return True
+        return self._lost_once and now - state.since <= seconds
 
     def cut_off(self, timeout_s: float | None = None) -> bool:
         """Whether the broker is unreachable: known already, or by a probe now (a broker killed
