@@ -32,6 +32,25 @@ def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
     return result
 
 
+def committed_all(settings: Settings, service: str) -> bool:
+    """Whether the service's group has committed every record on the events topic."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from tailguard.shell.definition import load_definition
+    from tailguard.shell.rebuild import committed_offsets, rebuild_config
+
+    consumer = Consumer(rebuild_config(settings, load_definition(service).group_id))
+    try:
+        done = committed_offsets(consumer, r.EVENTS_TOPIC, 5.0)
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(r.EVENTS_TOPIC, p), 5.0)[1]
+            for p in consumer.list_topics(r.EVENTS_TOPIC, 5.0).topics[r.EVENTS_TOPIC].partitions
+        }
+        return all(done.get(p, 0) >= end for p, end in ends.items())
+    finally:
+        consumer.close()
+
+
 def graph() -> r.JobGraphSpec:
     def vertex(name: str, kind: r.VertexKind, splits: tuple[int, ...] = ()) -> r.VertexSpec:
         return r.VertexSpec(
@@ -159,6 +178,9 @@ def test_kill_9_mid_job_changes_no_decision(tailguard_services: Services) -> Non
         lambda: len(commands_of(settings, "job-b", 1, timeout_s=2)) >= 1, 30, "the source decision"
     )
     rebuilt = "tailguard_service_records_rebuilt_total"
+    # Killed once its group has committed everything on the topic (commits come every second):
+    # before that, the restart would take job-b's events live again, not rebuild them.
+    poll(lambda: committed_all(settings, "decider"), 30, "the decider's commit")
 
     tailguard_services.kill("decider")  # SIGKILL, and back once it is gone
     restarted = tailguard_services.start(["decider"])
