@@ -34,6 +34,7 @@ from tailguard.shell.snapshot import (
     SnapshotError,
     SnapshotStore,
     carried_over,
+    digest,
 )
 
 DEMO = Path(__file__).parent / "recorded" / "demo-speculation.avro"
@@ -184,6 +185,35 @@ def test_state_carried_over_to_a_new_log_stays_before_it() -> None:
     assert [x.offset for x in moved.records] == list(range(-len(moved.records), 0))
     assert [x.value for x in moved.records] == [x.value for x in sorted(old.snapshot().records)]
     # The rest of the input arrives on the new log from offset 0: decided as one history.
+    new = Processor(definition, SETTINGS, CODEC)
+    new.restore(moved)
+    whole = Processor(definition, SETTINGS, CODEC)
+    list(outputs(whole, inputs[:cut], 0))
+    expected = list(outputs(whole, inputs, cut))
+    rest = [o for i, raw in enumerate(inputs[cut:]) for o in new.process(raw, 0, i)]
+    assert [(o.topic, o.value) for o in rest] == expected
+
+
+def test_what_was_read_from_the_new_log_before_the_carry_over_is_read_again_once() -> None:
+    """A service reads on after its broker came back empty (until the lost group stops it):
+    those records sit in its state with the new log's offsets (from 0 again). Carried over as
+    they were, they would be folded twice and sorted among the old log's records."""
+    definition = load_definition("decider")
+    inputs = three_jobs(r.EVENTS_TOPIC)
+    cut, read_on = len(inputs) // 2, 3
+    old = Processor(definition, SETTINGS, CODEC)
+    for i, raw in enumerate(inputs[:cut]):
+        old.process(raw, 0, 100 + i)  # the old log, further along
+    for i, raw in enumerate(inputs[cut : cut + read_on]):
+        old.process(raw, 0, i)  # the new log, from 0
+    new_log = {(0, i): digest(raw) for i, raw in enumerate(inputs[cut:])}
+    moved = carried_over(
+        old.snapshot(),
+        lambda kept: new_log.get((kept.partition, kept.offset)) == digest(kept.value),
+    )
+    assert [x.value for x in moved.records] == [
+        x.value for x in sorted(old.snapshot().records) if x.offset >= 100
+    ]
     new = Processor(definition, SETTINGS, CODEC)
     new.restore(moved)
     whole = Processor(definition, SETTINGS, CODEC)

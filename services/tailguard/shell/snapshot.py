@@ -167,13 +167,22 @@ def _rows(records: Iterable[Retained]) -> Iterator[dict[str, object]]:
         yield {"partition": r.partition, "offset": r.offset, "value": r.value}
 
 
-def carried_over(snapshot: Snapshot) -> Snapshot:
+def carried_over(
+    snapshot: Snapshot, on_new_log: Callable[[Retained], bool] = lambda _: False
+) -> Snapshot:
     """The same state for a new log of the topic (an embedded broker restarted empty numbers it
     from 0 again): no positions (read the new log from its start), and the records renumbered
-    below 0 in their order, so they stay before every record of the new log."""
+    below 0 in their order, so they stay before every record of the new log.
+
+    `on_new_log` names the retained records read from the new log already (the service went on
+    reading after the broker came back, until its group's loss stopped it): they are left out,
+    because the new log is read again from its start, and their offsets, numbered from 0 again,
+    would sort them among the old log's records."""
     # A core's own state (retention.CoreState) is no record of the log: kept as it is.
     state = tuple(r for r in snapshot.records if r.partition == STATE_PARTITION)
-    records = sorted(r for r in snapshot.records if r.partition != STATE_PARTITION)
+    records = sorted(
+        r for r in snapshot.records if r.partition != STATE_PARTITION and not on_new_log(r)
+    )
     return Snapshot(
         snapshot.service,
         snapshot.topic,

@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import faust
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException
 from faust.worker import Worker
 
 from tailguard import logs
 from tailguard.codec import codec_for
 from tailguard.log.kafka_config import faust_app_options
+from tailguard.log.topic_scan import read_to_end
 from tailguard.model.config import ConfigError, Settings
 from tailguard.settings_file import load_settings
 from tailguard.shell.broker_watch import BrokerWatch
@@ -35,12 +36,13 @@ from tailguard.shell.definition import SERVICE_NAMES, ServiceDefinition, load_de
 from tailguard.shell.log_limits import RepeatLimiter
 from tailguard.shell.metrics_http import MetricsServer
 from tailguard.shell.processor import Processor
-from tailguard.shell.rebuild import rebuild, snapshot_mismatch
+from tailguard.shell.rebuild import rebuild, rebuild_config, snapshot_mismatch
 from tailguard.shell.snapshot import (
     PeriodicSnapshots,
     SnapshotError,
     SnapshotStore,
     carried_over,
+    digest,
 )
 from tailguard.shell.supervisor import announce
 
@@ -319,8 +321,26 @@ def carry_over(
         log.warning(
             "%s: the broker's log is new (%s): state carried over", definition.name, mismatch
         )
-        snapshot = carried_over(snapshot)
+        new_log = records_on_topic(settings, definition)
+        snapshot = carried_over(
+            snapshot, lambda kept: new_log.get((kept.partition, kept.offset)) == digest(kept.value)
+        )
     store.write(snapshot)
+
+
+def records_on_topic(
+    settings: Settings, definition: ServiceDefinition
+) -> dict[tuple[int, int], str]:
+    """(partition, offset) -> digest of every record on the service's input topic now: a log
+    just begun again by a restarted embedded broker, so a short read."""
+    consumer = Consumer(rebuild_config(settings, definition.group_id))
+    try:
+        return {
+            (msg.partition() or 0, msg.offset() or 0): digest(msg.value())
+            for msg in read_to_end(consumer, definition.input_topic)
+        }
+    finally:
+        consumer.close()
 
 
 def restore(
