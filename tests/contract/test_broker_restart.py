@@ -123,3 +123,41 @@ def test_cli_up_after_a_crash_names_what_was_lost(tmp_path: Path) -> None:
         assert "reconnect by themselves" in again.stdout and "gone" in again.stdout
     finally:
         cli("down")
+
+
+def test_a_reader_follows_a_restarted_broker_to_its_new_log_from_its_start(
+    tmp_path: Path,
+) -> None:
+    """The new log numbers from 0 again. A reader at offset 3 with the new log holding 1 record
+    is not out of range (3 > 1 is, 1 == 1 would not be), so librdkafka would wait at its old
+    position and never hand out the new log's first records: the reader rewinds itself."""
+    from tailguard.log.topic_reader import TopicReader
+
+    broker = EmbeddedBroker(tmp_path)
+    bootstrap = broker.start()
+    try:
+        producer = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 0})
+        for i in range(3):
+            producer.produce("t", f"old-{i}".encode(), b"k", partition=0)
+        assert producer.flush(10) == 0
+        reader = TopicReader({"bootstrap.servers": bootstrap}, ["t"], "follow-test")
+        seen: list[bytes] = []
+        for _ in range(100):
+            if len(seen) >= 3:
+                break
+            seen.extend(m.value() or b"" for m in reader.poll(0.2))
+        assert seen == [b"old-0", b"old-1", b"old-2"]
+        kill_9(broker)
+        assert broker.start() == bootstrap
+        for i in range(3):  # the new log reaches the reader's old position, and no further
+            producer.produce("t", f"new-{i}".encode(), b"k", partition=0)
+        assert producer.flush(30) == 0
+        seen = []
+        for _ in range(150):
+            if len(seen) >= 3:
+                break
+            seen.extend(m.value() or b"" for m in reader.poll(0.2))
+        assert seen == [b"new-0", b"new-1", b"new-2"]
+        reader.close()
+    finally:
+        broker.stop()

@@ -53,6 +53,10 @@ READER_DEFAULTS: Mapping[str, Any] = {
 IGNORABLE_ERRORS = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 _METADATA_TIMEOUT_S = 5.0
+# How often a reader asks which cluster answers (one metadata request: negligible), and how
+# long it waits for the answer while polling.
+CLUSTER_CHECK_INTERVAL_S = 1.0
+CLUSTER_CHECK_TIMEOUT_S = 1.0
 
 
 class TopicReader:
@@ -90,6 +94,9 @@ class TopicReader:
         # Committed offsets not yet reached: the first message of such a partition tells
         # whether the broker still had everything after the commit.
         self._resume_at: dict[tuple[str, int], int] = {}
+        # The cluster id last seen, and when to look again (see `_follow_cluster`).
+        self._cluster_id: str | None = None
+        self._next_cluster_check = 0.0
 
     @property
     def waiting_for(self) -> set[str]:
@@ -198,6 +205,7 @@ class TopicReader:
         deadline = time.monotonic() + timeout
         while True:
             self._discover()
+            self._follow_cluster()
             # Whatever is queued already, without waiting; else wait for the first message
             # only (consume(n, t) would wait for n messages or t: latency) and take the rest
             # that came with it.
@@ -220,6 +228,37 @@ class TopicReader:
                 self._check_gap(where, self._resume_at.pop(where), offset)
             self._positions[where] = offset + 1
         return messages
+
+    def _follow_cluster(self) -> None:
+        """Read a new cluster's log from its start. An embedded broker restarted empty numbers
+        its log from 0 again; a reader whose position is at or below the new log's end is not
+        out of range, so librdkafka's reset never fires and it would skip every record below
+        its old position (the chaos suite's broker case lost a speculative launch this way).
+        Real Kafka keeps its cluster id across restarts: this never fires there."""
+        now = time.monotonic()
+        if now < self._next_cluster_check:
+            return
+        self._next_cluster_check = now + CLUSTER_CHECK_INTERVAL_S
+        try:
+            cluster_id = self.consumer.list_topics(timeout=CLUSTER_CHECK_TIMEOUT_S).cluster_id
+        except KafkaException:
+            return  # unreachable: looked at again at the next check
+        if not cluster_id:
+            return
+        if self._cluster_id is not None and cluster_id != self._cluster_id:
+            assigned = self.consumer.assignment()
+            log.warning(
+                "%s: the broker answers as cluster %s, not %s: a new log, read from its start",
+                self.group_id, cluster_id, self._cluster_id,
+            )  # fmt: skip
+            if assigned:
+                self.consumer.incremental_unassign(assigned)
+                self.consumer.incremental_assign(
+                    [TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in assigned]
+                )
+            self._positions.clear()
+            self._resume_at.clear()
+        self._cluster_id = cluster_id
 
     def _recent(self, msg: Message) -> bool:
         """Not stamped before `start_at_ms` (what a partition read from its beginning, on a
