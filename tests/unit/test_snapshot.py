@@ -17,7 +17,7 @@ from tailguard.codec import codec_for
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.replay.inputs import read_archive
-from tailguard.shell.definition import SERVICE_NAMES, load_definition
+from tailguard.shell.definition import SERVICE_NAMES, ServiceDefinition, load_definition
 from tailguard.shell.processor import Processor
 from tailguard.shell.retention import (
     STATE_PARTITION,
@@ -174,6 +174,20 @@ def test_periodic_snapshots_wait_for_the_answer(tmp_path: Path) -> None:
     assert store.read("decider", r.EVENTS_TOPIC) is not None
 
 
+def assert_decided_as_one_history(
+    definition: ServiceDefinition, inputs: list[bytes], cut: int, moved: Snapshot
+) -> None:
+    """The rest of the input arrives on the new log from offset 0: a core restored from the
+    carried-over state decides it exactly as one core fed the whole input does."""
+    new = Processor(definition, SETTINGS, CODEC)
+    new.restore(moved)
+    whole = Processor(definition, SETTINGS, CODEC)
+    list(outputs(whole, inputs[:cut], 0))
+    expected = list(outputs(whole, inputs, cut))
+    rest = [o for i, raw in enumerate(inputs[cut:]) for o in new.process(raw, 0, i)]
+    assert [(o.topic, o.value) for o in rest] == expected
+
+
 def test_state_carried_over_to_a_new_log_stays_before_it() -> None:
     definition = load_definition("decider")
     inputs = three_jobs(r.EVENTS_TOPIC)
@@ -184,14 +198,7 @@ def test_state_carried_over_to_a_new_log_stays_before_it() -> None:
     assert moved.positions == {}
     assert [x.offset for x in moved.records] == list(range(-len(moved.records), 0))
     assert [x.value for x in moved.records] == [x.value for x in sorted(old.snapshot().records)]
-    # The rest of the input arrives on the new log from offset 0: decided as one history.
-    new = Processor(definition, SETTINGS, CODEC)
-    new.restore(moved)
-    whole = Processor(definition, SETTINGS, CODEC)
-    list(outputs(whole, inputs[:cut], 0))
-    expected = list(outputs(whole, inputs, cut))
-    rest = [o for i, raw in enumerate(inputs[cut:]) for o in new.process(raw, 0, i)]
-    assert [(o.topic, o.value) for o in rest] == expected
+    assert_decided_as_one_history(definition, inputs, cut, moved)
 
 
 def test_what_was_read_from_the_new_log_before_the_carry_over_is_read_again_once() -> None:
@@ -214,13 +221,7 @@ def test_what_was_read_from_the_new_log_before_the_carry_over_is_read_again_once
     assert [x.value for x in moved.records] == [
         x.value for x in sorted(old.snapshot().records) if x.offset >= 100
     ]
-    new = Processor(definition, SETTINGS, CODEC)
-    new.restore(moved)
-    whole = Processor(definition, SETTINGS, CODEC)
-    list(outputs(whole, inputs[:cut], 0))
-    expected = list(outputs(whole, inputs, cut))
-    rest = [o for i, raw in enumerate(inputs[cut:]) for o in new.process(raw, 0, i)]
-    assert [(o.topic, o.value) for o in rest] == expected
+    assert_decided_as_one_history(definition, inputs, cut, moved)
 
 
 # --------------------------------------------------------------------------- the blocklist
