@@ -10,8 +10,12 @@ second. Each job's stream is the recorded one under its own job id.
 Decision latency is event in -> command out: from the moment the simulated agent handed the
 causing event to its producer to the moment the command (or finding) reached this harness's
 consumer, following `caused_by` (a command caused by a finding is charged from the finding's
-causing event). Reported per N: records published, outputs seen, latency p50, p99 and max, the
-services' busiest lag, and where the p99 target (100 ms) breaks.
+causing event). Where a record names several causes, it is charged from the *last* of them to
+arrive: the decision could not be taken before it (an evidence-based block names every finding it
+rests on, some minutes old, from other jobs too). "p99 1st" charges from the first cause instead:
+how long the evidence took to gather, a property of the policy, not of the services. Reported per
+N: records published, outputs seen, latency p50, p99 and max, p99 from the first cause, how far
+the harness's own publisher fell behind, and where the p99 target (100 ms) breaks.
 
     make bench-load         # or: .venv/bin/python benchmarks/load.py --jobs 1,5,10,20,40
 """
@@ -71,6 +75,7 @@ class Outputs(threading.Thread):
         self.jobs = jobs
         self.sent = sent
         self.latencies_ms: list[float] = []
+        self.evidence_ms: list[float] = []
         self.outputs = 0
         self.stop = threading.Event()
 
@@ -84,8 +89,13 @@ class Outputs(threading.Thread):
                 self.outputs += 1
                 causes = [self.sent[c] for c in getattr(record, "caused_by", ()) if c in self.sent]
                 if causes:
-                    self.latencies_ms.append((now - min(causes)) * 1000)
-                    self.sent.setdefault(record.id, min(causes))
+                    # A decision can be taken only once its last cause is in: that is where its
+                    # latency starts. An evidence-based block names every finding it rests on,
+                    # some from minutes before (other jobs' too); charging from the first one
+                    # measures how long the evidence took to gather, kept apart.
+                    self.latencies_ms.append((now - max(causes)) * 1000)
+                    self.evidence_ms.append((now - min(causes)) * 1000)
+                    self.sent.setdefault(record.id, max(causes))
         self.consumer.close()
 
 
@@ -136,6 +146,7 @@ def run_load(
         "p50": statistics.median(lat) if lat else float("nan"),
         "p99": percentile(lat, 99.0) if lat else float("nan"),
         "max": max(lat) if lat else float("nan"),
+        "p99_first": percentile(outputs.evidence_ms, 99.0) if lat else float("nan"),
         "publisher_late_ms": late * 1000,
     }
 
@@ -170,14 +181,15 @@ def main(argv: list[str] | None = None) -> int:
             settings = Settings({"tailguard.work-dir": str(work)})
             print(
                 f"{'jobs':>5} {'events':>8} {'outputs':>8} {'p50 ms':>8} {'p99 ms':>8} "
-                f"{'max ms':>8} {'late ms':>8}  load"
+                f"{'max ms':>8} {'p99 1st':>8} {'late ms':>8}  load"
             )
             for n in counts:
                 row = run_load(settings, template, n, args.speedup, str(os.getpid()))
                 verdict = "" if row["p99"] <= TARGET_P99_MS else "  <- p99 over 100 ms"
                 print(
                     f"{n:>5} {row['events']:>8,.0f} {row['outputs']:>8,.0f} {row['p50']:>8.1f} "
-                    f"{row['p99']:>8.1f} {row['max']:>8.1f} {row['publisher_late_ms']:>8.0f}  "
+                    f"{row['p99']:>8.1f} {row['max']:>8.1f} {row['p99_first']:>8.1f} "
+                    f"{row['publisher_late_ms']:>8.0f}  "
                     f"{os.getloadavg()[0]:.1f}{verdict}",
                     flush=True,
                 )
