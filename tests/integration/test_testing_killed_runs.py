@@ -1,8 +1,9 @@
 """A pytest run that uses the harness and is killed from outside leaves nothing running.
 
 Each case runs pytest in a subprocess on a generated test that takes the broker fixture and
-then waits to be killed, kills that pytest as CI would (SIGTERM; SIGKILL), and checks with
-psutil (pid and create time) that the broker it started is gone. Broker only: ~2 s a case.
+then waits to be killed, kills that pytest as CI would (SIGTERM; SIGKILL), and checks by pid
+and start time (the ledger's `Started`) that the broker it started is gone. Broker only: ~2 s a
+case.
 """
 
 from __future__ import annotations

@@ -56,6 +56,16 @@ def state_of(pid: int) -> str | None:
     return stat[stat.rfind(")") + 2]
 
 
+def start_ticks(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (stat's `starttime`), or None if it
+    is gone. With the pid it names one process: a later process given the same pid starts later."""
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2 :].split()[19])  # field 22; the state is field 3
+
+
 def cmdline(pid: int) -> str:
     try:
         # A command line need not be UTF-8 (arguments are bytes): a lookup by marker must not fail.

@@ -5,9 +5,9 @@ fixture teardown: the embedded broker, the Spark daemons and the services it sta
 running for hours (five orphaned services were found 90 minutes after such a run). So the harness
 writes down every process it starts as soon as it has the pid, in a **ledger**: one JSON file per
 pytest session in a per-user directory, naming the session's own process and each started
-process by pid *and* create time (psutil), because a pid alone may belong to another process by
-the time anyone reads the file. A local cluster is also named by its state directory before it
-starts, since a run killed while the cluster starts has no pids to record yet.
+process by pid *and* start time (`procs.start_ticks`), because a pid alone may belong to
+another process by the time anyone reads the file. A local cluster is also named by its state
+directory before it starts, since a run killed while the cluster starts has no pids to record yet.
 
 The next session that uses the harness reads every ledger whose session is dead and stops what
 is still running of it, with the process trees below (a Spark worker's executors and Python
@@ -30,8 +30,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import psutil
-
 from tailguard.cluster import procs
 
 log = logging.getLogger("tailguard.testing")
@@ -41,8 +39,6 @@ LEDGER_DIR_ENV = "TAILGUARD_HARNESS_LEDGERS"
 # A stopped process gets this long after SIGTERM before SIGKILL: the services write their last
 # snapshot on SIGTERM, the JVMs stop their children.
 STOP_GRACE_S = 10.0
-# psutil's create time comes from /proc's start ticks (1/100 s): a reading is exact to that.
-_SAME_START_S = 0.05
 
 
 def default_ledger_dir() -> Path:
@@ -59,27 +55,19 @@ class Started:
     """One process a session started: which, when it started (to tell a reused pid), and what."""
 
     pid: int
-    created: float
+    # Its start, in clock ticks since boot (procs.start_ticks): exact, compared as is.
+    created: int
     what: str
 
     @classmethod
     def of(cls, pid: int, what: str) -> Started | None:
         """The live process `pid`; None if it is already gone."""
-        try:
-            return cls(pid, psutil.Process(pid).create_time(), what)
-        except psutil.NoSuchProcess:
-            return None
+        created = procs.start_ticks(pid)
+        return None if created is None else cls(pid, created, what)
 
     def running(self) -> bool:
         """Whether this very process still runs (not another one that got its pid)."""
-        try:
-            process = psutil.Process(self.pid)
-            return (
-                abs(process.create_time() - self.created) < _SAME_START_S
-                and process.status() != psutil.STATUS_ZOMBIE
-            )
-        except psutil.NoSuchProcess:
-            return False
+        return procs.start_ticks(self.pid) == self.created and procs.is_alive(self.pid)
 
 
 @dataclass
@@ -112,7 +100,7 @@ class Ledger:
         me = Started.of(os.getpid(), "pytest session")
         assert me is not None  # this process runs
         self._file = LedgerFile(me)
-        self.path = self.directory / f"session-{me.pid}-{int(me.created * 1000)}.json"
+        self.path = self.directory / f"session-{me.pid}-{me.created}.json"
 
     def record(self, pid: int, what: str) -> None:
         """Write down a process this session started (before anything else can go wrong)."""
