@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -93,13 +94,10 @@ class ServiceWorker(Worker):
         self._stop_without_broker = stop_without_broker
         super().__init__(app, **options)
 
-    def _on_sigterm(self) -> None:
+    def _schedule_shutdown(self, sig: signal.Signals) -> None:
+        # Where mode's SIGTERM and SIGINT handlers both lead.
         self._stop_without_broker()
-        super()._on_sigterm()
-
-    def _on_sigint(self) -> None:
-        self._stop_without_broker()
-        super()._on_sigint()
+        super()._schedule_shutdown(sig)
 
 
 class ServiceState:
