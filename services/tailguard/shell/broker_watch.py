@@ -52,12 +52,11 @@ class BrokerWatch:
         self._timeout = timeout_s
         self._clock = clock
         self._state = BrokerState(True, clock())
-        # Whether the broker was ever unreachable: the first state's `since` is the watch's start,
-        # not a return of the broker.
-        self._lost_once = False
-        # The cluster id the broker last answered with, and when another one first answered.
+        # When the broker last came back after a loss, or answered as a new cluster (None:
+        # never); the first state's `since` is the watch's start, not a return of the broker.
+        self._back_at: float | None = None
+        # The cluster id the broker last answered with.
         self._cluster_id: str | None = None
-        self._replaced_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="broker-watch", daemon=True)
 
@@ -84,8 +83,7 @@ class BrokerWatch:
         if not cluster_id:
             return
         if self._cluster_id is not None and cluster_id != self._cluster_id:
-            self._replaced_at = self._clock()
-            self._lost_once = True
+            self._back_at = self._clock()
             log.error("broker replaced: cluster %s answers, not %s", cluster_id, self._cluster_id)
         self._cluster_id = cluster_id
 
@@ -95,8 +93,8 @@ class BrokerWatch:
             return
         now = self._clock()
         self._state = BrokerState(reachable, now, reason)
-        self._lost_once = self._lost_once or not reachable
         if reachable:
+            self._back_at = now
             log.warning("broker reachable again after %.1f s", now - before.since)
         else:
             log.error("broker unreachable: %s", reason)
@@ -116,13 +114,9 @@ class BrokerWatch:
     def lost_within(self, seconds: float) -> bool:
         """Whether the broker is unreachable now, or was, or was replaced by a new cluster,
         within the last `seconds`."""
-        state = self._state
-        if not state.reachable:
+        if not self._state.reachable:
             return True
-        now = self._clock()
-        if self._replaced_at is not None and now - self._replaced_at <= seconds:
-            return True
-        return self._lost_once and now - state.since <= seconds
+        return self._back_at is not None and self._clock() - self._back_at <= seconds
 
     def cut_off(self, timeout_s: float | None = None) -> bool:
         """Whether the broker is unreachable: known already, or by a probe now (a broker killed
