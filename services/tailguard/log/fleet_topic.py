@@ -10,7 +10,7 @@ a tombstone deletes), which is what a compacted topic gives them anyway.
 Every value is signed like the services' other outputs (`log/signing.py`): by `blocklist` for
 the service's decisions, by `operator` for `tailguard blocklist add|remove`. With signing on, a
 reader ignores (and logs) an entry whose signature does not check out or whose signer may not
-write the list (`model/authority.py`, `FLEET_WRITERS`).
+write the list (`model/authority.py`, `INPUT_WRITERS`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tailguard.codec.single_object import SingleObjectCodec
 from tailguard.log.producer import Headers, RecordProducer
 from tailguard.log.signing import signer_for, verifier_for
 from tailguard.log.topic_scan import read_only_consumer, read_to_end
-from tailguard.model.authority import FLEET_WRITERS, Signed, Unauthentic, shown
+from tailguard.model.authority import input_problem
 from tailguard.model.fleet import BLOCKLIST_TOPIC, FleetBlock
 
 log = logging.getLogger(__name__)
@@ -99,11 +99,7 @@ def _checked(msg: Message, verifier: Any) -> FleetBlock | None:
     value = msg.value()
     key = msg.key() or b""
     origin = verifier.verify(BLOCKLIST_TOPIC, value or b"", msg.headers() or [])
-    problem = None
-    if isinstance(origin, Unauthentic):
-        problem = origin.reason
-    elif isinstance(origin, Signed) and origin.signer not in FLEET_WRITERS:
-        problem = f"{shown(origin.signer)} may not write the fleet list"
+    problem = input_problem(BLOCKLIST_TOPIC, origin)
     if problem is not None:
         log.warning(
             "ignored %s entry for %r: %s", BLOCKLIST_TOPIC, key.decode(errors="replace"), problem

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tailguard.model import records as r
+from tailguard.model.fleet import BLOCKLIST_TOPIC
 
 # The signer name of the agent's own (fallback) commands; services sign with their names.
 AGENT = "agent"
@@ -39,13 +40,15 @@ OPERATOR = "operator"
 FLEET_WRITERS = frozenset({"blocklist", OPERATOR})
 # The services whose decisions the agent takes itself when they do not answer.
 AGENT_STANDS_IN_FOR = frozenset({"decider", "failover"})
-# Who may write what the services read: a job's facts come from its agent (or the observer's
-# relay, which publishes as the agent does), findings from the detector. With signing on, a
-# service feeds its core nothing else: a forged fact would steer its decisions as surely as a
-# forged command steers the job (a fake slow attempt gets a healthy host blocked).
+# Who may write what the services and the fleet list's readers read: a job's facts come from
+# its agent (or the observer's relay, which publishes as the agent does), findings from the
+# detector, the fleet list from its writers. With signing on, a service feeds its core nothing
+# else: a forged fact would steer its decisions as surely as a forged command steers the job (a
+# fake slow attempt gets a healthy host blocked).
 INPUT_WRITERS: Mapping[str, frozenset[str]] = {
     r.EVENTS_TOPIC: frozenset({AGENT}),
     r.FINDINGS_TOPIC: frozenset({"detector"}),
+    BLOCKLIST_TOPIC: FLEET_WRITERS,
 }
 
 # CommandRejected.reason starts with one of these when the command was not a service decision.
@@ -137,7 +140,7 @@ def authority_problem(command: r.Command, origin: Origin) -> str | None:
 
 
 def input_problem(topic: str, origin: Origin) -> str | None:
-    """Why a service must not take a record it read on `topic`, or None to take it."""
+    """Why a reader must not take a record it read on `topic`, or None to take it."""
     if isinstance(origin, Unchecked):
         return None  # signing is off: every record is taken, as before signing existed
     if isinstance(origin, Unauthentic):
