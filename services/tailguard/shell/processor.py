@@ -19,7 +19,7 @@ from tailguard.model.config import Settings
 from tailguard.model.records import Record
 from tailguard.shell.definition import Core, ServiceDefinition
 from tailguard.shell.metrics_http import ServiceMetrics
-from tailguard.shell.retention import STATE_PARTITION, CoreState, Retained
+from tailguard.shell.retention import Retained
 from tailguard.shell.snapshot import Position, Snapshot, digest
 
 log = logging.getLogger("tailguard.service")
@@ -53,8 +53,7 @@ class Processor:
         self._verifier = verifier_for(settings)
         # What a snapshot would hold now: the retained input, and how far it was read.
         self._retention = definition.retention()
-        if isinstance(self._retention, CoreState):  # the blocklist: its snapshot is its state
-            self._retention.attach(self.core)
+        self._retention.attach(self.core)
         self._positions: dict[int, Position] = {}
         # partition -> (next offset, last record's bytes) read since: hashed into a Position only
         # when a snapshot is taken, not for every record (the digest was ~12% of process()).
@@ -179,10 +178,10 @@ class Processor:
     def restore(self, snapshot: Snapshot) -> int:
         """Fold a snapshot's records into the (fresh) core; returns how many."""
         for kept in snapshot.records:
-            if kept.partition == STATE_PARTITION and isinstance(self._retention, CoreState):
-                with self._lock:
-                    self._retention.load(kept)
-            else:
+            with self._lock:
+                # The core's own state (retention.CoreState), else an input record.
+                loaded = self._retention.load(kept)
+            if not loaded:
                 self._feed_again(kept.value, kept.partition, kept.offset, (), checked=True)
         # Read up to there, whatever the last retained record was.
         self._positions = dict(snapshot.positions)

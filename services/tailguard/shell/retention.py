@@ -27,6 +27,10 @@ class Retained:
 class Retention(Protocol):
     """Which input records the core's state still depends on."""
 
+    def attach(self, core: object) -> None:
+        """The core whose state it keeps (the processor's, once, before any record)."""
+        ...
+
     def keep(self, record: Record, retained: Retained) -> None: ...
 
     def records(self) -> list[Retained]:
@@ -34,8 +38,23 @@ class Retention(Protocol):
         core read them in: a job's records are on one partition, keyed by job id)."""
         ...
 
+    def load(self, kept: Retained) -> bool:
+        """At a restore, take a snapshot row as the core's state if it is one (`CoreState`);
+        False: it is an input record, to fold into the core."""
+        ...
 
-class EveryRecord:
+
+class _OfInput:
+    """A rule that keeps input records: every snapshot row is one, folded at a restore."""
+
+    def attach(self, core: object) -> None:
+        """Nothing: what it keeps is input, not the core's state."""
+
+    def load(self, kept: Retained) -> bool:
+        return False
+
+
+class EveryRecord(_OfInput):
     def __init__(self) -> None:
         self._kept: list[Retained] = []
 
@@ -46,7 +65,7 @@ class EveryRecord:
         return list(self._kept)
 
 
-class _PerJob:
+class _PerJob(_OfInput):
     def __init__(self) -> None:
         self._jobs: OrderedDict[str, list[Retained]] = OrderedDict()
 
@@ -118,8 +137,9 @@ class CoreState:
     (folded partition by partition) does not keep. Its state is small (hosts, blocks, the jobs
     of the recent window: the core forgets the rest on finding time), so it is the snapshot.
 
-    The processor attaches the core (`attach`) and hands the state row back at a restore
-    (`load`). A snapshot of input (an older release's) is still folded as such."""
+    The processor attaches the core (`attach`) and hands every row back at a restore (`load`):
+    the state row is taken, and a snapshot of input (an older release's) is still folded as
+    such."""
 
     def __init__(self) -> None:
         self._core: StatefulCore | None = None
@@ -138,8 +158,11 @@ class CoreState:
     def records(self) -> list[Retained]:
         return [Retained(STATE_PARTITION, 0, self._attached().export_state())]
 
-    def load(self, kept: Retained) -> None:
+    def load(self, kept: Retained) -> bool:
+        if kept.partition != STATE_PARTITION:
+            return False
         self._attached().import_state(kept.value)
+        return True
 
     def _attached(self) -> StatefulCore:
         if self._core is None:
