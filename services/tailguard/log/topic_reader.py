@@ -53,8 +53,8 @@ READER_DEFAULTS: Mapping[str, Any] = {
 IGNORABLE_ERRORS = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 _METADATA_TIMEOUT_S = 5.0
-# How often a reader asks which cluster answers (one metadata request: negligible), and how
-# long it waits for the answer while polling.
+# How often a reader asks which cluster answers (one metadata request for one of its topics:
+# negligible), and how long it waits for the answer while polling.
 CLUSTER_CHECK_INTERVAL_S = 1.0
 CLUSTER_CHECK_TIMEOUT_S = 1.0
 
@@ -240,7 +240,10 @@ class TopicReader:
             return
         self._next_cluster_check = now + CLUSTER_CHECK_INTERVAL_S
         try:
-            cluster_id = self.consumer.list_topics(timeout=CLUSTER_CHECK_TIMEOUT_S).cluster_id
+            # One topic's metadata carries the cluster id too: not every topic's, every second,
+            # from every job's agent on a real cluster.
+            metadata = self.consumer.list_topics(self.topics[0], timeout=CLUSTER_CHECK_TIMEOUT_S)
+            cluster_id = metadata.cluster_id
         except KafkaException:
             return  # unreachable: looked at again at the next check
         if not cluster_id:
