@@ -50,8 +50,8 @@ from tailguard.blocklist.policy import (
     MAX_TRACKED_JOBS,
     BlocklistTracker,
     BlockRule,
+    Forgetting,
     blocked_fraction_problem,
-    forget_after_ms,
     host_evidence,
     max_blocked_hosts,
 )
@@ -110,10 +110,7 @@ class FleetBlocklist:
         # How long a slow subtask counts against its host (see "Evidence across jobs").
         self._memory_ms = max(self._rule.window_ms, self._rule.duration_ms)
         self._per_job = BlocklistTracker(settings, max_tracked_jobs, forget_after)
-        self._forget_after_ms = (
-            forget_after_ms(self._rule) if forget_after is None else forget_after
-        )
-        self._next_sweep: int | None = None
+        self._forgetting = Forgetting.of(self._rule, forget_after)
         self._publish_view = publish_view
         self._max_jobs = max_tracked_jobs
         # host -> evidence -> (ts last seen slow, finding id that last reported it)
@@ -166,10 +163,9 @@ class FleetBlocklist:
         Evidence is otherwise pruned only for a host found slow again, so a host slow once and
         never again kept its evidence for good; a job seen once stayed until 1,024 later ones.
         Blocks are not swept: each ends with a tombstone at the first finding after its time."""
-        if self._next_sweep is not None and now < self._next_sweep:
+        horizon = self._forgetting.horizon(now)
+        if horizon is None:
             return
-        self._next_sweep = now + self._forget_after_ms // 2
-        horizon = now - self._forget_after_ms
         for host, seen in list(self._evidence.items()):
             for key in [k for k, (ts, _) in seen.items() if ts < horizon]:
                 del seen[key]
@@ -204,7 +200,7 @@ class FleetBlocklist:
                 [job_id, sorted(job.hosts), job.last_ts, sorted(job.holds.items())]
                 for job_id, job in self._jobs.items()
             ],
-            "next_sweep": self._next_sweep,
+            "next_sweep": self._forgetting.next_sweep,
             "counts": [self._fleet_blocks, self._jobs_told, self._refused_by_job_cap],
         }
         return json.dumps(state, separators=(",", ":")).encode()
@@ -218,7 +214,7 @@ class FleetBlocklist:
                 found = state.get("version") if isinstance(state, dict) else type(state).__name__
                 raise ValueError(f"version {found!r}, this release reads {STATE_VERSION}")
             loaded = FleetBlocklist(
-                self.settings, self._publish_view, self._max_jobs, self._forget_after_ms
+                self.settings, self._publish_view, self._max_jobs, self._forgetting.after_ms
             )
             loaded._load(state)
         except (ValueError, KeyError, TypeError) as err:
@@ -250,7 +246,7 @@ class FleetBlocklist:
             for job_id, hosts, last_ts, holds in state["jobs"]
         )
         sweep = state["next_sweep"]
-        self._next_sweep = None if sweep is None else int(sweep)
+        self._forgetting.next_sweep = None if sweep is None else int(sweep)
         self._fleet_blocks, self._jobs_told, self._refused_by_job_cap = (
             int(n) for n in state["counts"]
         )

@@ -47,6 +47,7 @@ __all__ = [
     "LATE_FINDINGS_MS",
     "BlockRule",
     "BlocklistTracker",
+    "Forgetting",
     "blocked_fraction_problem",
     "forget_after_ms",
     "host_evidence",
@@ -142,6 +143,29 @@ class BlockRule:
 
 
 @dataclass
+class Forgetting:
+    """When state is swept on finding time: at most once per half of `after_ms`
+    (`forget_after_ms`), so the work per finding stays constant. One schedule for the per-job
+    tracker and the fleet; `next_sweep` is part of their states."""
+
+    after_ms: int
+    next_sweep: int | None = None  # finding ts at which the next sweep is due
+
+    @classmethod
+    def of(cls, rule: BlockRule, after_ms: int | None = None) -> Forgetting:
+        """`after_ms` overrides `forget_after_ms(rule)`: the tests' "never" shows forgetting
+        changes no decision."""
+        return cls(forget_after_ms(rule) if after_ms is None else after_ms)
+
+    def horizon(self, now: int) -> int | None:
+        """When a sweep is due at `now`: the time before which state is forgotten; else None."""
+        if self.next_sweep is not None and now < self.next_sweep:
+            return None
+        self.next_sweep = now + self.after_ms // 2
+        return now - self.after_ms
+
+
+@dataclass
 class _Job:
     # host -> until ts of the last BlockNodes emitted for it (what the agent holds).
     blocked: dict[str, int] = field(default_factory=dict)
@@ -185,16 +209,12 @@ class BlocklistTracker:
         max_tracked_jobs: int = MAX_TRACKED_JOBS,
         forget_after: int | None = None,
     ) -> None:
-        """`forget_after` (ms) overrides `forget_after_ms`: the tests' "never" shows forgetting
-        changes no decision."""
+        """`forget_after` (ms) overrides `forget_after_ms` (`Forgetting.of`)."""
         self.settings = settings
         self._rule = BlockRule.from_settings(settings)
         self._max_jobs = max_tracked_jobs
         self._jobs: OrderedDict[str, _Job] = OrderedDict()
-        self._forget_after_ms = (
-            forget_after_ms(self._rule) if forget_after is None else forget_after
-        )
-        self._next_sweep: int | None = None  # finding ts at which silent jobs are next dropped
+        self._forgetting = Forgetting.of(self._rule, forget_after)
         self._counts = _Counts()
 
     def handle(self, record: Record) -> list[Record]:
@@ -226,12 +246,11 @@ class BlocklistTracker:
         """Drop the state of jobs silent for `forget_after_ms`: every block it holds has expired
         and all its evidence is stale, so its next finding would find it as a new job's. A job
         that ended sends no more findings and no marker, so without this its last evidence
-        stayed until 1,024 later jobs pushed it out. Swept at most once per half that time of
-        finding time, so the work per finding stays constant."""
-        if self._next_sweep is not None and now < self._next_sweep:
+        stayed until 1,024 later jobs pushed it out (`Forgetting`: swept at most once per half
+        that time)."""
+        horizon = self._forgetting.horizon(now)
+        if horizon is None:
             return
-        self._next_sweep = now + self._forget_after_ms // 2
-        horizon = now - self._forget_after_ms
         for job_id in [j for j, job in self._jobs.items() if job.last_ts < horizon]:
             del self._jobs[job_id]
 
@@ -256,7 +275,7 @@ class BlocklistTracker:
                 ]
                 for job_id, job in self._jobs.items()
             ],
-            "next_sweep": self._next_sweep,
+            "next_sweep": self._forgetting.next_sweep,
             "counts": list(astuple(self._counts)),
         }
 
@@ -277,7 +296,7 @@ class BlocklistTracker:
             for job_id, last_ts, blocked, evidence in state["jobs"]
         )
         sweep = state["next_sweep"]
-        self._next_sweep = None if sweep is None else int(sweep)
+        self._forgetting.next_sweep = None if sweep is None else int(sweep)
         self._counts = _Counts(*(int(n) for n in state["counts"]))
 
     def limit(self, registered_hosts: int) -> int:
