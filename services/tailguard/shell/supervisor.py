@@ -187,10 +187,9 @@ def stop(
         with contextlib.suppress(ProcessLookupError):  # ended on its own meanwhile
             os.kill(service.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
+    # Polled: not always our children (`services up` ran elsewhere), so no exit to wait on.
     while any(_alive(s.pid) for s in stopping.values()) and time.monotonic() < deadline:
-        time.sleep(
-            0.05
-        )  # not always our children (`services up` ran elsewhere): no exit to wait on
+        time.sleep(0.05)
     for name, service in stopping.items():
         if _alive(service.pid):
             with contextlib.suppress(ProcessLookupError):
