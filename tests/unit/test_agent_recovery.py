@@ -149,6 +149,28 @@ def test_a_failure_of_a_lost_partitions_new_producer_is_restarted(tmp_path: Path
     assert h.runtime.keys().count((P, 1, 2)) == 1
 
 
+def test_a_second_recovery_produces_again_what_the_first_found_lost(tmp_path: Path) -> None:
+    # The first recovery found partial#1's partition damaged and ran it again; its driver died
+    # while that ran. The second rebuilds the loss from the first's JobRecovered: without it,
+    # the old AttemptFinished made partial#1 finished (its partition released) and nothing ran.
+    job, events, storage = crash_mid_job(tmp_path)
+    damaged = partitions.subpartition_path(storage, "job", r.PartitionRef(P, 1, 0), 0)
+    Path(damaged).write_bytes(b"not what was written")
+    first = recovering(job, events, storage).start()
+    assert first.runtime.keys() == [(P, 1, 1)]
+    events += [e for e in first.publisher.events if isinstance(e, r.Event)]
+    shutil.copytree(tmp_path / "storage-at-crash", tmp_path / "storage-at-second-crash")
+    first.stop()
+    h = recovering(job, events, Storage(str(tmp_path / "storage-at-second-crash")))
+    result = run_all(h.start())
+    assert result.ok, result.message
+    assert output_totals(tmp_path) == expected_totals(tmp_path)
+    assert h.runtime.keys() == [(P, 1, 2), (F, 1, 1)]
+    (marker,) = h.publisher.of(r.JobRecovered)
+    assert marker.reset_attempts == (r.AttemptRef(P, 1, 1),)
+    assert marker.lost_results == ()
+
+
 def test_a_deleted_sink_part_is_committed_again(tmp_path: Path) -> None:
     job, events, storage = crash_mid_job(tmp_path)
     (tmp_path / "out" / "part-00000.parquet").unlink()

@@ -160,8 +160,8 @@ def rebuild(state: ExecutionState, log: JobLog) -> Recovered:
                     attempt.cancel_reason = r.CancelReason.RESTART.value
                     rebuilt.lost_attempts.append(attempt)
                     lost += 1
-            if subtask.winner is None and lost:
-                subtask.wanted = True
+            if lost:
+                _reset(subtask)
     return rebuilt
 
 
@@ -176,7 +176,7 @@ def _fold(state: ExecutionState, rebuilt: Recovered, log: JobLog, event: r.Event
     if isinstance(event, r.VertexInitialized):
         state.initialize(event.vertex, event.parallelism, event.subtask_inputs, event.decided_by)
     elif isinstance(event, r.AttemptDeploying):
-        subtask = _subtask(state, event)
+        subtask = _subtask(state, event, event.vertex, event.subtask)
         if event.attempt != subtask.next_number():
             raise RecoveryError(
                 f"job {log.job_id}: {event.id} deploys attempt {event.attempt} of "
@@ -226,6 +226,14 @@ def _fold(state: ExecutionState, rebuilt: Recovered, log: JobLog, event: r.Event
         attempt.finished_at = event.ts
     elif isinstance(event, r.PartitionReleased):
         state.mark_unavailable(event.partition)
+    elif isinstance(event, r.JobRecovered):
+        # What an earlier recovery decided, which no other event records: the subtasks of the
+        # attempts it reset run again (the AttemptCanceled after it end the attempts), and the
+        # results it found lost stay lost (the AttemptFinished folded before no longer counts).
+        for ref in event.reset_attempts:
+            _reset(_subtask(state, event, ref.vertex, ref.subtask))
+        for lost in event.lost_results:
+            _lose(_subtask(state, event, lost.partition.vertex, lost.partition.subtask), lost)
     elif isinstance(event, r.NodeBlocked):
         rebuilt.blocks[event.host] = event.until_ts
     elif isinstance(event, r.NodeUnblocked):
@@ -264,15 +272,28 @@ def _command_effect(state: ExecutionState, log: JobLog, applied: r.CommandApplie
         subtask.not_before = command.not_before_ts
 
 
-def _subtask(
-    state: ExecutionState,
-    event: r.AttemptDeploying | r.AttemptFinished | r.AttemptFailed | r.AttemptCanceled,
-) -> Subtask:
-    subtask = state.subtask(event.vertex, event.subtask)
+def _reset(subtask: Subtask) -> None:
+    """An attempt of `subtask` was running when its driver died: it runs again, unless another
+    attempt had finished it."""
+    if subtask.winner is None:
+        subtask.wanted = True
+
+
+def _lose(subtask: Subtask, lost: r.LostResult) -> None:
+    """A finished result found lost on a recovery (by `reconcile`, or read back from the
+    `JobRecovered` that recorded it): nobody reads it, and its producer runs again if asked."""
+    subtask.available = False
+    if lost.produced_again:
+        subtask.unfinish()
+
+
+def _subtask(state: ExecutionState, event: r.Event, vertex: str, index: int) -> Subtask:
+    """The subtask `event` names."""
+    subtask = state.subtask(vertex, index)
     if subtask is None:
         raise RecoveryError(
-            f"{event.id} names {event.vertex}#{event.subtask}, which the rebuilt job does not "
-            "have (a VertexInitialized is missing from the log)"
+            f"{event.id} names {vertex}#{index}, which the rebuilt job does not have (a "
+            "VertexInitialized is missing from the log)"
         )
     return subtask
 
@@ -280,7 +301,7 @@ def _subtask(
 def _attempt(
     state: ExecutionState, event: r.AttemptFinished | r.AttemptFailed | r.AttemptCanceled
 ) -> tuple[Subtask, Attempt]:
-    subtask = _subtask(state, event)
+    subtask = _subtask(state, event, event.vertex, event.subtask)
     if not 0 <= event.attempt < len(subtask.attempts):
         raise RecoveryError(
             f"{event.id} ends attempt {event.attempt} of {event.vertex}#{event.subtask}, "
@@ -371,8 +392,6 @@ def reconcile(state: ExecutionState, rebuilt: Recovered, storage: Storage, job_i
                 else:
                     rebuilt.kept_partitions.append(ref)
                 continue
-            rerun = _still_needed(state, subtask)
-            rebuilt.lost_results.append(r.LostResult(ref, loss, rerun))
-            subtask.available = False
-            if rerun:
-                subtask.unfinish()
+            lost = r.LostResult(ref, loss, produced_again=_still_needed(state, subtask))
+            rebuilt.lost_results.append(lost)
+            _lose(subtask, lost)
