@@ -11,14 +11,12 @@ act on").
 from __future__ import annotations
 
 import logging
-import threading
-import time
 
 from tailguard import filesystems
-from tailguard.agent.adapters.kafka import ArchivePublisher
+from tailguard.agent.adapters.kafka import ArchivePublisher, DecisionReader
 from tailguard.codec import codec_for
 from tailguard.log.archive import ArchiveWriter
-from tailguard.log.consumer import RecordConsumer
+from tailguard.log.consumer import Consumed, RecordConsumer
 from tailguard.log.producer import RecordProducer
 from tailguard.log.signing import signer_for, verifier_for
 from tailguard.model import records as r
@@ -54,14 +52,14 @@ class ObservedAppPublisher(ArchivePublisher):
             [r.FINDINGS_TOPIC, r.COMMANDS_TOPIC],
             group_id=f"tailguard-observe-{app_id}",
         )
-        self._drain_quiet_ms = drain_quiet_ms
-        self._drain_max_ms = drain_max_ms
-        self._last_seen = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._consume, name="tg-observe-decisions", daemon=True
+        self._reader = DecisionReader(
+            self._consumer,
+            self._take,
+            label=f"application {app_id}",
+            thread_name="tg-observe-decisions",
+            drain_quiet_ms=drain_quiet_ms,
+            drain_max_ms=drain_max_ms,
         )
-        self._thread.start()
 
     def publish(self, record: r.Record) -> None:
         # Keyed by the record's job id, as the agent's: per-job order is what the services need.
@@ -72,34 +70,26 @@ class ObservedAppPublisher(ArchivePublisher):
         self._producer.send_bytes(topic, key, value, list(self._signer.headers(topic, value)))
         super().publish(record)
 
-    def _consume(self) -> None:
-        while not self._stop.is_set():
-            for item in self._consumer.poll(0.1):
-                record = item.record
-                if not record.job_id.startswith(self.job_prefix):
-                    continue
-                self._last_seen = time.monotonic()
-                # Spark schedules a native job's tasks itself: a command is recorded for the
-                # audit and the replay, and nothing applies it (docs/observe.md). As the agent
-                # archives it (KafkaPublisher._take): one whose signature does not check out is
-                # kept apart from the services' decisions, which the replay compares.
-                origin = self._verifier.verify(item.topic, item.raw, item.headers)
-                self._append(record, "received", received_archive_topic(record, item.topic, origin))
+    def _take(self, item: Consumed) -> bool:
+        record = item.record
+        if not record.job_id.startswith(self.job_prefix):
+            return False
+        # Spark schedules a native job's tasks itself: a command is recorded for the audit and
+        # the replay, and nothing applies it (docs/observe.md). As the agent archives it
+        # (KafkaPublisher._take): one whose signature does not check out is kept apart from the
+        # services' decisions, which the replay compares.
+        origin = self._verifier.verify(item.topic, item.raw, item.headers)
+        self._append(record, "received", received_archive_topic(record, item.topic, origin))
+        return True
 
     def close(self) -> None:
         """Flush, then listen until the services have gone quiet about the application's last
         events, so their decisions reach the archive; then close it."""
         try:
             self._producer.flush(10.0)
-            started = time.monotonic()
-            while (time.monotonic() - started) * 1000 < self._drain_max_ms:
-                if (time.monotonic() - self._last_seen) * 1000 >= self._drain_quiet_ms:
-                    break
-                self._stop.wait(0.05)
+            self._reader.drain()
         finally:
-            self._stop.set()
-            self._thread.join(timeout=10)
-            self._consumer.close()
+            self._reader.stop()
             # A live librdkafka client keeps reconnecting (and logging) after the broker is gone.
             del self._producer
             super().close()

@@ -23,7 +23,7 @@ from typing import Any
 from tailguard.agent.driver.ports import CommandReceived
 from tailguard.codec import RecordCodec
 from tailguard.log.archive import ArchiveWriter
-from tailguard.log.consumer import Consumed
+from tailguard.log.consumer import Consumed, RecordConsumer
 from tailguard.log.producer import DeliveryError, Headers, QueueFull
 from tailguard.log.signing import NoVerification, signer_for, verifier_for
 from tailguard.model import records as r
@@ -79,6 +79,64 @@ CLOSE_FLUSH_S = 10.0
 READER_STOP_S = 15.0
 
 
+class DecisionReader:
+    """What the services send back, read on a thread of its own: each record goes to `take`,
+    which archives (or delivers) it and says whether it was about the publisher's jobs;
+    `drain` waits until those have gone quiet. Should the thread die, `on_failure` gets the
+    exception. The agent's publisher and the observer's share it."""
+
+    def __init__(
+        self,
+        consumer: RecordConsumer,
+        take: Callable[[Consumed], bool],
+        *,
+        label: str,
+        thread_name: str,
+        on_failure: Callable[[BaseException], None] | None = None,
+        drain_quiet_ms: int = 750,
+        drain_max_ms: int = 5000,
+    ) -> None:
+        self.consumer = consumer
+        self._take = take
+        self._label = label
+        self._on_failure = on_failure
+        self._drain_quiet_ms = drain_quiet_ms
+        self._drain_max_ms = drain_max_ms
+        self._last_seen = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for item in self.consumer.poll(0.1):
+                    if self._take(item):
+                        self._last_seen = time.monotonic()
+        except BaseException as err:  # the job must not go on without its decisions, unseen
+            log.exception("%s: the decision reader died", self._label)
+            if self._on_failure is not None:
+                self._on_failure(err)
+
+    def drain(self) -> None:
+        """Wait until nothing about the publisher's jobs came for `drain_quiet_ms` (at most
+        `drain_max_ms`), so the decisions about their last events reach the archive."""
+        started = time.monotonic()
+        while (time.monotonic() - started) * 1000 < self._drain_max_ms:
+            quiet_ms = (time.monotonic() - self._last_seen) * 1000
+            if quiet_ms >= self._drain_quiet_ms or not self._thread.is_alive():
+                break
+            self._stop.wait(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=READER_STOP_S)
+        if self._thread.is_alive():  # still inside a broker call: closing under it would crash
+            log.warning("%s: the decision reader did not stop; left to exit", self._label)
+            return
+        self.consumer.close()
+
+
 class KafkaPublisher(ArchivePublisher):
     """Facts to Kafka and the archive; decisions from Kafka to the runner.
 
@@ -107,13 +165,11 @@ class KafkaPublisher(ArchivePublisher):
         drain_quiet_ms: int = 750,
         drain_max_ms: int = 5000,
     ) -> None:
-        from tailguard.log.consumer import RecordConsumer
         from tailguard.log.producer import RecordProducer
 
         super().__init__(archive, codec)
         self.job_id = job_id
         self._deliver = deliver
-        self._on_failure = on_failure
         self._signer = signer_for(settings, AGENT)
         self._verifier = verifier_for(settings)
         if isinstance(self._verifier, NoVerification):
@@ -134,12 +190,15 @@ class KafkaPublisher(ArchivePublisher):
             start_at_ms=start_at_ms,
             keys=[job_id.encode()],
         )
-        self._stop = threading.Event()
-        self._drain_quiet_ms = drain_quiet_ms
-        self._drain_max_ms = drain_max_ms
-        self._last_seen = time.monotonic()
-        self._thread = threading.Thread(target=self._consume, name="tg-decisions", daemon=True)
-        self._thread.start()
+        self._reader = DecisionReader(
+            self._consumer,
+            self._take,
+            label=f"job {job_id}",
+            thread_name="tg-decisions",
+            on_failure=on_failure,
+            drain_quiet_ms=drain_quiet_ms,
+            drain_max_ms=drain_max_ms,
+        )
 
     def _send(self, topic: str, value: bytes, headers: Headers | None = None) -> None:
         if self._producer is None:
@@ -174,25 +233,16 @@ class KafkaPublisher(ArchivePublisher):
         topic, value = type(record).TOPIC, self.codec.encode(record)
         self._send(topic, value, list(self._signer.headers(topic, value)))
 
-    def _consume(self) -> None:
-        try:
-            while not self._stop.is_set():
-                for item in self._consumer.poll(0.1):
-                    self._take(item)
-        except BaseException as err:  # the job must not go on without its decisions, unseen
-            log.exception("job %s: the decision reader died", self.job_id)
-            self._on_failure(err)
-
-    def _take(self, item: Consumed) -> None:
+    def _take(self, item: Consumed) -> bool:
         record = item.record
         if record.job_id != self.job_id:  # its key said otherwise: a forged or broken record
-            return
-        self._last_seen = time.monotonic()
+            return False
         origin = self._verifier.verify(item.topic, item.raw, item.headers)
         # Archived on arrival, including what comes after the driver stopped applying.
         self._append(record, "received", received_archive_topic(record, item.topic, origin))
         if isinstance(record, r.Command):
             self._deliver(CommandReceived(record, origin))
+        return True
 
     def close(self) -> None:
         """Flush, then keep listening until the services have gone quiet, so the decisions
@@ -200,10 +250,10 @@ class KafkaPublisher(ArchivePublisher):
         whatever happens to Kafka meanwhile: what Kafka did not take is in it."""
         try:
             self._flush_for_close()
-            self._drain()
+            self._reader.drain()
         finally:
             try:
-                self._stop_reader()
+                self._reader.stop()
             finally:
                 super().close()
 
@@ -221,22 +271,6 @@ class KafkaPublisher(ArchivePublisher):
             )
         finally:
             self._drop_producer()
-
-    def _drain(self) -> None:
-        started = time.monotonic()
-        while (time.monotonic() - started) * 1000 < self._drain_max_ms:
-            quiet_ms = (time.monotonic() - self._last_seen) * 1000
-            if quiet_ms >= self._drain_quiet_ms or not self._thread.is_alive():
-                break
-            self._stop.wait(0.05)
-
-    def _stop_reader(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=READER_STOP_S)
-        if self._thread.is_alive():  # still inside a broker call: closing under it would crash
-            log.warning("job %s: the decision reader did not stop; left to exit", self.job_id)
-            return
-        self._consumer.close()
 
     def _drop_producer(self) -> None:
         # A live librdkafka client keeps reconnecting (and logging) after the broker is gone;
