@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psutil import STATUS_STOPPED as STOPPED
 
 from tailguard.cluster import procs, slowness
 from tailguard.cluster.local import (
@@ -56,7 +57,7 @@ def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 
 def tree_states(root: int) -> dict[int, str | None]:
-    return {pid: procs.state_of(pid) for pid in procs.descendants(root)}
+    return {pid: procs.status_of(pid) for pid in procs.descendants(root)}
 
 
 # --------------------------------------------------------------------------- throttler alone
@@ -90,7 +91,7 @@ def test_throttler_pauses_late_children_and_resumes_all_on_stop(
 
         def child_seen_stopped() -> bool:
             states = tree_states(busy_tree.pid)
-            seen_stopped.update(pid for pid, s in states.items() if s == "T")
+            seen_stopped.update(pid for pid, s in states.items() if s == STOPPED)
             return len(states) == 2 and any(p != busy_tree.pid for p in seen_stopped)
 
         poll(child_seen_stopped, 10.0, "the late child to be paused too")
@@ -101,7 +102,7 @@ def test_throttler_pauses_late_children_and_resumes_all_on_stop(
     assert busy_tree.pid in seen_stopped
     states = tree_states(busy_tree.pid)
     assert len(states) == 2
-    assert "T" not in states.values(), states
+    assert STOPPED not in states.values(), states
 
 
 def test_detached_throttler_resumes_tree_on_sigterm(busy_tree: subprocess.Popen[bytes]) -> None:
@@ -119,20 +120,24 @@ def test_detached_throttler_resumes_tree_on_sigterm(busy_tree: subprocess.Popen[
         ],
     )
     try:
-        poll(lambda: procs.state_of(busy_tree.pid) == "T", 10.0, "the tree to be paused")
+        poll(
+            lambda: procs.status_of(busy_tree.pid) == STOPPED,
+            10.0,
+            "the tree to be paused",
+        )
         throttler.send_signal(signal.SIGTERM)  # most likely while the tree is stopped
         assert throttler.wait(5.0) == 0
     finally:
         if throttler.poll() is None:
             throttler.kill()
-    assert "T" not in tree_states(busy_tree.pid).values()
+    assert STOPPED not in tree_states(busy_tree.pid).values()
 
 
 def test_throttler_with_duration_ends_by_itself(busy_tree: subprocess.Popen[bytes]) -> None:
     started = time.monotonic()
     Throttler(busy_tree.pid, factor=4, period_ms=50, duration_s=0.5).run()
     assert 0.45 <= time.monotonic() - started < 5.0
-    assert "T" not in tree_states(busy_tree.pid).values()
+    assert STOPPED not in tree_states(busy_tree.pid).values()
 
 
 def test_throttler_rejects_speed_up() -> None:
@@ -338,12 +343,10 @@ def test_throttled_host_is_measurably_slower_until_unthrottled(
     assert throttled > 2.0
     assert restored < throttled / 2
     # Unthrottle leaves nothing paused and forgets the throttler.
-    assert "T" not in tree_states(tailguard_cluster.worker(slow).pid).values()
+    assert STOPPED not in tree_states(tailguard_cluster.worker(slow).pid).values()
     assert (
         slow
-        not in json.loads((tailguard_cluster.work_dir / "cluster.json").read_text())[
-            "throttles"
-        ]
+        not in json.loads((tailguard_cluster.work_dir / "cluster.json").read_text())["throttles"]
     )
 
 
@@ -459,17 +462,21 @@ def test_cli_up_status_throttle_down(tmp_path: Path) -> None:
         # --work-dir after the verb, as with `tailguard broker` and `tailguard services`.
         after = tailguard("status", "--work-dir", work)
         assert after.returncode == 0 and "throttled x5" in after.stdout
-        poll(lambda: procs.state_of(worker_pid) == "T", 10.0, "the worker to be paused")
+        poll(
+            lambda: procs.status_of(worker_pid) == STOPPED,
+            10.0,
+            "the worker to be paused",
+        )
         off = tailguard("--work-dir", work, "throttle", "127.0.0.2", "--off")
         assert off.returncode == 0, off.stderr
-        assert "T" not in tree_states(worker_pid).values()
+        assert STOPPED not in tree_states(worker_pid).values()
         assert "throttled" not in tailguard("--work-dir", work, "status").stdout
 
         io = tailguard("--work-dir", work, "throttle", "127.0.0.2", "--factor", "5", "--mode", "io")
         assert io.returncode == 0, io.stderr
         assert "in io mode" in io.stderr
         assert "throttled x5 io" in tailguard("--work-dir", work, "status").stdout
-        assert procs.state_of(worker_pid) != "T"  # io mode pauses nothing
+        assert procs.status_of(worker_pid) != STOPPED  # io mode pauses nothing
         slow_file = tmp_path / "cli-cluster" / "slowness" / "127.0.0.2.json"
         assert slowness.factor_of(slow_file) == 5.0
         assert tailguard("--work-dir", work, "throttle", "127.0.0.2", "--off").returncode == 0

@@ -1,6 +1,6 @@
 """The harness's ledger: a dead session's processes are stopped, and nothing else is.
 
-Real processes (`sleep`), real pids and start times; the "dead session" names a pid no process
+Real processes (`sleep`), real pids and create times; the "dead session" names a pid no process
 can have.
 """
 
@@ -29,7 +29,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 
 def _dead_session() -> Started:
     # Above any pid_max (2^22): no process has it.
-    return Started(999_999_999, 1, "pytest session")
+    return Started(999_999_999, 1.0, "pytest session")
 
 
 def _ledger(directory: Path, session: Started, *processes: Started) -> Path:
@@ -57,7 +57,7 @@ def test_a_reused_pid_is_not_signalled(tmp_path: Path, sleeper: subprocess.Popen
     recorded = Started.of(sleeper.pid, "embedded broker")
     assert recorded is not None
     # The ledger's process started at another time: the pid now belongs to someone else.
-    reused = Started(recorded.pid, recorded.created - 6000, recorded.what)
+    reused = Started(recorded.pid, recorded.created - 60.0, recorded.what)
     _ledger(tmp_path, _dead_session(), reused)
     assert reap(tmp_path, report=lambda _: None) == []
     assert sleeper.poll() is None, "a process no ledger names with its create time was killed"

@@ -1,4 +1,7 @@
-"""Process-tree helpers shared by the cluster launcher and the throttler (Linux /proc only).
+"""Process-tree helpers shared by the cluster launcher, the throttler and the test harness.
+
+Through psutil, not a walk of /proc of our own: the command line, environment, status and start
+time of a process are psutil's, with its handling of processes that exit while we look.
 
 A Spark worker's tree is not one process group: PySpark's daemon calls `setpgid(0, 0)`, so its
 Python workers leave the Worker's group. Walking parent links is the only way to reach them all.
@@ -10,25 +13,17 @@ import contextlib
 import os
 import signal
 import time
-from pathlib import Path
 
-_PROC = Path("/proc")
+import psutil
 
 
 def parent_map() -> dict[int, int]:
-    """pid -> parent pid for every live process."""
-    parents: dict[int, int] = {}
-    for entry in _PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # exited while we were looking
-            continue
-        # The command name is in parentheses and may itself contain spaces or ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        parents[int(entry.name)] = int(fields[1])
-    return parents
+    """pid -> parent pid for every live process (one scan, for many `descendants` calls)."""
+    return {
+        proc.pid: proc.info["ppid"]
+        for proc in psutil.process_iter(["ppid"])
+        if proc.info["ppid"] is not None  # exited while we were looking
+    }
 
 
 def descendants(root: int, parents: dict[int, int] | None = None) -> list[int]:
@@ -47,42 +42,38 @@ def descendants(root: int, parents: dict[int, int] | None = None) -> list[int]:
     return tree
 
 
-def state_of(pid: int) -> str | None:
-    """The one-letter scheduler state (R, S, T, Z, ...) or None if the process is gone."""
+def status_of(pid: int) -> str | None:
+    """psutil's status (`psutil.STATUS_STOPPED`, `STATUS_ZOMBIE`, ...), or None if it is gone."""
     try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
+        return str(psutil.Process(pid).status())
+    except psutil.Error:
         return None
-    return stat[stat.rfind(")") + 2]
 
 
-def start_ticks(pid: int) -> int | None:
-    """When the process started, in clock ticks since boot (stat's `starttime`), or None if it
-    is gone. With the pid it names one process: a later process given the same pid starts later."""
+def create_time(pid: int) -> float | None:
+    """When the process started (psutil's create time), or None if it is gone. With the pid it
+    names one process: a later process given the same pid starts later. The same process always
+    reads the same value (boot time plus its start ticks), so it is compared exactly."""
     try:
-        stat = (_PROC / str(pid) / "stat").read_text()
-    except OSError:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
         return None
-    return int(stat[stat.rfind(")") + 2 :].split()[19])  # field 22; the state is field 3
 
 
 def cmdline(pid: int) -> str:
+    """The command line, arguments joined by spaces ("" if it is gone or not ours to read)."""
     try:
-        # A command line need not be UTF-8 (arguments are bytes): a lookup by marker must not fail.
-        raw = (_PROC / str(pid) / "cmdline").read_bytes()
-        return raw.replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ""
 
 
 def environ(pid: int) -> dict[str, str]:
     """The environment a process started with ({} if it is gone or not ours to read)."""
     try:
-        raw = (_PROC / str(pid) / "environ").read_bytes()
-    except OSError:
+        return dict(psutil.Process(pid).environ())
+    except psutil.Error:
         return {}
-    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
 
 
 def is_alive(pid: int, marker: str | None = None) -> bool:
@@ -91,8 +82,8 @@ def is_alive(pid: int, marker: str | None = None) -> bool:
     The marker guards against pid reuse: a pid read from an old state file may now belong to a
     process we never started, which must not be signalled.
     """
-    state = state_of(pid)
-    if state is None or state in "ZX":
+    status = status_of(pid)
+    if status is None or status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
         return False
     return marker is None or marker in cmdline(pid)
 

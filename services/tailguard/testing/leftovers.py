@@ -5,7 +5,7 @@ fixture teardown: the embedded broker, the Spark daemons and the services it sta
 running for hours (five orphaned services were found 90 minutes after such a run). So the harness
 writes down every process it starts as soon as it has the pid, in a **ledger**: one JSON file per
 pytest session in a per-user directory, naming the session's own process and each started
-process by pid *and* start time (`procs.start_ticks`), because a pid alone may belong to
+process by pid *and* create time (`procs.create_time`), because a pid alone may belong to
 another process by the time anyone reads the file. A local cluster is also named by its state
 directory before it starts, since a run killed while the cluster starts has no pids to record yet.
 
@@ -55,19 +55,19 @@ class Started:
     """One process a session started: which, when it started (to tell a reused pid), and what."""
 
     pid: int
-    # Its start, in clock ticks since boot (procs.start_ticks): exact, compared as is.
-    created: int
+    # Its create time (procs.create_time): the same process always reads the same value.
+    created: float
     what: str
 
     @classmethod
     def of(cls, pid: int, what: str) -> Started | None:
         """The live process `pid`; None if it is already gone."""
-        created = procs.start_ticks(pid)
+        created = procs.create_time(pid)
         return None if created is None else cls(pid, created, what)
 
     def running(self) -> bool:
         """Whether this very process still runs (not another one that got its pid)."""
-        return procs.start_ticks(self.pid) == self.created and procs.is_alive(self.pid)
+        return procs.create_time(self.pid) == self.created and procs.is_alive(self.pid)
 
 
 @dataclass
@@ -100,7 +100,7 @@ class Ledger:
         me = Started.of(os.getpid(), "pytest session")
         assert me is not None  # this process runs
         self._file = LedgerFile(me)
-        self.path = self.directory / f"session-{me.pid}-{me.created}.json"
+        self.path = self.directory / f"session-{me.pid}-{int(me.created * 1000)}.json"
 
     def record(self, pid: int, what: str) -> None:
         """Write down a process this session started (before anything else can go wrong)."""
