@@ -8,6 +8,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
+
 STATE_FILE = "broker.json"
 
 
@@ -69,16 +71,10 @@ def remove_state(work_dir: str | Path, *, only_pid: int | None = None) -> None:
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists and is not a zombie."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    try:
-        # A zombie (exited, not yet reaped by its parent) still answers kill(0).
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+    except psutil.Error:  # not ours to look at: it exists
         return True
 
 
@@ -92,10 +88,11 @@ def is_broker_process(pid: int) -> bool:
     if not pid_alive(pid):
         return False
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        # No /proc (not Linux): fall back to liveness alone.
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # not ours to read: liveness alone
         return True
-    return BROKER_MODULE.encode() in cmdline or (
-        b"broker" in cmdline and any(b"tailguard" in arg for arg in cmdline)
+    return BROKER_MODULE in cmdline or (
+        "broker" in cmdline and any("tailguard" in arg for arg in cmdline)
     )

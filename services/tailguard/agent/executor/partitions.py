@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
+import psutil
 import pyarrow as pa
 import pyarrow.ipc
 
@@ -774,34 +775,6 @@ def prepare_job_storage(storage: Storage, job_id: str) -> list[str]:
     return swept
 
 
-def _boot_time_s() -> float | None:
-    try:
-        with open("/proc/stat") as f:
-            for line in f:
-                if line.startswith("btime "):
-                    return float(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _process_start_ms(pid: int) -> int | None:
-    """When `pid` started (Linux /proc), or None when that cannot be told."""
-    boot = _boot_time_s()
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    if boot is None:
-        return None
-    # Field 22 (starttime, in clock ticks since boot); the command name (field 2) may contain
-    # spaces, so count from the closing parenthesis.
-    fields = stat.rsplit(")", 1)[1].split()
-    ticks = int(fields[19])
-    return int((boot + ticks / os.sysconf("SC_CLK_TCK")) * 1000)
-
-
 def local_owner_alive(owner: JobOwner, hostname: str | None = None) -> bool:
     """Liveness as far as this machine can tell: an owner on another host counts as alive
     (its files are not ours to judge); a local pid that no longer exists, or that was reused
@@ -809,11 +782,10 @@ def local_owner_alive(owner: JobOwner, hostname: str | None = None) -> bool:
     if owner.host != (hostname or socket.gethostname()):
         return True
     try:
-        os.kill(owner.pid, 0)
-    except ProcessLookupError:
+        started_ms = psutil.Process(owner.pid).create_time() * 1000
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        pass
-    started = _process_start_ms(owner.pid)
+    except psutil.Error:  # not ours to look at: alive as far as we can tell
+        return True
     # Slack for clock-tick rounding: the job's marker is written after its process starts.
-    return started is None or started <= owner.started_ms + 1000
+    return started_ms <= owner.started_ms + 1000
