@@ -3,7 +3,7 @@ rebuild and the fleet list read topics this way)."""
 
 from __future__ import annotations
 
-from tailguard.log.producer import RecordProducer
+from tailguard.log.producer import Headers, RecordProducer
 from tailguard.log.topic_scan import read_only_consumer, read_to_end, watermarks
 from tailguard.model.config import Settings
 
@@ -96,7 +96,7 @@ def test_replay_reads_a_topic_partition_after_partition(settings: Settings, topi
         ]
     finally:
         consumer.close()
-    assert _read_topic(settings, topic) == expected
+    assert [m.value() for m in _read_topic(settings, topic)] == expected
     assert len(expected) == 120
 
 
@@ -124,3 +124,64 @@ def test_a_range_the_broker_no_longer_holds_is_read_as_what_is_left(
     if backend == "embedded":
         assert low > 100  # the case this test is about: the range is gone
     assert read == list(range(low, min(high, 100)))
+
+
+def test_replay_reads_the_topics_as_the_services_and_the_agent_took_them(
+    settings: Settings,
+) -> None:
+    """With signing on, an event its agent did not sign is no fact of the job's (every service
+    refused it), and a forged command or finding comes under the archive's topics for them."""
+    import uuid
+
+    from tailguard.codec import codec_for
+    from tailguard.log.signing import KEY_SETTING, signer_for
+    from tailguard.model import records as r
+    from tailguard.model.authority import (
+        AGENT,
+        UNAUTHENTICATED_COMMANDS_TOPIC,
+        UNAUTHENTICATED_FINDINGS_TOPIC,
+    )
+    from tailguard.replay.inputs import read_topic
+
+    signed_settings = Settings({**settings, KEY_SETTING: "k" * 43})
+    codec = codec_for(signed_settings)
+    job = f"signed-{uuid.uuid4().hex[:8]}"
+    failed = r.AttemptFailed(
+        job_id=job, ts=1, id="failed", vertex="v", subtask=0, attempt=0, host="h",
+        error=r.ErrorKind.NODE_LOST, message="",
+    )  # fmt: skip
+    forged_event = r.AttemptFailed(
+        job_id=job, ts=2, id="forged-failed", vertex="v", subtask=0, attempt=1, host="h",
+        error=r.ErrorKind.NODE_LOST, message="forged",
+    )  # fmt: skip
+    finding = r.SlowTasksDetected(
+        job_id=job, ts=3, id="detector-forged", vertex="v", speculation_safe=True,
+        baseline_ms=1, baseline_ns_per_byte=None, hosts=("h",),
+        slow=(r.SlowSubtask(subtask=0, live_attempts=(r.SlowAttempt(0, "h", 60_000),),
+                            latest_attempt=0),),
+    )  # fmt: skip
+    fallback = r.FailJob(job_id=job, ts=4, id="failover-local", reason="agent's own")
+    forged_command = r.FailJob(job_id=job, ts=5, id="failover-forged", reason="forged")
+    producer = RecordProducer(signed_settings)
+    agent = signer_for(signed_settings, AGENT)
+    for record, signed in [
+        (failed, True), (forged_event, False), (finding, False),
+        (fallback, True), (forged_command, False),
+    ]:  # fmt: skip
+        topic, value = type(record).TOPIC, codec.encode(record)
+        headers: Headers = list(agent.headers(topic, value)) if signed else []
+        producer.send_bytes(topic, job.encode(), value, headers)
+    producer.flush()
+    producer.close()
+
+    read = [
+        (item.topic, item.record.id)
+        for topic in r.TOPICS
+        for item in read_topic(signed_settings, topic, job)
+    ]
+    assert read == [
+        (r.EVENTS_TOPIC, "failed"),
+        (UNAUTHENTICATED_FINDINGS_TOPIC, "detector-forged"),
+        (r.COMMANDS_TOPIC, "failover-local"),
+        (UNAUTHENTICATED_COMMANDS_TOPIC, "failover-forged"),
+    ]

@@ -41,7 +41,7 @@ class Consumed:
 _Value = str | bytes | None
 
 
-def _headers(
+def message_headers(
     headers: Mapping[str, _Value] | Sequence[tuple[str, _Value]] | None,
 ) -> tuple[tuple[str, bytes], ...]:
     """A message's headers as (name, bytes) pairs, in order (librdkafka gives a list; its
@@ -126,7 +126,7 @@ class RecordConsumer:
             return None
         _, timestamp = msg.timestamp()
         return Consumed(
-            record, topic, partition, offset, int(timestamp), raw, _headers(msg.headers())
+            record, topic, partition, offset, int(timestamp), raw, message_headers(msg.headers())
         )
 
     def commit(self) -> None:

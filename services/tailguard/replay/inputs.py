@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tailguard import filesystems
 from tailguard.codec import DecodeError, codec_for
 from tailguard.log.archive import ArchiveError, open_archive
+from tailguard.log.signing import verifier_for
 from tailguard.model import records as r
+from tailguard.model.authority import input_problem, received_archive_topic
 from tailguard.model.config import Settings
 from tailguard.replay.engine import Recorded
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
 
 
 class LogReadError(RuntimeError):
@@ -35,7 +41,7 @@ def read_archive(location: str | Path, settings: Settings) -> Iterator[Recorded]
         raise LogReadError(str(err)) from None
 
 
-def _read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[bytes]:
+def _read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[Message]:
     """Every message of `topic` from its oldest to its current end, in partition-offset order."""
     # Here, not at the top: a replay of archives needs no Kafka client.
     from tailguard.log.topic_scan import TopicReadStalled, read_only_consumer, read_to_end
@@ -43,35 +49,47 @@ def _read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list
     # Assigned, never subscribed, never committed: a replay moves nobody's offsets.
     consumer = read_only_consumer(settings, "tailguard-replay")
     try:
-        found = [
-            (msg.partition() or 0, msg.offset() or 0, msg.value() or b"")
-            for msg in read_to_end(consumer, topic, stall_s=timeout_s)
-        ]
+        found = list(read_to_end(consumer, topic, stall_s=timeout_s))
     except TopicReadStalled as err:
         raise LogReadError(str(err)) from None
     finally:
         consumer.close()
-    # Per-job order is per partition (the key is the job id): partition after partition.
-    return [value for _, _, value in sorted(found, key=lambda m: m[:2])]
+    # Per-job order is per partition (the key is the job id): partition after partition (a
+    # stable sort: each partition's messages came in offset order).
+    return sorted(found, key=lambda msg: msg.partition() or 0)
 
 
 def read_topic(settings: Settings, topic: str, job: str | None = None) -> Iterator[Recorded]:
     """One topic from the beginning up to its current end (a job's records only, if `job`);
-    undecodable messages are skipped; LogReadError when the broker cannot be read."""
+    undecodable messages are skipped; LogReadError when the broker cannot be read.
+
+    With signing on, what the services took is told from what they refused as the agent tells
+    it on arrival (`received_archive_topic`): an event its agent did not sign is left out (a
+    dead letter for every service, and no fact of the job's), a finding the services refused
+    and a command whose signature does not check out come under the archive's topics for them,
+    so the topics replay like the archives."""
+    from tailguard.log.consumer import message_headers  # a Kafka client: see `_read_topic`
+
     codec = codec_for(settings)
+    verifier = verifier_for(settings)
     try:
-        values = _read_topic(settings, topic)
+        messages = _read_topic(settings, topic)
     except LogReadError:
         raise
     except Exception as err:  # the broker is unreachable
         raise LogReadError(f"cannot read topic {topic}: {err}") from err
-    for value in values:
+    for msg in messages:
+        value = msg.value() or b""
         try:
             record = codec.decode(value)
         except DecodeError:
             continue  # a dead letter for the services too; not part of any decision
-        if job is None or record.job_id == job:
-            yield Recorded(topic, record)
+        if job is not None and record.job_id != job:
+            continue
+        origin = verifier.verify(topic, value, message_headers(msg.headers()))
+        if isinstance(record, r.Event) and input_problem(topic, origin) is not None:
+            continue
+        yield Recorded(received_archive_topic(record, topic, origin) or topic, record)
 
 
 def read_topics(settings: Settings, job: str | None = None) -> Iterator[Recorded]:
