@@ -50,7 +50,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from confluent_kafka import Consumer
 
 from load import as_job, recorded_job
 from tailguard.bench.report import spread
@@ -58,13 +57,13 @@ from tailguard.codec import codec_for
 from tailguard.log.broker import EmbeddedBroker
 from tailguard.log.consumer import RecordConsumer
 from tailguard.log.producer import RecordProducer
-from tailguard.log.topic_scan import watermarks
+from tailguard.log.topic_scan import read_only_consumer, watermarks
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.shell import supervisor
 from tailguard.shell.definition import ServiceDefinition, load_definition
 from tailguard.shell.processor import Processor
-from tailguard.shell.rebuild import committed_offsets, rebuild_config
+from tailguard.shell.rebuild import committed_offsets
 from tailguard.shell.snapshot import SnapshotStore
 
 # The services that read the events topic: the recorded job is their input.
@@ -118,7 +117,7 @@ class Progress:
 
     def __init__(self, settings: Settings, definition: ServiceDefinition) -> None:
         self.topic = definition.input_topic
-        self.consumer = Consumer(rebuild_config(settings, definition.group_id))
+        self.consumer = read_only_consumer(settings, definition.group_id)
 
     def watermarks(self) -> dict[int, tuple[int, int]]:
         return watermarks(self.consumer, self.topic, _KAFKA_TIMEOUT_S)

@@ -34,12 +34,13 @@ def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 def committed_all(settings: Settings, service: str) -> bool:
     """Whether the service's group has committed every record on the events topic."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
+    from tailguard.log.topic_scan import read_only_consumer
     from tailguard.shell.definition import load_definition
-    from tailguard.shell.rebuild import committed_offsets, rebuild_config
+    from tailguard.shell.rebuild import committed_offsets
 
-    consumer = Consumer(rebuild_config(settings, load_definition(service).group_id))
+    consumer = read_only_consumer(settings, load_definition(service).group_id)
     try:
         done = committed_offsets(consumer, r.EVENTS_TOPIC, 5.0)
         ends = {

@@ -33,8 +33,8 @@ from tailguard.log.kafka_config import (
 )
 from tailguard.log.producer import PRODUCER_DEFAULTS, producer_config
 from tailguard.log.topic_reader import READER_DEFAULTS
+from tailguard.log.topic_scan import read_only_config
 from tailguard.model.config import ConfigError
-from tailguard.shell.rebuild import rebuild_config
 
 BOOTSTRAP = "k1.example:9093,k2.example:9093"
 KEY_PASSWORD = "key-pass-7d1e"
@@ -122,11 +122,13 @@ def test_every_librdkafka_client_gets_exactly_the_security_settings(
     # The agent's consumer and the dead-letter reader (TopicReader's defaults).
     reader = {**READER_DEFAULTS, "group.id": "g", "auto.offset.reset": "earliest"}
     assert client_config(settings, "consumer", reader) == {**base, **reader, **security}
-    # A service's state rebuild.
-    assert rebuild_config(settings, "tailguard-decider") == {
+    # A service's state rebuild (and every read of a topic to its end).
+    assert read_only_config(settings, "tailguard-decider") == {
         **base,
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
+        "allow.auto.create.topics": False,
+        "log_level": 3,
         "group.id": "tailguard-decider",
         **security,
     }
@@ -141,7 +143,7 @@ def test_librdkafka_accepts_each_built_config(pki: Pki, scenario: str) -> None:
     # (decrypting it with the password) when the client is created.
     settings = settings_for(pki, scenario)
     Producer(producer_config(settings))
-    consumer = Consumer(rebuild_config(settings, "g"))
+    consumer = Consumer(read_only_config(settings, "g"))
     consumer.close()
 
 

@@ -38,15 +38,23 @@ class TopicReadStalled(TimeoutError):
     """No record came for as long as the reader waits, with some of the range still unread."""
 
 
+def read_only_config(
+    settings: Mapping[str, str], group_id: str, config: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The librdkafka config of a consumer for `read_to_end`, with the `kafka.*` settings of
+    every tailguard client (the same brokers and credentials as a service's faust app).
+    `group_id` names the reader (it is never joined); a caller may read that group's committed
+    offsets with it (a service's state rebuild does)."""
+    return client_config(
+        settings, "consumer", {**_READ_ONLY, "group.id": group_id, **(config or {})}
+    )
+
+
 def read_only_consumer(
     settings: Mapping[str, str], group_id: str, config: Mapping[str, Any] | None = None
 ) -> Consumer:
-    """A consumer for `read_to_end`, with the `kafka.*` settings of every tailguard client.
-    `group_id` names the reader (it is never joined); a caller may read that group's committed
-    offsets with it."""
-    return Consumer(
-        client_config(settings, "consumer", {**_READ_ONLY, "group.id": group_id, **(config or {})})
-    )
+    """A consumer with `read_only_config`."""
+    return Consumer(read_only_config(settings, group_id, config))
 
 
 def watermarks(consumer: Consumer, topic: str, timeout_s: float) -> dict[int, tuple[int, int]]:

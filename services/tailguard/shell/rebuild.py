@@ -12,24 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from tailguard.log.kafka_config import client_config
 from tailguard.log.signing import ReceivedHeaders
-from tailguard.log.topic_scan import read_to_end
+from tailguard.log.topic_scan import read_only_consumer, read_to_end, watermarks
 from tailguard.shell.snapshot import Position, digest
-
-# Read-only: never commit on the service group's behalf.
-_REBUILD_CONSUMER = {"enable.auto.commit": False, "auto.offset.reset": "earliest"}
-
-
-def rebuild_config(settings: Mapping[str, str], group_id: str) -> dict[str, Any]:
-    """The librdkafka config of the rebuild's consumer: the service's own `kafka.*` settings
-    (the same brokers and credentials as its faust app), reading as `group_id` (whose committed
-    offsets it reads; it never joins the group)."""
-    return client_config(settings, "consumer", {**_REBUILD_CONSUMER, "group.id": group_id})
 
 
 def committed_offsets(consumer: Consumer, group_topic: str, timeout: float) -> dict[int, int]:
@@ -60,7 +48,7 @@ def rebuild(
 ) -> Rebuilt:
     """Feed `feed(value, partition, offset, headers)` every record from `start_at` (a snapshot's
     positions; the beginning by default) up to the group's committed offsets."""
-    consumer = Consumer(rebuild_config(settings, group_id))
+    consumer = read_only_consumer(settings, group_id)
     try:
         ends = committed_offsets(consumer, topic, timeout)
         fed = 0
@@ -86,15 +74,14 @@ def snapshot_mismatch(
     before each position must still be the one the snapshot read last (an embedded broker
     restarts empty and numbers its log from 0 again; real Kafka never renumbers). A record
     already deleted by retention cannot be checked and is taken as matching."""
-    consumer = Consumer(rebuild_config(settings, group_id))
+    consumer = read_only_consumer(settings, group_id)
     try:
         last_read: dict[int, int] = {}  # partition -> the offset the snapshot read last
+        marks = watermarks(consumer, topic, timeout)
         for partition, position in positions.items():
             if position.next_offset <= 0:
                 continue
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=timeout
-            )
+            low, high = marks.get(partition, (0, 0))
             if high < position.next_offset:
                 return (
                     f"{topic}[{partition}] ends at offset {high}, the snapshot read up to "

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import faust
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import KafkaException
 from faust.worker import Worker
 
 from tailguard import logs
 from tailguard.codec import codec_for
 from tailguard.log.kafka_config import faust_app_options
-from tailguard.log.topic_scan import read_to_end
+from tailguard.log.topic_scan import read_only_consumer, read_to_end
 from tailguard.model.config import ConfigError, Settings
 from tailguard.settings_file import load_settings
 from tailguard.shell.broker_watch import BrokerWatch
@@ -37,7 +37,7 @@ from tailguard.shell.definition import SERVICE_NAMES, ServiceDefinition, load_de
 from tailguard.shell.log_limits import RepeatLimiter
 from tailguard.shell.metrics_http import MetricsServer
 from tailguard.shell.processor import Processor
-from tailguard.shell.rebuild import rebuild, rebuild_config, snapshot_mismatch
+from tailguard.shell.rebuild import rebuild, snapshot_mismatch
 from tailguard.shell.snapshot import (
     PeriodicSnapshots,
     SnapshotError,
@@ -331,7 +331,7 @@ def records_on_topic(
 ) -> dict[tuple[int, int], str]:
     """(partition, offset) -> digest of every record on the service's input topic now: a log
     just begun again by a restarted embedded broker, so a short read."""
-    consumer = Consumer(rebuild_config(settings, definition.group_id))
+    consumer = read_only_consumer(settings, definition.group_id)
     try:
         return {
             (msg.partition() or 0, msg.offset() or 0): digest(msg.value())
