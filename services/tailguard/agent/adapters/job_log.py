@@ -13,6 +13,7 @@ whole log and a replay of it has nothing missing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tailguard import filesystems
@@ -77,21 +78,22 @@ def read_recovery_log(
         )
     events: dict[str, r.Event] = {}
     commands: dict[str, r.Command] = {}
-    for item in archived or []:
-        record = item.record
-        if record.job_id != job_id:
-            continue
-        if item.topic == r.EVENTS_TOPIC and isinstance(record, r.Event):
-            events.setdefault(record.id, record)
-        elif isinstance(record, r.Command) and item.topic != UNAUTHENTICATED_COMMANDS_TOPIC:
-            commands.setdefault(record.id, record)
+
+    def take(items: Iterable[Recorded]) -> None:
+        # One rule for both sources: a command whose signature failed is kept apart in the
+        # archive and by the topic read alike, and is no decision to restore.
+        for item in items:
+            record = item.record
+            if record.job_id != job_id:
+                continue
+            if item.topic == r.EVENTS_TOPIC and isinstance(record, r.Event):
+                events.setdefault(record.id, record)
+            elif isinstance(record, r.Command) and item.topic != UNAUTHENTICATED_COMMANDS_TOPIC:
+                commands.setdefault(record.id, record)
+
+    take(archived or [])
     in_archive = set(events)
-    for item in on_topics or []:
-        record = item.record
-        if item.topic == r.EVENTS_TOPIC and isinstance(record, r.Event):
-            events.setdefault(record.id, record)
-        elif isinstance(record, r.Command):
-            commands.setdefault(record.id, record)
+    take(on_topics or [])
     ordered = sorted(events.values(), key=lambda e: sequence_of(job_id, e))
     not_archived = tuple(e for e in ordered if e.id not in in_archive)
     if archived is None:
