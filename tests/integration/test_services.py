@@ -34,20 +34,15 @@ def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 def committed_all(settings: Settings, service: str) -> bool:
     """Whether the service's group has committed every record on the events topic."""
-    from confluent_kafka import TopicPartition
-
-    from tailguard.log.topic_scan import read_only_consumer
+    from tailguard.log.topic_scan import read_only_consumer, watermarks
     from tailguard.shell.definition import load_definition
     from tailguard.shell.rebuild import committed_offsets
 
     consumer = read_only_consumer(settings, load_definition(service).group_id)
     try:
         done = committed_offsets(consumer, r.EVENTS_TOPIC, 5.0)
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(r.EVENTS_TOPIC, p), 5.0)[1]
-            for p in consumer.list_topics(r.EVENTS_TOPIC, 5.0).topics[r.EVENTS_TOPIC].partitions
-        }
-        return all(done.get(p, 0) >= end for p, end in ends.items())
+        ends = watermarks(consumer, r.EVENTS_TOPIC, 5.0)
+        return all(done.get(p, 0) >= end for p, (_, end) in ends.items())
     finally:
         consumer.close()
 
