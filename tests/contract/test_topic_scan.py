@@ -174,10 +174,14 @@ def test_replay_reads_the_topics_as_the_services_and_the_agent_took_them(
     producer.flush()
     producer.close()
 
+    # The broker may be the session's, with services answering (the speculator launches a copy
+    # for the forged finding, unsigned): what this test published is what it checks.
+    sent = {failed.id, forged_event.id, finding.id, fallback.id, forged_command.id}
     read = [
         (item.topic, item.record.id)
         for topic in r.TOPICS
         for item in read_topic(signed_settings, topic, job)
+        if item.record.id in sent
     ]
     assert read == [
         (r.EVENTS_TOPIC, "failed"),
