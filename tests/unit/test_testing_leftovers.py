@@ -93,7 +93,11 @@ def test_sigterm_interrupts_once_and_a_foreign_handler_is_left_alone() -> None:
     def foreign(_signum: int, _frame: object) -> None:
         pass
 
-    before = signal.signal(signal.SIGHUP, foreign)
+    # The session's own harness may hold both signals already (it does whenever the run
+    # started with them at their default, as CI's does): this test starts from the default.
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, foreign)
     try:
         with signals_interrupt():
             assert signal.getsignal(signal.SIGHUP) is foreign
@@ -103,7 +107,26 @@ def test_sigterm_interrupts_once_and_a_foreign_handler_is_left_alone() -> None:
             assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
         assert signal.getsignal(signal.SIGHUP) is foreign
     finally:
-        signal.signal(signal.SIGHUP, before)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_an_interrupt_leaves_a_handler_set_after_it_alone() -> None:
+    def later(_signum: int, _frame: object) -> None:
+        pass
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig in before:
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        with signals_interrupt():
+            signal.signal(signal.SIGHUP, later)  # e.g. a test's own, set inside the session
+            with pytest.raises(Terminated, match="SIGTERM"):
+                signal.raise_signal(signal.SIGTERM)
+            assert signal.getsignal(signal.SIGHUP) is later
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def test_a_cluster_killed_while_starting_is_stopped_through_its_state_file(

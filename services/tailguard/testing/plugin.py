@@ -85,9 +85,11 @@ def signals_interrupt() -> Iterator[None]:
     ours = [sig for sig in INTERRUPTING_SIGNALS if signal.getsignal(sig) == signal.SIG_DFL]
 
     def interrupt(signum: int, _frame: object) -> None:
-        # A second signal ends the run at once: the next session reaps what is left.
+        # A second signal ends the run at once: the next session reaps what is left. Only the
+        # signals still ours: a handler set since (a test's, a plugin's) is theirs to keep.
         for sig in ours:
-            signal.signal(sig, signal.SIG_DFL)
+            if signal.getsignal(sig) is interrupt:
+                signal.signal(sig, signal.SIG_DFL)
         raise Terminated(
             f"{signal.Signals(signum).name}: the tailguard harness stops what it started"
         )
