@@ -17,8 +17,9 @@ that causes a decision); start the service again; measure from the start to `/he
 same again `--restarts` times with the snapshot file removed before the start, so the service
 rebuilds from what the broker still holds. Each start is split, from the service's JSON log, into
 its rebuild (snapshot fold and tail read) and its stream start (faust's worker and the group
-join, which after a kill -9 waits for the dead member's session, 6 s, to expire); the first start,
-with no dead member, is printed for contrast.
+join, which after a kill -9 waits for the dead member's session, 6 s, to expire). The two run at
+once (`tailguard.shell.worker.StateLoad`), so ready is the process's start-up plus the longer of
+the two, not their sum. The first start, with no dead member, is printed for contrast.
 
 What the embedded broker holds: librdkafka's mock cluster (rdkafka_mock.c,
 `rd_kafka_mock_partition_init`) keeps per partition at most `max_size` = 5 MiB of message sets
@@ -91,7 +92,7 @@ class Restart:
     snapshot_records: int
     reread: int  # records read from the topic after the snapshot (all of them without one)
     rebuild_s: float  # of ready_s: the snapshot's fold and the tail's read, as the service logs it
-    stream_s: float  # of ready_s: faust's worker start and the group join, after the rebuild
+    stream_s: float  # of ready_s: faust's worker start and the group join, beside the rebuild
     load: float
 
 
@@ -227,10 +228,12 @@ class Bench:
 
     def phases(self) -> tuple[float, float]:
         """The last start's rebuild (snapshot fold and tail read, as the service logs it) and
-        its stream start (faust's worker and the group join: from the rebuild's end to the
-        stream's first line), read from the service's JSON log."""
+        its stream start (faust's worker and the group join: from the process's first line to
+        the stream's first line), read from the service's JSON log. The two run at once (the
+        worker's `StateLoad`): ready is about the process's imports plus the longer of them."""
         log_file = supervisor.services_dir(self.work) / f"{self.service}.log"
-        rebuilt: tuple[float, datetime] | None = None
+        began: datetime | None = None
+        rebuilt: float | None = None
         consuming: datetime | None = None
         for line in log_file.read_text(errors="replace").splitlines():
             try:
@@ -238,13 +241,15 @@ class Bench:
                 message, at = str(entry["message"]), datetime.fromisoformat(entry["time"])
             except (ValueError, KeyError, TypeError):
                 continue  # a line faust wrote itself
-            if found := REBUILT_LINE.search(message):
-                rebuilt, consuming = (float(found.group(1)), at), None
+            if message.startswith(f"{self.service} metrics on "):
+                began, rebuilt, consuming = at, None, None
+            elif found := REBUILT_LINE.search(message):
+                rebuilt = float(found.group(1))
             elif message.startswith(f"{self.service} consuming "):
                 consuming = at
-        if rebuilt is None or consuming is None:
+        if began is None or rebuilt is None or consuming is None:
             raise BenchError(f"no rebuild or stream start of the last start in {log_file}")
-        return rebuilt[0], (consuming - rebuilt[1]).total_seconds()
+        return rebuilt, (consuming - began).total_seconds()
 
     def drain_outputs(self) -> None:
         """Read what the service has published so far (the history's decisions, on the first
@@ -280,7 +285,7 @@ def summary(title: str, runs: Sequence[Restart]) -> list[str]:
         title,
         "  " + _line("start -> /health 200", [x.ready_s for x in runs]),
         "  " + _line("  of which the rebuild", [x.rebuild_s for x in runs]),
-        "  " + _line("  and the stream's start (faust, group join)", [x.stream_s for x in runs]),
+        "  " + _line("  beside it, the stream start (faust, join)", [x.stream_s for x in runs]),
         "  " + _line("start -> first decision of a live job", decided),
         f"  records re-read from the topic: {', '.join(f'{x.reread:,}' for x in runs)}",
         f"  load average: {', '.join(f'{x.load:.1f}' for x in runs)}",

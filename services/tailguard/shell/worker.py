@@ -1,10 +1,13 @@
 """Running one service: `python -m tailguard.shell.worker NAME` (what `tailguard services up`
 starts, once per service, as its own process).
 
-Start-up order matters: metrics first (so a supervisor sees the process), then the state: the
-last snapshot (tailguard.shell.snapshot) and the input topic's tail after it up to the group's
-committed offsets, then the faust stream from those offsets. `/health` turns ready only when the
-stream runs, and unready again while the broker cannot be reached (tailguard.shell.broker_watch).
+Start-up order matters: metrics first (so a supervisor sees the process), then two things at
+once: the state's load (`StateLoad`: the last snapshot, tailguard.shell.snapshot, and the input
+topic's tail after it up to the group's committed offsets) in a thread, and the faust stream's
+start, whose group join mostly waits on the broker (after a kill -9, for the dead member's
+session). The stream feeds the core nothing before the load is done, and resumes at those
+committed offsets. `/health` turns ready only when both are, and unready again while the broker
+cannot be reached (tailguard.shell.broker_watch).
 
 A stop (SIGTERM, Ctrl-C) is faust's clean shutdown, then a last snapshot; with the broker gone,
 the last snapshot and an exit at once instead (`ServiceWorker`).
@@ -13,10 +16,13 @@ the last snapshot and an exit at once instead (`ServiceWorker`).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import concurrent.futures
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -100,6 +106,43 @@ class ServiceWorker(Worker):
         super()._schedule_shutdown(sig)
 
 
+class StateLoad:
+    """The service's state load (`load`: snapshot fold and tail read, returning the periodic
+    snapshots to keep) in a thread of its own, so that it overlaps the stream's start instead of
+    preceding it: a restart's ready time is then the longer of the two, not their sum (measured
+    before: 2.4 s of load, then 6.3 s of stream start). A load that fails ends the process
+    (`on_failure`): a service must not decide from a state it could not rebuild."""
+
+    def __init__(
+        self,
+        load: Callable[[], PeriodicSnapshots],
+        on_failure: Callable[[BaseException], None],
+    ) -> None:
+        self._load = load
+        self._on_failure = on_failure
+        self._future: concurrent.futures.Future[PeriodicSnapshots] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, name="state-load", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._future.set_result(self._load())
+        except BaseException as err:  # whatever it is, the process must end
+            self._future.set_exception(err)
+            self._on_failure(err)
+
+    def loaded(self) -> PeriodicSnapshots | None:
+        """The periodic snapshots once the load is done, else None (still loading or failed)."""
+        if not self._future.done() or self._future.exception() is not None:
+            return None
+        return self._future.result()
+
+    async def wait(self) -> PeriodicSnapshots:
+        return await asyncio.wrap_future(self._future)
+
+
 class ServiceState:
     def __init__(self, broker: BrokerWatch | None = None) -> None:
         self.ready = False
@@ -118,10 +161,11 @@ def build_app(
     processor: Processor,
     state: ServiceState,
     data_dir: Path,
-    snapshots: PeriodicSnapshots | None = None,
+    state_load: StateLoad | None = None,
 ) -> faust.App:
     """The service's faust app; `connection` is `faust_app_options(settings)` (the broker and
-    the credentials built from the same `kafka.*` settings as every librdkafka client)."""
+    the credentials built from the same `kafka.*` settings as every librdkafka client). With a
+    `state_load`, the stream feeds its core nothing before that load is done."""
     _shorten_fetch_wait(FETCH_MAX_WAIT_MS)
     app = faust.App(
         definition.group_id,
@@ -151,6 +195,8 @@ def build_app(
 
     @app.agent(source, name=f"{definition.name}-core")
     async def process(stream: Any) -> None:
+        # The consumer fetches meanwhile; the core takes input only once its state is loaded.
+        snapshots = await state_load.wait() if state_load is not None else None
         async for event in stream.events():
             message = event.message
             if snapshots is not None:
@@ -175,6 +221,8 @@ def build_app(
 
     @app.task
     async def started() -> None:
+        if state_load is not None:
+            await state_load.wait()
         state.ready = True
         processor.metrics.ready.set(1)
         log.info("%s consuming %s", definition.name, definition.input_topic)
@@ -208,32 +256,47 @@ def serve(
     data_dir = work_dir / "services" / name
     data_dir.mkdir(parents=True, exist_ok=True)
     store = SnapshotStore(data_dir / "snapshot.avro")
-    started = time.monotonic()
-    start_at, restored = restore(settings, definition, processor, store)
-    rebuilt = rebuild(
-        settings, definition.group_id, definition.input_topic, processor.replay, start_at
-    )
-    # Input the snapshot holds beyond the committed offsets: the stream resumes at those
-    # offsets, and must not feed it to the core a second time.
-    processor.restored_up_to = {
-        p: at for p, at in start_at.items() if at > rebuilt.committed.get(p, 0)
-    }
-    processor.metrics.mark_live()
-    log.info(
-        "%s rebuilt its state in %.2f s: %d records from its snapshot, %d from the topic",
-        name,
-        time.monotonic() - started,
-        restored,
-        rebuilt.fed,
-    )
-    snapshots = PeriodicSnapshots(store, processor.snapshot)
-    if rebuilt.fed or not (start_at or restored):
-        # A snapshot now, so the next restart does not read this one's tail again. Not when the
-        # snapshot just folded is the state already (nothing read after it): that would write
-        # the same records again, in a thread beside the stream's start.
-        snapshots.take_now()
+
+    def load_state() -> PeriodicSnapshots:
+        started = time.monotonic()
+        start_at, restored = restore(settings, definition, processor, store)
+        rebuilt = rebuild(
+            settings, definition.group_id, definition.input_topic, processor.replay, start_at
+        )
+        # Input the snapshot holds beyond the committed offsets: the stream resumes at those
+        # offsets, and must not feed it to the core a second time.
+        processor.restored_up_to = {
+            p: at for p, at in start_at.items() if at > rebuilt.committed.get(p, 0)
+        }
+        processor.metrics.mark_live()
+        log.info(
+            "%s rebuilt its state in %.2f s: %d records from its snapshot, %d from the topic",
+            name,
+            time.monotonic() - started,
+            restored,
+            rebuilt.fed,
+        )
+        snapshots = PeriodicSnapshots(store, processor.snapshot)
+        if rebuilt.fed or not (start_at or restored):
+            # A snapshot now, so the next restart does not read this one's tail again. Not when
+            # the snapshot just folded is the state already (nothing read after it): that would
+            # write the same records again.
+            snapshots.take_now()
+        return snapshots
+
+    def load_failed(err: BaseException) -> None:
+        # The stream may be half started (faust's threads, a group join): no clean way back to
+        # the main thread's exit, so this thread ends the process, leaving the snapshot on disk
+        # as it was. The supervisor sees the exit code.
+        log.error("%s cannot load its state: %s", name, err, exc_info=err)
+        metrics.stop()
+        logging.shutdown()
+        os._exit(1)
+
+    state_load = StateLoad(load_state, load_failed)
+    state_load.start()
     broker.start()
-    app = build_app(definition, connection, processor, state, data_dir, snapshots)
+    app = build_app(definition, connection, processor, state, data_dir, state_load)
     # aiokafka logs every failed reconnect while the broker is away.
     log_handler.addFilter(RepeatLimiter())
     # faust (mode) replaces the root logger's handlers when the worker starts: hand it ours
@@ -249,12 +312,17 @@ def serve(
         if not broker.cut_off():
             return
         log.warning("%s: stopping with its broker unreachable: %s", name, broker.state.reason)
-        answering = snapshots.answering
-        snapshots.close()  # written and fsynced before the exit below
+        snapshots = state_load.loaded()
+        answering = snapshots is not None and snapshots.answering
+        if snapshots is not None:
+            snapshots.close()  # written and fsynced before the exit below
         log.warning(
             "%s: %s; exiting without faust's shutdown, which would wait for the broker",
             name,
-            f"the last snapshot kept ({store.path}): an input's outputs were not yet on the broker"
+            f"the snapshot on disk kept ({store.path}): the state was still loading"
+            if snapshots is None
+            else f"the last snapshot kept ({store.path}): an input's outputs were not yet on the "
+            "broker"
             if answering
             else f"snapshot written to {store.path}",
         )
@@ -278,6 +346,10 @@ def serve(
     finally:
         broker.stop()
         metrics.stop()
+    snapshots = state_load.loaded()
+    if snapshots is None:
+        # Stopped while the state was loading: the snapshot on disk is still the last state.
+        return code
     if code != 0 and broker.lost_within(RECONNECT_WINDOW_S) and not snapshots.answering:
         snapshots.close()
         carry_over(settings, definition, processor, store)
