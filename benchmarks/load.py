@@ -15,7 +15,10 @@ arrive: the decision could not be taken before it (an evidence-based block names
 rests on, some minutes old, from other jobs too). "p99 1st" charges from the first cause instead:
 how long the evidence took to gather, a property of the policy, not of the services. Reported per
 N: records published, outputs seen, latency p50, p99 and max, p99 from the first cause, how far
-the harness's own publisher fell behind, and where the p99 target (100 ms) breaks.
+the harness's own publisher fell behind, and where the p99 target (100 ms) breaks. Then, per
+kind of output (a finding is the detector's; each command type is one service's), its own hop:
+from its direct cause's arrival (an event's send, or a finding's arrival at this harness) to its
+own arrival, which says which service holds the tail.
 
     make bench-load         # or: .venv/bin/python benchmarks/load.py --jobs 1,5,10,20,40
 """
@@ -31,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -76,6 +80,10 @@ class Outputs(threading.Thread):
         self.sent = sent
         self.latencies_ms: list[float] = []
         self.evidence_ms: list[float] = []
+        # Per output kind, the hop from its direct cause: an output seen here is timed from its
+        # arrival, an event from its send.
+        self.arrived: dict[str, float] = {}
+        self.hops_ms: dict[str, list[float]] = defaultdict(list)
         self.outputs = 0
         self.stop = threading.Event()
 
@@ -87,7 +95,13 @@ class Outputs(threading.Thread):
                 if record.job_id not in self.jobs:
                     continue
                 self.outputs += 1
-                causes = [self.sent[c] for c in getattr(record, "caused_by", ()) if c in self.sent]
+                caused_by = getattr(record, "caused_by", ())
+                direct = [self.arrived.get(c, self.sent.get(c)) for c in caused_by]
+                known = [t for t in direct if t is not None]
+                if known:
+                    self.hops_ms[type(record).__name__].append((now - max(known)) * 1000)
+                self.arrived[record.id] = now
+                causes = [self.sent[c] for c in caused_by if c in self.sent]
                 if causes:
                     # A decision can be taken only once its last cause is in: that is where its
                     # latency starts. An evidence-based block names every finding it rests on,
@@ -99,9 +113,13 @@ class Outputs(threading.Thread):
         self.consumer.close()
 
 
+Hop = tuple[int, float, float, float]  # outputs, p50, p99 and max ms
+
+
 def run_load(
     settings: Settings, template: list[r.Event], jobs: int, speedup: float, tag: str
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[str, Hop]]:
+    """The row of figures for `jobs` concurrent jobs, and the own hop of each output kind."""
     names = [f"load-{tag}-{jobs}-{j}" for j in range(jobs)]
     sent: dict[str, float] = {}
     outputs = Outputs(settings, set(names), sent)
@@ -138,6 +156,10 @@ def run_load(
     outputs.join()
     producer.close()
     lat = outputs.latencies_ms
+    hops = {
+        kind: (len(ms), statistics.median(ms), percentile(ms, 99.0), max(ms))
+        for kind, ms in sorted(outputs.hops_ms.items())
+    }
     return {
         "jobs": jobs,
         "events": len(template) * jobs,
@@ -148,7 +170,7 @@ def run_load(
         "max": max(lat) if lat else float("nan"),
         "p99_first": percentile(outputs.evidence_ms, 99.0) if lat else float("nan"),
         "publisher_late_ms": late * 1000,
-    }
+    }, hops
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'max ms':>8} {'p99 1st':>8} {'late ms':>8}  load"
             )
             for n in counts:
-                row = run_load(settings, template, n, args.speedup, str(os.getpid()))
+                row, hops = run_load(settings, template, n, args.speedup, str(os.getpid()))
                 verdict = "" if row["p99"] <= TARGET_P99_MS else "  <- p99 over 100 ms"
                 print(
                     f"{n:>5} {row['events']:>8,.0f} {row['outputs']:>8,.0f} {row['p50']:>8.1f} "
@@ -193,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"{os.getloadavg()[0]:.1f}{verdict}",
                     flush=True,
                 )
+                for kind, (count, p50, p99, top) in hops.items():
+                    print(
+                        f"      own hop of {kind}: {count:,} outputs, p50 {p50:.1f} ms, "
+                        f"p99 {p99:.1f} ms, max {top:.1f} ms",
+                        flush=True,
+                    )
         finally:
             supervisor.stop(work, report=lambda _: None)
             broker.stop()
