@@ -12,7 +12,8 @@ SparkSession, outputs checked against pandas. The fleet block lasts 10 min, long
 bench, so jobs 2-5 find it on the list when they start.
 
 Reports, per job: time, ratio to the healthy median, attempts placed on the slow node, fleet
-blocks applied at start (their cause). Asserts nothing: timings depend on the machine's load.
+blocks applied before the job's first attempt and during it. Asserts nothing: timings depend on
+the machine's load. `--set KEY=VALUE` changes a policy setting of tailguard's runs.
 """
 
 from __future__ import annotations
@@ -35,24 +36,26 @@ TAILGUARD, PLAIN = "tailguard+services", "pyspark+speculation"
 FLEET_POLICY = {"execution.batch.speculative.block-slow-node-duration": "10 min"}
 
 
-def _archive_facts(rec: RunRecord, settings: Any) -> tuple[int, list[str]]:
-    """(attempts deployed on the slow host, causes of the fleet blocks applied) of a run."""
+def _archive_facts(rec: RunRecord, settings: Any) -> tuple[int, int, int]:
+    """(attempts deployed on the slow host, fleet blocks applied before the job's first attempt,
+    fleet blocks applied during the job) of a run, from its archive."""
     from tailguard.model import records as r
     from tailguard.model.fleet import FLEET_CAUSE_PREFIX
     from tailguard.replay.inputs import read_archive
 
     if not rec.archive:
-        return -1, []
+        return -1, 0, 0
     records = [x.record for x in read_archive(Path(rec.archive), settings)]
     on_slow = sum(
         1 for e in records if isinstance(e, r.AttemptDeploying) and e.host == rec.slow_host
     )
-    fleet = [
-        e.cause
-        for e in records
-        if isinstance(e, r.NodeBlocked) and e.cause.startswith(FLEET_CAUSE_PREFIX)
-    ]
-    return on_slow, fleet
+    at_start = during = 0
+    deploying = False
+    for e in records:
+        deploying = deploying or isinstance(e, r.AttemptDeploying)
+        if isinstance(e, r.NodeBlocked) and e.cause.startswith(FLEET_CAUSE_PREFIX):
+            during, at_start = (during + 1, at_start) if deploying else (during, at_start + 1)
+    return on_slow, at_start, during
 
 
 def main() -> int:
@@ -62,8 +65,23 @@ def main() -> int:
     parser.add_argument(
         "--files", type=int, default=10, help="input files (2 tasks each, 2 s per task)"
     )
-    parser.add_argument("--work-dir", help="default: a temporary directory, removed at the end")
+    parser.add_argument(
+        "--work-dir", help="default: a new temporary directory, kept (the runs' archives)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a policy setting for tailguard's runs, e.g. blocklist.min-slow-attempts=1",
+    )
     args = parser.parse_args()
+    policy = dict(FLEET_POLICY)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--set needs KEY=VALUE, not {item!r}")
+        policy[key.strip()] = value.strip()
     if args.jobs < 2 or args.healthy < 1 or args.files < 1:
         raise SystemExit("need --jobs >= 2, --healthy >= 1 and --files >= 1")
 
@@ -76,7 +94,7 @@ def main() -> int:
     io = IoSize(files=args.files, rows_per_file=12_000, task_s=2.0, workers=6)
     bench = Bench(work, QUICK, io, [], 1, print, select_contenders(f"{TAILGUARD},{PLAIN}"))
     work.mkdir(parents=True, exist_ok=True)
-    config = runner.write_settings(work, QUICK, io, FLEET_POLICY)
+    config = runner.write_settings(work, QUICK, io, policy)
     settings = load_settings(config, environ={})
     healthy, slow = SCENARIOS["io-healthy"], SCENARIOS["io-slow"]
     data = {s.name: runner.prepare_data(work, io, s) for s in (healthy, slow)}
@@ -98,6 +116,8 @@ def main() -> int:
                     rows.append((phase, i + 1, rec))
     load = os.getloadavg()
     print(_table(rows, settings))
+    if args.set:
+        print(f"\n  tailguard's policy settings: {', '.join(args.set)}")
     print(
         f"\n  {io.tasks} tasks of {io.task_s:g} s on {io.workers} workers (one 5x slow in the"
         f" slow rounds), load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f},"
@@ -117,15 +137,19 @@ def _table(rows: list[tuple[str, int, RunRecord]], settings: Any) -> str:
         ]
 
     header = "| job | contender | time (s) | / healthy median | attempts on slow node |"
-    lines = [header + " fleet blocks at start | output |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        header + " fleet blocks at start | fleet blocks during | output |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     base = {c: statistics.median(times("healthy", c) or [float("nan")]) for c in (TAILGUARD, PLAIN)}
     for phase, n, rec in rows:
         label = f"healthy {n}" if phase == "healthy" else f"slow-node job {n}"
-        on_slow, fleet = ("-", []) if rec.contender == PLAIN else _archive_facts(rec, settings)
+        facts = _archive_facts(rec, settings) if rec.contender == TAILGUARD else None
+        on_slow, at_start, during = ("-", "-", "-") if facts is None else facts
         ratio = (rec.job_s or float("nan")) / base[rec.contender]
         lines.append(
             f"| {label} | {rec.contender} | {rec.job_s or float('nan'):.1f} | {ratio:.2f} |"
-            f" {on_slow} | {len(fleet)} | {'equal' if rec.output_equal else rec.error} |"
+            f" {on_slow} | {at_start} | {during} | {'equal' if rec.output_equal else rec.error} |"
         )
     for c in (TAILGUARD, PLAIN):
         later = [s for p, n, rec in rows if p == "slow" and n > 1 and rec.contender == c
