@@ -64,8 +64,12 @@ SESSION_TIMEOUT_S = 6.0
 # faust-streaming 0.15 hard-codes fetch_max_wait_ms=1500 for its consumer, and librdkafka's mock
 # cluster (the embedded broker) answers a fetch with no data only when that wait expires, even if
 # data arrives meanwhile: every decision would wait ~0.75 s on average (measured: round trip
-# p50 1.4 s). A short wait costs a few more fetch requests per second and nothing on real Kafka.
-FETCH_MAX_WAIT_MS = 20
+# p50 1.4 s). A short wait costs more fetch requests per second (an idle service: 200 empty
+# fetches/s at 5 ms) and nothing on real Kafka, which answers as soon as data arrives. Each hop
+# (event -> finding -> command) pays up to this wait on the embedded broker: 20 jobs at a real
+# job's rate (benchmarks/load.py) gave an end-to-end p50 of 24.8 ms at 20 ms and 16.1 ms at 5 ms
+# (the speculator's hop 18.0 -> 6.8 ms); the p99 is set by rarer stalls (docs/reliability.md).
+FETCH_MAX_WAIT_MS = 5
 
 # faust ends its worker when the broker it comes back to has lost the group (an embedded broker
 # restarted empty: GroupIdNotFound in the heartbeat). Within this long of a lost broker, such an
