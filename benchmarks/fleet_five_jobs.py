@@ -49,13 +49,16 @@ def _archive_facts(rec: RunRecord, settings: Any) -> tuple[int, int, int]:
     on_slow = sum(
         1 for e in records if isinstance(e, r.AttemptDeploying) and e.host == rec.slow_host
     )
-    at_start = during = 0
-    deploying = False
-    for e in records:
-        deploying = deploying or isinstance(e, r.AttemptDeploying)
-        if isinstance(e, r.NodeBlocked) and e.cause.startswith(FLEET_CAUSE_PREFIX):
-            during, at_start = (during + 1, at_start) if deploying else (during, at_start + 1)
-    return on_slow, at_start, during
+    first_attempt = next(
+        (i for i, e in enumerate(records) if isinstance(e, r.AttemptDeploying)), len(records)
+    )
+    fleet = [
+        i
+        for i, e in enumerate(records)
+        if isinstance(e, r.NodeBlocked) and e.cause.startswith(FLEET_CAUSE_PREFIX)
+    ]
+    at_start = sum(1 for i in fleet if i < first_attempt)
+    return on_slow, at_start, len(fleet) - at_start
 
 
 def main() -> int:
