@@ -64,8 +64,9 @@ SESSION_TIMEOUT_S = 6.0
 # faust-streaming 0.15 hard-codes fetch_max_wait_ms=1500 for its consumer, and librdkafka's mock
 # cluster (the embedded broker) answers a fetch with no data only when that wait expires, even if
 # data arrives meanwhile: every decision would wait ~0.75 s on average (measured: round trip
-# p50 1.4 s). A short wait costs more fetch requests per second (an idle service: 200 empty
-# fetches/s at 5 ms) and nothing on real Kafka, which answers as soon as data arrives. Each hop
+# p50 1.4 s). A short wait costs empty fetches while a topic is idle (200 a second per service at
+# 5 ms), on real Kafka too, which answers as soon as data arrives and so needs no short wait:
+# there it only adds those requests (see the note in docs/reliability.md). Each hop
 # (event -> finding -> command) pays up to this wait on the embedded broker: 20 jobs at a real
 # job's rate (benchmarks/load.py) gave an end-to-end p50 of 24.8 ms at 20 ms and 16.1 ms at 5 ms
 # (the speculator's hop 18.0 -> 6.8 ms); the p99 is set by rarer stalls (docs/reliability.md).
@@ -317,18 +318,19 @@ def serve(
             return
         log.warning("%s: stopping with its broker unreachable: %s", name, broker.state.reason)
         snapshots = state_load.loaded()
-        answering = snapshots is not None and snapshots.answering
+        if snapshots is None:
+            kept = f"the snapshot on disk kept ({store.path}): the state was still loading"
+        elif snapshots.answering:
+            kept = (
+                f"the last snapshot kept ({store.path}): an input's outputs were not yet on the "
+                "broker"
+            )
+        else:
+            kept = f"snapshot written to {store.path}"
         if snapshots is not None:
             snapshots.close()  # written and fsynced before the exit below
         log.warning(
-            "%s: %s; exiting without faust's shutdown, which would wait for the broker",
-            name,
-            f"the snapshot on disk kept ({store.path}): the state was still loading"
-            if snapshots is None
-            else f"the last snapshot kept ({store.path}): an input's outputs were not yet on the "
-            "broker"
-            if answering
-            else f"snapshot written to {store.path}",
+            "%s: %s; exiting without faust's shutdown, which would wait for the broker", name, kept
         )
         metrics.stop()
         logging.shutdown()
