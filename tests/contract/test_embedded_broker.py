@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tailguard.log import kafka_config
 from tailguard.log.broker import BrokerError, EmbeddedBroker, resolve_bootstrap
 from tailguard.log.broker_state import BrokerState, is_broker_process, write_state
+from tailguard.log.kafka_config import KAFKA_FETCH_WAIT_MS, fetch_wait_ms, is_embedded_cluster
 from tailguard.log.producer import RecordProducer
-from tailguard.log.topic_reader import TopicReader
+from tailguard.log.topic_reader import EMBEDDED_FETCH_WAIT_MS, TopicReader
+from tailguard.shell.broker_watch import BrokerWatch
 
 
 def tailguard(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -111,6 +114,55 @@ def test_broker_serves_clients_and_stops(tmp_path: Path) -> None:
     assert gone(state.pid)
     assert broker.status() is None
     assert EmbeddedBroker(tmp_path).stop() is False
+
+
+def read_one(reader: TopicReader, timeout_s: float = 10.0) -> list[bytes | None]:
+    deadline = time.monotonic() + timeout_s
+    got: list = []
+    while not got and time.monotonic() < deadline:
+        got = reader.poll(0.2)
+    return [m.value() for m in got]
+
+
+def test_the_embedded_broker_is_told_apart_by_its_cluster_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fetch wait follows the broker: the embedded broker answers an empty fetch only when
+    the wait expires, so its clients wait briefly; on Kafka a reader takes Kafka's default."""
+    with EmbeddedBroker(tmp_path) as bootstrap:
+        settings = {"bootstrap.servers": bootstrap}  # as a user would name any broker
+        watch = BrokerWatch(settings)
+        assert watch.probe(10).reachable
+        assert is_embedded_cluster(watch.cluster_id), watch.cluster_id
+        assert fetch_wait_ms(settings, watch.cluster_id, 20) == 20
+
+        producer = RecordProducer(settings)
+        producer.send_bytes("fetch-wait", b"k", b"v")
+        producer.flush(10)
+        embedded = TopicReader(settings, ["fetch-wait"], "on-embedded")
+        try:
+            assert read_one(embedded) == [b"v"]
+            assert embedded._config["fetch.wait.max.ms"] == EMBEDDED_FETCH_WAIT_MS
+        finally:
+            embedded.close()
+
+        # The same broker taken for Kafka: the reader starts again with Kafka's wait before it
+        # reads anything, and still reads every record.
+        monkeypatch.setattr(kafka_config, "EMBEDDED_CLUSTER_PREFIX", "no-such-prefix")
+        on_kafka = TopicReader(settings, ["fetch-wait"], "on-kafka")
+        try:
+            assert read_one(on_kafka) == [b"v"]
+            assert on_kafka._config["fetch.wait.max.ms"] == KAFKA_FETCH_WAIT_MS
+        finally:
+            on_kafka.close()
+        # A wait in the settings stays whatever the broker.
+        configured = {**settings, "kafka.consumer.fetch.wait.max.ms": "50"}
+        chosen = TopicReader(configured, ["fetch-wait"], "configured")
+        try:
+            assert read_one(chosen) == [b"v"]
+            assert chosen._config["fetch.wait.max.ms"] == "50"
+        finally:
+            chosen.close()
 
 
 def test_stale_state_file_is_replaced(tmp_path: Path) -> None:

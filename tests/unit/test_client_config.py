@@ -26,9 +26,13 @@ from faust.auth import GSSAPICredentials, SASLCredentials, SSLCredentials
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
 from tailguard.log.kafka_config import (
+    KAFKA_FETCH_WAIT_MS,
     client_config,
+    configured_fetch_wait_ms,
     faust_app_options,
     faust_credentials,
+    fetch_wait_ms,
+    is_embedded_cluster,
     security_settings,
 )
 from tailguard.log.producer import PRODUCER_DEFAULTS, producer_config
@@ -415,3 +419,25 @@ def test_librdkafka_presents_the_client_certificate(pki: Pki) -> None:
         producer = Producer({**producer_config(settings), "log_level": 0})
         assert server.wait_for_client() == "tailguard-service@example"
         del producer
+
+
+# The fetch wait: what the settings say, else by the broker that answered.
+
+
+def test_the_fetch_wait_is_short_on_the_embedded_broker_and_kafkas_own_on_kafka() -> None:
+    assert is_embedded_cluster("mockCluster1f2e3d")
+    assert not is_embedded_cluster("lkc-7Hn2uXQwT3yLb0aZ1c9rKg") and not is_embedded_cluster(None)
+    assert fetch_wait_ms({}, "mockCluster1f2e3d", 20) == 20
+    assert fetch_wait_ms({}, "7Hn2uXQwT3yLb0aZ1c9rKg", 20) == KAFKA_FETCH_WAIT_MS == 500
+    # Not reached yet: the short wait, which costs only idle requests if it is Kafka after all.
+    assert fetch_wait_ms({}, None, 20) == 20
+    for key in ("kafka.consumer.fetch.wait.max.ms", "kafka.fetch.wait.max.ms"):
+        assert fetch_wait_ms({key: " 7 "}, "mockCluster1", 20) == 7
+        assert fetch_wait_ms({key: "0"}, "7Hn2uXQwT3yLb0aZ1c9rKg", 20) == 0
+    assert configured_fetch_wait_ms({}) is None
+
+
+@pytest.mark.parametrize("value", ["fast", "-1", "2.5"])
+def test_a_bad_fetch_wait_is_refused_naming_the_setting(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"kafka\.consumer\.fetch\.wait\.max\.ms.*" + value):
+        fetch_wait_ms({"kafka.consumer.fetch.wait.max.ms": value}, None, 20)

@@ -175,6 +175,18 @@ def test_services_up_refuses_kafka_settings_faust_cannot_follow(
     assert not (tmp_path / "services").exists()  # nothing was started
 
 
+def test_services_up_refuses_a_fetch_wait_that_is_no_milliseconds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tailguard.cli import main
+
+    config = tmp_path / "tailguard.toml"
+    config.write_text('"kafka.consumer.fetch.wait.max.ms" = "soon"\n')
+    assert main(["--config", str(config), "services", "up", "--work-dir", str(tmp_path)]) == 2
+    assert "kafka.consumer.fetch.wait.max.ms" in capsys.readouterr().err
+    assert not (tmp_path / "services").exists()  # nothing was started
+
+
 def test_replay_what_if_never_prints_a_secret(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

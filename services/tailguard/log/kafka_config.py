@@ -85,6 +85,50 @@ def client_config(
     }
 
 
+# librdkafka's mock cluster, which is the embedded broker, names itself "mockCluster<hex>"
+# (rd_kafka_mock_cluster_new in rdkafka_mock.c); a Kafka cluster's id is a base64 UUID.
+EMBEDDED_CLUSTER_PREFIX = "mockCluster"
+FETCH_WAIT_KEY = "fetch.wait.max.ms"
+# Kafka answers a fetch as soon as data arrives: the wait only bounds how often an idle consumer
+# asks again, so Kafka's own default costs no latency there.
+KAFKA_FETCH_WAIT_MS = 500
+
+
+def is_embedded_cluster(cluster_id: str | None) -> bool:
+    """Whether the broker that answered with `cluster_id` is librdkafka's mock cluster."""
+    return bool(cluster_id) and str(cluster_id).startswith(EMBEDDED_CLUSTER_PREFIX)
+
+
+def configured_fetch_wait_ms(settings: Mapping[str, str]) -> int | None:
+    """`kafka.consumer.fetch.wait.max.ms` (or `kafka.fetch.wait.max.ms`) if set, else None."""
+    value = _role_settings(settings, "consumer").get(FETCH_WAIT_KEY)
+    if value is None:
+        return None
+    try:
+        wait = int(str(value).strip())
+    except ValueError:
+        wait = -1
+    if wait < 0:
+        raise ConfigError(
+            f"{PREFIX}consumer.{FETCH_WAIT_KEY}: expected whole milliseconds (>= 0), got {value!r}"
+        )
+    return wait
+
+
+def fetch_wait_ms(settings: Mapping[str, str], cluster_id: str | None, embedded_ms: int) -> int:
+    """How long a consumer's fetch may wait for data: the configured wait if there is one; else
+    `embedded_ms` on the embedded broker, which answers a fetch with no data only when the wait
+    expires, even if data arrives meanwhile (every hop pays up to it), and Kafka's default on
+    Kafka. A cluster not reached yet (`cluster_id` None) gets `embedded_ms`: a short wait on
+    Kafka costs only idle requests, a long one on the embedded broker costs every decision."""
+    configured = configured_fetch_wait_ms(settings)
+    if configured is not None:
+        return configured
+    if cluster_id is None or is_embedded_cluster(cluster_id):
+        return embedded_ms
+    return KAFKA_FETCH_WAIT_MS
+
+
 def is_security_key(key: str) -> bool:
     """Whether librdkafka setting `key` is about authentication or encryption."""
     return key in ("security.protocol", "enable.ssl.certificate.verification") or key.startswith(

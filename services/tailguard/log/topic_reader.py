@@ -36,7 +36,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from tailguard.log.kafka_config import client_config
+from tailguard.log.kafka_config import FETCH_WAIT_KEY, client_config, fetch_wait_ms
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,13 @@ READER_DEFAULTS: Mapping[str, Any] = {
     "enable.auto.offset.store": False,
     # Do not let a lookup of a missing topic create it with broker defaults.
     "allow.auto.create.topics": False,
-    "fetch.wait.max.ms": 5,
     "log_level": 3,
 }
+# The fetch wait on the embedded broker, which answers a fetch with no data only when the wait
+# expires (kafka_config.fetch_wait_ms): short, since an agent's commands wait on it, and cheap,
+# since librdkafka's empty fetches cost no Python work. On Kafka a reader switches to Kafka's
+# own default at its first look at the cluster.
+EMBEDDED_FETCH_WAIT_MS = 5
 
 # Errors seen in normal operation: the end of a partition; a topic that does not exist yet.
 IGNORABLE_ERRORS = (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART)
@@ -86,6 +90,10 @@ class TopicReader:
             "auto.offset.reset": "earliest" if from_beginning else "latest",
         }
         self._config = {**client_config(settings, "consumer", defaults), **(config or {})}
+        # A wait the caller or the settings chose stays; else it follows the cluster.
+        self._wait_follows_cluster = FETCH_WAIT_KEY not in self._config
+        if self._wait_follows_cluster:
+            self._config[FETCH_WAIT_KEY] = EMBEDDED_FETCH_WAIT_MS
         self.consumer = Consumer(self._config)
         self._missing = set(self.topics)
         self._next_discovery = 0.0
@@ -204,8 +212,10 @@ class TopicReader:
         """The messages that arrive within `timeout` seconds, errors filtered out."""
         deadline = time.monotonic() + timeout
         while True:
-            self._discover()
+            # The cluster first: on Kafka the reader starts again with a longer fetch wait,
+            # which is free before anything is assigned.
             self._follow_cluster()
+            self._discover()
             # Whatever is queued already, without waiting; else wait for the first message
             # only (consume(n, t) would wait for n messages or t: latency) and take the rest
             # that came with it.
@@ -248,6 +258,8 @@ class TopicReader:
             return  # unreachable: looked at again at the next check
         if not cluster_id:
             return
+        if self._cluster_id is None:
+            self._fit_fetch_wait(cluster_id)
         if self._cluster_id is not None and cluster_id != self._cluster_id:
             assigned = self.consumer.assignment()
             log.warning(
@@ -262,6 +274,23 @@ class TopicReader:
             self._positions.clear()
             self._resume_at.clear()
         self._cluster_id = cluster_id
+
+    def _fit_fetch_wait(self, cluster_id: str) -> None:
+        """On Kafka, Kafka's default fetch wait: with the embedded broker's short one, an idle
+        reader would ask the broker 200 times a second, and every job's agent has one."""
+        wait = fetch_wait_ms({}, cluster_id, EMBEDDED_FETCH_WAIT_MS)
+        if not self._wait_follows_cluster or wait == self._config[FETCH_WAIT_KEY]:
+            return
+        if self.consumer.assignment() or self._positions:
+            # Reached only after the broker was out of reach at the first looks: reading goes
+            # on with the short wait rather than start again.
+            log.info("%s: cluster %s reached late: fetches keep a %d ms wait",
+                     self.group_id, cluster_id, self._config[FETCH_WAIT_KEY])  # fmt: skip
+            return
+        self.consumer.close()
+        self._config[FETCH_WAIT_KEY] = wait
+        self.consumer = Consumer(self._config)
+        self._missing = set(self.topics)
 
     def _recent(self, msg: Message) -> bool:
         """Not stamped before `start_at_ms` (what a partition read from its beginning, on a

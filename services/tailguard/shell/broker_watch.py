@@ -64,6 +64,11 @@ class BrokerWatch:
     def state(self) -> BrokerState:
         return self._state
 
+    @property
+    def cluster_id(self) -> str | None:
+        """The id the broker last answered with (None: it never answered)."""
+        return self._cluster_id
+
     def probe(self, timeout_s: float | None = None) -> BrokerState:
         """Ask the broker now (at most `timeout_s`, default the watch's timeout)."""
         timeout = self._timeout if timeout_s is None else timeout_s

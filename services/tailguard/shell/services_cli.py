@@ -17,7 +17,11 @@ import threading
 from pathlib import Path
 
 from tailguard.extras import require
-from tailguard.log.kafka_config import faust_credentials, security_settings
+from tailguard.log.kafka_config import (
+    configured_fetch_wait_ms,
+    faust_credentials,
+    security_settings,
+)
 from tailguard.logs import add_format_argument
 from tailguard.settings_file import load_settings
 from tailguard.shell.definition import SERVICE_NAMES
@@ -90,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
             require("services")  # the workers import faust: say so here, not in their logs
             # Likewise Kafka settings their faust client cannot honour: once, here.
             faust_credentials(security_settings(settings))
+            configured_fetch_wait_ms(settings)
             start(
                 work_dir,
                 names,

@@ -34,7 +34,13 @@ from faust.worker import Worker
 
 from tailguard import logs
 from tailguard.codec import codec_for
-from tailguard.log.kafka_config import faust_app_options
+from tailguard.log.kafka_config import (
+    FETCH_WAIT_KEY,
+    configured_fetch_wait_ms,
+    faust_app_options,
+    fetch_wait_ms,
+    is_embedded_cluster,
+)
 from tailguard.log.topic_scan import read_only_consumer, read_to_end
 from tailguard.model.config import ConfigError, Settings
 from tailguard.settings_file import load_settings
@@ -64,13 +70,13 @@ SESSION_TIMEOUT_S = 6.0
 # faust-streaming 0.15 hard-codes fetch_max_wait_ms=1500 for its consumer, and librdkafka's mock
 # cluster (the embedded broker) answers a fetch with no data only when that wait expires, even if
 # data arrives meanwhile: every decision would wait ~0.75 s on average (measured: round trip
-# p50 1.4 s). A short wait costs empty fetches while a topic is idle (200 a second per service at
-# 5 ms), on real Kafka too, which answers as soon as data arrives and so needs no short wait:
-# there it only adds those requests (see the note in docs/reliability.md). Each hop
-# (event -> finding -> command) pays up to this wait on the embedded broker: 20 jobs at a real
-# job's rate (benchmarks/load.py) gave an end-to-end p50 of 24.8 ms at 20 ms and 16.1 ms at 5 ms
-# (the speculator's hop 18.0 -> 6.8 ms); the p99 is set by rarer stalls (docs/reliability.md).
-FETCH_MAX_WAIT_MS = 5
+# p50 1.4 s). On the embedded broker a short wait bounds each hop (event -> finding -> command),
+# but every empty fetch is Python work in aiokafka: idle, the five services and the broker took
+# 51% of a CPU at 5 ms, 19% at 20 ms, 7% at 100 ms (2 cores, nothing else running); 20 jobs at
+# a real job's rate (benchmarks/load.py) gave an end-to-end p50 of 16.1 ms at 5 ms and 24.8 ms
+# at 20 ms. On a 2-core machine that CPU is the jobs' own, so 20 ms. Kafka answers as soon as
+# data arrives and gets its own default (`kafka_config.fetch_wait_ms`).
+EMBEDDED_FETCH_WAIT_MS = 20
 
 # faust ends its worker when the broker it comes back to has lost the group (an embedded broker
 # restarted empty: GroupIdNotFound in the heartbeat). Within this long of a lost broker, such an
@@ -93,6 +99,15 @@ def _shorten_fetch_wait(max_wait_ms: int) -> None:
             super().__init__(*args, **kwargs)
 
     driver.aiokafka.AIOKafkaConsumer = Consumer
+
+
+def _wait_reason(settings: Mapping[str, str], broker: BrokerWatch) -> str:
+    if configured_fetch_wait_ms(settings) is not None:
+        return f"kafka.consumer.{FETCH_WAIT_KEY} is set"
+    if broker.cluster_id is None:
+        return "no broker answered yet: the embedded broker's wait"
+    kind = "the embedded broker" if is_embedded_cluster(broker.cluster_id) else "Kafka"
+    return f"cluster {broker.cluster_id} is {kind}"
 
 
 class ServiceWorker(Worker):
@@ -167,11 +182,13 @@ def build_app(
     state: ServiceState,
     data_dir: Path,
     state_load: StateLoad | None = None,
+    fetch_wait_ms: int = EMBEDDED_FETCH_WAIT_MS,
 ) -> faust.App:
     """The service's faust app; `connection` is `faust_app_options(settings)` (the broker and
     the credentials built from the same `kafka.*` settings as every librdkafka client). With a
-    `state_load`, the stream feeds its core nothing before that load is done."""
-    _shorten_fetch_wait(FETCH_MAX_WAIT_MS)
+    `state_load`, the stream feeds its core nothing before that load is done. Its consumer's
+    fetches wait at most `fetch_wait_ms` for data (`kafka_config.fetch_wait_ms`)."""
+    _shorten_fetch_wait(fetch_wait_ms)
     app = faust.App(
         definition.group_id,
         **connection,
@@ -246,6 +263,7 @@ def serve(
     definition = load_definition(name)
     # First, so that Kafka settings the faust client cannot honour stop the service at once.
     connection = faust_app_options(settings)
+    configured_fetch_wait_ms(settings)
     codec = codec_for(settings)
     processor = Processor(definition, settings, codec)
     broker = BrokerWatch(settings)
@@ -300,8 +318,12 @@ def serve(
 
     state_load = StateLoad(load_state, load_failed)
     state_load.start()
+    # The first probe now, for which broker answers: its fetch wait (the watch goes on probing).
+    broker.probe()
+    fetch_wait = fetch_wait_ms(settings, broker.cluster_id, EMBEDDED_FETCH_WAIT_MS)
+    log.info("%s: fetches wait up to %d ms (%s)", name, fetch_wait, _wait_reason(settings, broker))
     broker.start()
-    app = build_app(definition, connection, processor, state, data_dir, state_load)
+    app = build_app(definition, connection, processor, state, data_dir, state_load, fetch_wait)
     # aiokafka logs every failed reconnect while the broker is away.
     log_handler.addFilter(RepeatLimiter())
     # faust (mode) replaces the root logger's handlers when the worker starts: hand it ours
