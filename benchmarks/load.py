@@ -84,6 +84,9 @@ class Outputs(threading.Thread):
         # arrival, an event from its send.
         self.arrived: dict[str, float] = {}
         self.hops_ms: dict[str, list[float]] = defaultdict(list)
+        # (own hop ms, wall clock at arrival, kind): when the slowest hops happened, to set
+        # beside the services' logs.
+        self.slowest: list[tuple[float, float, str]] = []
         self.outputs = 0
         self.stop = threading.Event()
 
@@ -99,7 +102,9 @@ class Outputs(threading.Thread):
                 direct = [self.arrived.get(c, self.sent.get(c)) for c in caused_by]
                 known = [t for t in direct if t is not None]
                 if known:
-                    self.hops_ms[type(record).__name__].append((now - max(known)) * 1000)
+                    hop_ms = (now - max(known)) * 1000
+                    self.hops_ms[type(record).__name__].append(hop_ms)
+                    self.slowest.append((hop_ms, time.time(), type(record).__name__))
                 self.arrived[record.id] = now
                 causes = [self.sent[c] for c in caused_by if c in self.sent]
                 if causes:
@@ -117,9 +122,15 @@ Hop = tuple[int, float, float, float]  # outputs, p50, p99 and max ms
 
 
 def run_load(
-    settings: Settings, template: list[r.Event], jobs: int, speedup: float, tag: str
-) -> tuple[dict[str, float], dict[str, Hop]]:
-    """The row of figures for `jobs` concurrent jobs, and the own hop of each output kind."""
+    settings: Settings,
+    template: list[r.Event],
+    jobs: int,
+    speedup: float,
+    tag: str,
+    slowest_k: int = 0,
+) -> tuple[dict[str, float], dict[str, Hop], list[tuple[float, float, str]]]:
+    """The row of figures for `jobs` concurrent jobs, the own hop of each output kind, and the
+    `slowest_k` slowest own hops (ms, wall clock of arrival, kind)."""
     names = [f"load-{tag}-{jobs}-{j}" for j in range(jobs)]
     sent: dict[str, float] = {}
     outputs = Outputs(settings, set(names), sent)
@@ -160,17 +171,37 @@ def run_load(
         kind: (len(ms), statistics.median(ms), percentile(ms, 99.0), max(ms))
         for kind, ms in sorted(outputs.hops_ms.items())
     }
-    return {
-        "jobs": jobs,
-        "events": len(template) * jobs,
-        "outputs": outputs.outputs,
-        "measured": len(lat),
-        "p50": statistics.median(lat) if lat else float("nan"),
-        "p99": percentile(lat, 99.0) if lat else float("nan"),
-        "max": max(lat) if lat else float("nan"),
-        "p99_first": percentile(outputs.evidence_ms, 99.0) if lat else float("nan"),
-        "publisher_late_ms": late * 1000,
-    }, hops
+    slowest = sorted(outputs.slowest, reverse=True)[:slowest_k]
+    return (
+        {
+            "jobs": jobs,
+            "events": len(template) * jobs,
+            "outputs": outputs.outputs,
+            "measured": len(lat),
+            "p50": statistics.median(lat) if lat else float("nan"),
+            "p99": percentile(lat, 99.0) if lat else float("nan"),
+            "max": max(lat) if lat else float("nan"),
+            "p99_first": percentile(outputs.evidence_ms, 99.0) if lat else float("nan"),
+            "publisher_late_ms": late * 1000,
+        },
+        hops,
+        slowest,
+    )
+
+
+def clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"
+
+
+def service_log_lines(directory: Path) -> list[str]:
+    """The lines of the services' logs that may explain a stall, in time order."""
+    lines = [
+        line.rstrip()
+        for log_file in sorted(directory.glob("*.log"))
+        for line in log_file.read_text(errors="replace").splitlines()
+        if "snapshot of" in line or " WARNING " in line or " ERROR " in line
+    ]
+    return sorted(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,6 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=1_000)
     parser.add_argument("--speedup", type=float, default=10.0, help="simulated s per wall s")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--slowest",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also list the K slowest own hops with their clock time, and the services' "
+        "snapshot writes and warnings, to set side by side",
+    )
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.jobs.split(",") if n.strip()]
     if not counts or min(counts) < 1:
@@ -206,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'max ms':>8} {'p99 1st':>8} {'late ms':>8}  load"
             )
             for n in counts:
-                row, hops = run_load(settings, template, n, args.speedup, str(os.getpid()))
+                row, hops, slowest = run_load(
+                    settings, template, n, args.speedup, str(os.getpid()), args.slowest
+                )
                 verdict = "" if row["p99"] <= TARGET_P99_MS else "  <- p99 over 100 ms"
                 print(
                     f"{n:>5} {row['events']:>8,.0f} {row['outputs']:>8,.0f} {row['p50']:>8.1f} "
@@ -221,6 +262,14 @@ def main(argv: list[str] | None = None) -> int:
                         f"p99 {p99:.1f} ms, max {top:.1f} ms",
                         flush=True,
                     )
+                if slowest:
+                    print(f"      the {len(slowest)} slowest own hops:")
+                    for ms, at, kind in sorted(slowest, key=lambda s: s[1]):
+                        print(f"        {clock(at)}  {ms:8.1f} ms  {kind}")
+            if args.slowest:
+                print("the services' snapshot writes, warnings and errors:")
+                for line in service_log_lines(work / "services"):
+                    print("  " + line)
         finally:
             supervisor.stop(work, report=lambda _: None)
             broker.stop()

@@ -238,9 +238,15 @@ class PeriodicSnapshots:
         self._writer.start()
 
     def _write(self, snapshot: Snapshot) -> None:
+        started = self._clock()
         try:
             self.last_size = self.store.write(snapshot)
             self.written += 1
+            # With the time it took: the writer shares the process (and the GIL) with the stream.
+            log.info(
+                "snapshot of %s written: %d records, %d bytes in %.2f s",
+                snapshot.service, len(snapshot.records), self.last_size, self._clock() - started,
+            )  # fmt: skip
         except OSError as err:
             # The previous snapshot stays in place: a later restart reads a longer tail.
             service, path = snapshot.service, self.store.path
