@@ -80,13 +80,11 @@ class Outputs(threading.Thread):
         self.sent = sent
         self.latencies_ms: list[float] = []
         self.evidence_ms: list[float] = []
-        # Per output kind, the hop from its direct cause: an output seen here is timed from its
-        # arrival, an event from its send.
+        # Each output's own hop from its direct cause (an output seen here is timed from its
+        # arrival, an event from its send): (ms, wall clock at arrival, kind), the clock to set
+        # the slowest beside the services' logs.
         self.arrived: dict[str, float] = {}
-        self.hops_ms: dict[str, list[float]] = defaultdict(list)
-        # (own hop ms, wall clock at arrival, kind): when the slowest hops happened, to set
-        # beside the services' logs.
-        self.slowest: list[tuple[float, float, str]] = []
+        self.hops: list[tuple[float, float, str]] = []
         self.outputs = 0
         self.stop = threading.Event()
 
@@ -103,8 +101,7 @@ class Outputs(threading.Thread):
                 known = [t for t in direct if t is not None]
                 if known:
                     hop_ms = (now - max(known)) * 1000
-                    self.hops_ms[type(record).__name__].append(hop_ms)
-                    self.slowest.append((hop_ms, time.time(), type(record).__name__))
+                    self.hops.append((hop_ms, time.time(), type(record).__name__))
                 self.arrived[record.id] = now
                 causes = [self.sent[c] for c in caused_by if c in self.sent]
                 if causes:
@@ -167,11 +164,14 @@ def run_load(
     outputs.join()
     producer.close()
     lat = outputs.latencies_ms
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for ms, _, kind in outputs.hops:
+        by_kind[kind].append(ms)
     hops = {
         kind: (len(ms), statistics.median(ms), percentile(ms, 99.0), max(ms))
-        for kind, ms in sorted(outputs.hops_ms.items())
+        for kind, ms in sorted(by_kind.items())
     }
-    slowest = sorted(outputs.slowest, reverse=True)[:slowest_k]
+    slowest = sorted(outputs.hops, reverse=True)[:slowest_k]
     return (
         {
             "jobs": jobs,

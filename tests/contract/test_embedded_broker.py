@@ -116,12 +116,17 @@ def test_broker_serves_clients_and_stops(tmp_path: Path) -> None:
     assert EmbeddedBroker(tmp_path).stop() is False
 
 
-def read_one(reader: TopicReader, timeout_s: float = 10.0) -> list[bytes | None]:
-    deadline = time.monotonic() + timeout_s
-    got: list = []
-    while not got and time.monotonic() < deadline:
-        got = reader.poll(0.2)
-    return [m.value() for m in got]
+def read_all(settings: dict[str, str], group: str) -> tuple[list[bytes | None], object]:
+    """What a new reader of the "fetch-wait" topic reads first, and the fetch wait it read with."""
+    reader = TopicReader(settings, ["fetch-wait"], group)
+    try:
+        deadline = time.monotonic() + 10
+        got: list = []
+        while not got and time.monotonic() < deadline:
+            got = reader.poll(0.2)
+        return [m.value() for m in got], reader._config["fetch.wait.max.ms"]
+    finally:
+        reader.close()
 
 
 def test_the_embedded_broker_is_told_apart_by_its_cluster_id(
@@ -139,30 +144,15 @@ def test_the_embedded_broker_is_told_apart_by_its_cluster_id(
         producer = RecordProducer(settings)
         producer.send_bytes("fetch-wait", b"k", b"v")
         producer.flush(10)
-        embedded = TopicReader(settings, ["fetch-wait"], "on-embedded")
-        try:
-            assert read_one(embedded) == [b"v"]
-            assert embedded._config["fetch.wait.max.ms"] == EMBEDDED_FETCH_WAIT_MS
-        finally:
-            embedded.close()
+        assert read_all(settings, "on-embedded") == ([b"v"], EMBEDDED_FETCH_WAIT_MS)
 
         # The same broker taken for Kafka: the reader starts again with Kafka's wait before it
         # reads anything, and still reads every record.
         monkeypatch.setattr(kafka_config, "EMBEDDED_CLUSTER_PREFIX", "no-such-prefix")
-        on_kafka = TopicReader(settings, ["fetch-wait"], "on-kafka")
-        try:
-            assert read_one(on_kafka) == [b"v"]
-            assert on_kafka._config["fetch.wait.max.ms"] == KAFKA_FETCH_WAIT_MS
-        finally:
-            on_kafka.close()
+        assert read_all(settings, "on-kafka") == ([b"v"], KAFKA_FETCH_WAIT_MS)
         # A wait in the settings stays whatever the broker.
         configured = {**settings, "kafka.consumer.fetch.wait.max.ms": "50"}
-        chosen = TopicReader(configured, ["fetch-wait"], "configured")
-        try:
-            assert read_one(chosen) == [b"v"]
-            assert chosen._config["fetch.wait.max.ms"] == "50"
-        finally:
-            chosen.close()
+        assert read_all(configured, "configured") == ([b"v"], "50")
 
 
 def test_stale_state_file_is_replaced(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from tailguard.log.kafka_config import (
     configured_fetch_wait_ms,
     faust_app_options,
     faust_credentials,
+    fetch_wait,
     fetch_wait_ms,
     is_embedded_cluster,
     security_settings,
@@ -441,3 +442,16 @@ def test_the_fetch_wait_is_short_on_the_embedded_broker_and_kafkas_own_on_kafka(
 def test_a_bad_fetch_wait_is_refused_naming_the_setting(value: str) -> None:
     with pytest.raises(ConfigError, match=r"kafka\.consumer\.fetch\.wait\.max\.ms.*" + value):
         fetch_wait_ms({"kafka.consumer.fetch.wait.max.ms": value}, None, 20)
+
+
+def test_the_fetch_wait_says_why() -> None:
+    assert fetch_wait({}, "mockCluster1", 20).why == "cluster mockCluster1 is the embedded broker"
+    assert (
+        fetch_wait({}, "7Hn2uXQwT3yLb0aZ1c9rKg", 20).why
+        == "cluster 7Hn2uXQwT3yLb0aZ1c9rKg is Kafka"
+    )
+    assert fetch_wait({}, None, 20).why.startswith("no broker answered yet")
+    assert fetch_wait({"kafka.fetch.wait.max.ms": "7"}, None, 20) == (
+        7,
+        "kafka.consumer.fetch.wait.max.ms is set",
+    )

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tailguard.log.broker import resolve_bootstrap
 from tailguard.model.config import ConfigError
@@ -96,7 +96,7 @@ KAFKA_FETCH_WAIT_MS = 500
 
 def is_embedded_cluster(cluster_id: str | None) -> bool:
     """Whether the broker that answered with `cluster_id` is librdkafka's mock cluster."""
-    return bool(cluster_id) and str(cluster_id).startswith(EMBEDDED_CLUSTER_PREFIX)
+    return bool(cluster_id) and cluster_id.startswith(EMBEDDED_CLUSTER_PREFIX)
 
 
 def configured_fetch_wait_ms(settings: Mapping[str, str]) -> int | None:
@@ -115,7 +115,12 @@ def configured_fetch_wait_ms(settings: Mapping[str, str]) -> int | None:
     return wait
 
 
-def fetch_wait_ms(settings: Mapping[str, str], cluster_id: str | None, embedded_ms: int) -> int:
+class FetchWait(NamedTuple):
+    ms: int
+    why: str  # for the log line that says which wait a client chose
+
+
+def fetch_wait(settings: Mapping[str, str], cluster_id: str | None, embedded_ms: int) -> FetchWait:
     """How long a consumer's fetch may wait for data: the configured wait if there is one; else
     `embedded_ms` on the embedded broker, which answers a fetch with no data only when the wait
     expires, even if data arrives meanwhile (every hop pays up to it), and Kafka's default on
@@ -123,10 +128,17 @@ def fetch_wait_ms(settings: Mapping[str, str], cluster_id: str | None, embedded_
     Kafka costs only idle requests, a long one on the embedded broker costs every decision."""
     configured = configured_fetch_wait_ms(settings)
     if configured is not None:
-        return configured
-    if cluster_id is None or is_embedded_cluster(cluster_id):
-        return embedded_ms
-    return KAFKA_FETCH_WAIT_MS
+        return FetchWait(configured, f"{PREFIX}consumer.{FETCH_WAIT_KEY} is set")
+    if cluster_id is None:
+        return FetchWait(embedded_ms, "no broker answered yet: the embedded broker's wait")
+    if is_embedded_cluster(cluster_id):
+        return FetchWait(embedded_ms, f"cluster {cluster_id} is the embedded broker")
+    return FetchWait(KAFKA_FETCH_WAIT_MS, f"cluster {cluster_id} is Kafka")
+
+
+def fetch_wait_ms(settings: Mapping[str, str], cluster_id: str | None, embedded_ms: int) -> int:
+    """`fetch_wait`'s milliseconds."""
+    return fetch_wait(settings, cluster_id, embedded_ms).ms
 
 
 def is_security_key(key: str) -> bool:

@@ -34,13 +34,7 @@ from faust.worker import Worker
 
 from tailguard import logs
 from tailguard.codec import codec_for
-from tailguard.log.kafka_config import (
-    FETCH_WAIT_KEY,
-    configured_fetch_wait_ms,
-    faust_app_options,
-    fetch_wait_ms,
-    is_embedded_cluster,
-)
+from tailguard.log.kafka_config import configured_fetch_wait_ms, faust_app_options, fetch_wait
 from tailguard.log.topic_scan import read_only_consumer, read_to_end
 from tailguard.model.config import ConfigError, Settings
 from tailguard.settings_file import load_settings
@@ -99,15 +93,6 @@ def _shorten_fetch_wait(max_wait_ms: int) -> None:
             super().__init__(*args, **kwargs)
 
     driver.aiokafka.AIOKafkaConsumer = Consumer
-
-
-def _wait_reason(settings: Mapping[str, str], broker: BrokerWatch) -> str:
-    if configured_fetch_wait_ms(settings) is not None:
-        return f"kafka.consumer.{FETCH_WAIT_KEY} is set"
-    if broker.cluster_id is None:
-        return "no broker answered yet: the embedded broker's wait"
-    kind = "the embedded broker" if is_embedded_cluster(broker.cluster_id) else "Kafka"
-    return f"cluster {broker.cluster_id} is {kind}"
 
 
 class ServiceWorker(Worker):
@@ -320,10 +305,10 @@ def serve(
     state_load.start()
     # The first probe now, for which broker answers: its fetch wait (the watch goes on probing).
     broker.probe()
-    fetch_wait = fetch_wait_ms(settings, broker.cluster_id, EMBEDDED_FETCH_WAIT_MS)
-    log.info("%s: fetches wait up to %d ms (%s)", name, fetch_wait, _wait_reason(settings, broker))
+    wait = fetch_wait(settings, broker.cluster_id, EMBEDDED_FETCH_WAIT_MS)
+    log.info("%s: fetches wait up to %d ms (%s)", name, wait.ms, wait.why)
     broker.start()
-    app = build_app(definition, connection, processor, state, data_dir, state_load, fetch_wait)
+    app = build_app(definition, connection, processor, state, data_dir, state_load, wait.ms)
     # aiokafka logs every failed reconnect while the broker is away.
     log_handler.addFilter(RepeatLimiter())
     # faust (mode) replaces the root logger's handlers when the worker starts: hand it ours
