@@ -4,8 +4,16 @@ The services run as `tailguard services up` runs them, on an embedded broker of 
 simulated agents publish the event stream of a synthetic job of 1,000 tasks each (the job of
 benchmarks/policy_throughput.py: four vertices in waves over 50 hosts with 2 slots, 3 of them 4x
 slow, so the detector finds stragglers and the speculator and blocklist answer), paced in wall
-time: one simulated second (one Tick) every `1/--speedup` s, the jobs' starts spread over one
-second. Each job's stream is the recorded one under its own job id.
+time: one simulated second (one Tick) every `1/--speedup` s. Each job's stream is the recorded one
+under its own job id. How the jobs arrive (`--arrivals`):
+- `together` (the default): the N jobs start within one second and run once. Being the same
+  recorded job, they reach every vertex's start at the same moment: N bursts of deployments
+  at once, the worst case for the services.
+- `independent`: N agents each run two jobs back to back, each agent from its own start, drawn
+  uniformly (seeded) within one job's span, as jobs submitted independently to a shared cluster.
+  Only decisions whose cause was sent while all N agents were mid-job count (the second span
+  from the start: every agent is then in its first or second job), so N jobs are running
+  throughout the measured window. Three spans of wall time per N.
 
 Decision latency is event in -> command out: from the moment the simulated agent handed the
 causing event to its producer to the moment the command (or finding) reached this harness's
@@ -29,6 +37,7 @@ import argparse
 import dataclasses
 import heapq
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -68,7 +77,13 @@ def as_job(events: list[r.Event], job: str) -> list[r.Event]:
 class Outputs(threading.Thread):
     """Reads findings and commands; charges each to the send time of its first causing event."""
 
-    def __init__(self, settings: Settings, jobs: set[str], sent: dict[str, float]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        jobs: set[str],
+        sent: dict[str, float],
+        window: tuple[float, float] = (float("-inf"), float("inf")),
+    ) -> None:
         super().__init__(daemon=True)
         self.consumer = RecordConsumer(
             settings,
@@ -78,6 +93,8 @@ class Outputs(threading.Thread):
         )
         self.jobs = jobs
         self.sent = sent
+        # Only outputs whose deciding cause was sent in this window (monotonic clock) count.
+        self.window = window
         self.latencies_ms: list[float] = []
         self.evidence_ms: list[float] = []
         # Each output's own hop from its direct cause (an output seen here is timed from its
@@ -99,23 +116,49 @@ class Outputs(threading.Thread):
                 caused_by = getattr(record, "caused_by", ())
                 direct = [self.arrived.get(c, self.sent.get(c)) for c in caused_by]
                 known = [t for t in direct if t is not None]
-                if known:
+                causes = [self.sent[c] for c in caused_by if c in self.sent]
+                counted = bool(causes) and self.window[0] <= max(causes) < self.window[1]
+                if known and counted:
                     hop_ms = (now - max(known)) * 1000
                     self.hops.append((hop_ms, time.time(), type(record).__name__))
                 self.arrived[record.id] = now
-                causes = [self.sent[c] for c in caused_by if c in self.sent]
-                if causes:
+                if counted:
                     # A decision can be taken only once its last cause is in: that is where its
                     # latency starts. An evidence-based block names every finding it rests on,
                     # some from minutes before (other jobs' too); charging from the first one
                     # measures how long the evidence took to gather, kept apart.
                     self.latencies_ms.append((now - max(causes)) * 1000)
                     self.evidence_ms.append((now - min(causes)) * 1000)
+                if causes:
                     self.sent.setdefault(record.id, max(causes))
         self.consumer.close()
 
 
 Hop = tuple[int, float, float, float]  # outputs, p50, p99 and max ms
+
+
+ARRIVALS = ("together", "independent")
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrivals:
+    """When each simulated job starts (s after the run's begin), and the window (s after the
+    begin) in which a decision's cause must be sent for the decision to count."""
+
+    starts: list[float]
+    window: tuple[float, float]
+
+
+def arrivals(kind: str, jobs: int, span_s: float, seed: int) -> Arrivals:
+    if kind == "together":
+        return Arrivals([j / jobs for j in range(jobs)], (float("-inf"), float("inf")))
+    if kind != "independent":
+        raise ValueError(f"arrivals {kind!r}: choose from {ARRIVALS}")
+    draw = random.Random(seed)
+    offsets = [draw.uniform(0.0, span_s) for _ in range(jobs)]
+    # Each agent's second job follows its first at once; from one span on, every agent is in
+    # one of them, until the second span's end.
+    return Arrivals([o + k * span_s for o in offsets for k in (0, 1)], (span_s, 2 * span_s))
 
 
 def run_load(
@@ -125,20 +168,25 @@ def run_load(
     speedup: float,
     tag: str,
     slowest_k: int = 0,
+    kind: str = "together",
+    seed: int = 1,
 ) -> tuple[dict[str, float], dict[str, Hop], list[tuple[float, float, str]]]:
-    """The row of figures for `jobs` concurrent jobs, the own hop of each output kind, and the
-    `slowest_k` slowest own hops (ms, wall clock of arrival, kind)."""
-    names = [f"load-{tag}-{jobs}-{j}" for j in range(jobs)]
+    """The row of figures for `jobs` concurrent jobs arriving as `kind` says, the own hop of
+    each output kind, and the `slowest_k` slowest own hops (ms, wall clock of arrival, kind)."""
+    t0 = template[0].ts
+    span_s = (template[-1].ts - t0) / 1000 / speedup
+    plan = arrivals(kind, jobs, span_s, seed)
+    names = [f"load-{tag}-{jobs}-{j}" for j in range(len(plan.starts))]
     sent: dict[str, float] = {}
-    outputs = Outputs(settings, set(names), sent)
+    begin = time.monotonic() + 1.0
+    window = (begin + plan.window[0], begin + plan.window[1])
+    outputs = Outputs(settings, set(names), sent, window)
     outputs.start()
     producer = RecordProducer(settings, codec_for(settings))
-    t0 = template[0].ts
-    begin = time.monotonic() + 1.0
     # (due, job index, position): one merged schedule for every simulated agent.
     schedule = [
-        (begin + j / jobs + (e.ts - t0) / 1000 / speedup, j, i)
-        for j in range(jobs)
+        (begin + start + (e.ts - t0) / 1000 / speedup, j, i)
+        for j, start in enumerate(plan.starts)
         for i, e in enumerate(template)
     ]
     heapq.heapify(schedule)
@@ -175,7 +223,7 @@ def run_load(
     return (
         {
             "jobs": jobs,
-            "events": len(template) * jobs,
+            "events": len(template) * len(names),
             "outputs": outputs.outputs,
             "measured": len(lat),
             "p50": statistics.median(lat) if lat else float("nan"),
@@ -211,6 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speedup", type=float, default=10.0, help="simulated s per wall s")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--arrivals",
+        choices=ARRIVALS,
+        default="together",
+        help="together: the N jobs start within 1 s (their bursts coincide); independent: N "
+        "agents, each two jobs back to back from a random start within one job's span, "
+        "measured while all N run",
+    )
+    parser.add_argument(
         "--slowest",
         type=int,
         default=0,
@@ -226,11 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     span_s = (template[-1].ts - template[0].ts) / 1000 / args.speedup
     print(
         f"bench-load: jobs of {args.tasks:,} tasks, {len(template):,} events each over "
-        f"{span_s:.0f} s wall (speedup {args.speedup:g}); load {os.getloadavg()[0]:.1f}"
+        f"{span_s:.0f} s wall (speedup {args.speedup:g}), arriving {args.arrivals}; "
+        f"load {os.getloadavg()[0]:.1f}"
     )
     print(
         f"reproduce: {sys.executable} benchmarks/load.py --jobs {args.jobs} "
-        f"--tasks {args.tasks} --speedup {args.speedup:g} --seed {args.seed}",
+        f"--tasks {args.tasks} --speedup {args.speedup:g} --seed {args.seed} "
+        f"--arrivals {args.arrivals}",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="tailguard-load-") as tmp:
@@ -241,16 +299,25 @@ def main(argv: list[str] | None = None) -> int:
             supervisor.start(work, report=lambda _: None)
             settings = Settings({"tailguard.work-dir": str(work)})
             print(
-                f"{'jobs':>5} {'events':>8} {'outputs':>8} {'p50 ms':>8} {'p99 ms':>8} "
+                f"{'jobs':>5} {'events':>8} {'outputs':>8} {'counted':>8} {'p50 ms':>8} "
+                f"{'p99 ms':>8} "
                 f"{'max ms':>8} {'p99 1st':>8} {'late ms':>8}  load"
             )
             for n in counts:
                 row, hops, slowest = run_load(
-                    settings, template, n, args.speedup, str(os.getpid()), args.slowest
+                    settings,
+                    template,
+                    n,
+                    args.speedup,
+                    str(os.getpid()),
+                    args.slowest,
+                    args.arrivals,
+                    args.seed,
                 )
                 verdict = "" if row["p99"] <= TARGET_P99_MS else "  <- p99 over 100 ms"
                 print(
-                    f"{n:>5} {row['events']:>8,.0f} {row['outputs']:>8,.0f} {row['p50']:>8.1f} "
+                    f"{n:>5} {row['events']:>8,.0f} {row['outputs']:>8,.0f} "
+                    f"{row['measured']:>8,.0f} {row['p50']:>8.1f} "
                     f"{row['p99']:>8.1f} {row['max']:>8.1f} {row['p99_first']:>8.1f} "
                     f"{row['publisher_late_ms']:>8.0f}  "
                     f"{os.getloadavg()[0]:.1f}{verdict}",
