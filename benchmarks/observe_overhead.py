@@ -18,19 +18,33 @@ what the job pays is the same, since publishing runs in the relay's process, not
 Printed: per contender the median and the spread (min-max) of the applications' figures, the
 overhead of the medians, the load average before and after (`uptime`: other processes share the
 cores), and the tasks per job the relay saw.
+
+The wall times of one application spread by +-15% on a 2-core machine, more than the 2% to be
+resolved, so the bench also accounts for CPU, which noise moves far less: each application's
+CPU time (user + system of spark-submit and everything it waited for: the JVM, the Python driver
+and workers, the relay), the relay's own CPU (its log line) and the listener's time on Spark's
+listener-bus thread (its line). Observe mode's share of the observed application's CPU bounds
+what it can take from a job whose cores are all busy; on a machine with a spare core, the
+relay's work is not on the job's path at all.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -84,7 +98,53 @@ def write_data(directory: Path, files: int, rows: int) -> Path:
     return directory
 
 
-def submit(args: argparse.Namespace, work: Path, data: Path, observed: bool, n: int) -> float:
+@dataclasses.dataclass(frozen=True)
+class Application:
+    """One submitted application's figures."""
+
+    median_s: float  # of its timed jobs' wall times
+    cpu_s: float  # user + system of the whole application, relay included
+    relay_cpu_s: float = 0.0  # the relay's own (observed applications)
+    bus_ms: float = 0.0  # the listener's time on Spark's listener-bus thread
+    bus_events: int = 0
+
+
+def run_measured(argv: list[str], env: dict[str, str]) -> tuple[int, str, float]:
+    """Runs `argv` to its end: its exit status, its standard error, and the CPU (user + system,
+    s) of its whole process tree. The tree is sampled every 0.2 s and each process counted at
+    its last sample: the JVM does not wait for every process it starts (Python workers), so
+    the kernel's children accounting would miss some. What a process spent after its last
+    sample (< 0.2 s of it) is missed, alike for both contenders."""
+    last: dict[int, float] = {}
+    with tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        root = psutil.Process(process.pid)
+        while process.poll() is None:
+            try:
+                tree = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                break
+            for proc in tree:
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                    times = proc.cpu_times()
+                    last[proc.pid] = times.user + times.system
+            time.sleep(0.2)  # a sampling period, not a wait for an event
+        process.wait()
+        err.seek(0)
+        stderr = err.read()
+    return process.returncode, stderr, sum(last.values())
+
+
+def observe_costs(stderr: str) -> tuple[float, float, int]:
+    """The relay's CPU (s), and the listener's bus time (ms) and events, from their log lines."""
+    relay = re.search(r"relay CPU ([0-9.]+) s", stderr)
+    bus = re.search(r"listener took ([0-9.]+) ms of the listener bus for ([0-9]+) events", stderr)
+    if relay is None or bus is None:
+        raise SystemExit(f"the observed application did not report its costs:\n{stderr[-3000:]}")
+    return float(relay.group(1)), float(bus.group(1)), int(bus.group(2))
+
+
+def submit(args: argparse.Namespace, work: Path, data: Path, observed: bool, n: int) -> Application:
     from tailguard.observer import listener_jar
 
     app = work / "application.py"
@@ -106,13 +166,16 @@ def submit(args: argparse.Namespace, work: Path, data: Path, observed: bool, n: 
         argv += ["--conf", f"{key}={value}"]
     argv += [str(app), str(data), str(args.runs), str(out)]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"spark-submit failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    if observed and " 0 malformed" not in done.stderr:
-        raise SystemExit(f"the relay did not end cleanly:\n{done.stderr[-3000:]}")
+    code, stderr, cpu_s = run_measured(argv, env)
+    if code != 0:
+        raise SystemExit(f"spark-submit failed ({code}):\n{stderr[-3000:]}")
     result = json.loads(out.read_text())
-    return float(result["median"])
+    if not observed:
+        return Application(float(result["median"]), cpu_s)
+    if " 0 malformed" not in stderr:
+        raise SystemExit(f"the relay did not end cleanly:\n{stderr[-3000:]}")
+    relay_cpu_s, bus_ms, bus_events = observe_costs(stderr)
+    return Application(float(result["median"]), cpu_s, relay_cpu_s, bus_ms, bus_events)
 
 
 def load() -> str:
@@ -155,19 +218,37 @@ def main() -> int:
     data = write_data(work / "data", args.files, args.rows)
     listener_jar()  # built once, before anything is timed
     print(f"load before: {load()}", flush=True)
-    times: dict[str, list[float]] = {"plain": [], "observed": []}
+    apps: dict[str, list[Application]] = {"plain": [], "observed": []}
     for pair in range(args.pairs):
         order = (False, True) if pair % 2 == 0 else (True, False)
         for observed in order:
-            figure = submit(args, work, data, observed, pair)
-            times["observed" if observed else "plain"].append(figure)
-        print(f"pair {pair + 1}: plain {times['plain'][-1]:.3f} s, observed "
-              f"{times['observed'][-1]:.3f} s, load {load()}", flush=True)  # fmt: skip
+            apps["observed" if observed else "plain"].append(
+                submit(args, work, data, observed, pair)
+            )
+        p, o = apps["plain"][-1], apps["observed"][-1]
+        print(
+            f"pair {pair + 1}: plain {p.median_s:.3f} s (CPU {p.cpu_s:.1f} s), observed "
+            f"{o.median_s:.3f} s (CPU {o.cpu_s:.1f} s, relay {o.relay_cpu_s:.2f} s, listener "
+            f"bus {o.bus_ms:.1f} ms for {o.bus_events} events), load {load()}",
+            flush=True,
+        )
+    times = {c: [a.median_s for a in apps[c]] for c in apps}
     plain, observed = (statistics.median(times[c]) for c in ("plain", "observed"))
     print(f"tasks: {tasks_per_job(work / 'archive')}")
     print(f"plain:    {spread(times['plain'])}")
     print(f"observed: {spread(times['observed'])}")
     print(f"overhead of the medians: {100 * (observed / plain - 1):+.1f}% (target <= 2%)")
+    watched = apps["observed"]
+    relay_share = [100 * a.relay_cpu_s / a.cpu_s for a in watched]
+    bus_share = [100 * a.bus_ms / 1000 / a.cpu_s for a in watched]
+    cpu = {c: statistics.median(a.cpu_s for a in apps[c]) for c in apps}
+    print(
+        f"CPU: plain median {cpu['plain']:.1f} s, observed {cpu['observed']:.1f} s "
+        f"({100 * (cpu['observed'] / cpu['plain'] - 1):+.1f}%); observe's own share of the "
+        f"observed application's CPU: relay median {statistics.median(relay_share):.2f}% "
+        f"(max {max(relay_share):.2f}%), listener bus median "
+        f"{statistics.median(bus_share):.3f}% (max {max(bus_share):.3f}%)"
+    )
     print(f"load after: {load()}")
     return 0
 

@@ -7,6 +7,7 @@ the fleet list, and a replay of the observed events reproduces the findings.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -173,3 +174,8 @@ def test_the_spark_submit_form_needs_no_code_in_the_job(tmp_path: Path) -> None:
         submitted
     )
     assert "0 malformed" in done.stderr
+    # The listener reports its time on Spark's listener bus (the overhead benchmark reads it).
+    bus = re.search(
+        r"listener took ([0-9.]+) ms of the listener bus for ([0-9]+) events", done.stderr
+    )
+    assert bus is not None and int(bus.group(2)) >= 2 * len(finished)

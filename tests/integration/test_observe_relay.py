@@ -4,6 +4,7 @@ mode (no broker), in a real `python -m tailguard.observer.relay` process."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,6 @@ def test_the_relay_archives_an_applications_jobs(tmp_path: Path) -> None:
     assert b"not-to-be-recorded" not in (tmp_path / "app-7.avro").read_bytes()
     # Settings lines are the relay's; the application's eleven lines were all translated.
     assert b"app-7: 11 lines, 0 ignored, 0 malformed" in done.stderr
+    # ...and its own CPU, which the overhead benchmark sets beside the application's.
+    cpu = re.search(rb"relay CPU ([0-9.]+) s", done.stderr)
+    assert cpu is not None and 0 < float(cpu.group(1)) < 60

@@ -50,6 +50,9 @@ public class TaskEventListener extends SparkListener {
     private Process relay;
     private BufferedWriter out;
     private boolean broken;
+    // What the listener costs Spark's listener-bus thread: time inside write(), and its events.
+    private long busNanos;
+    private long events;
 
     public TaskEventListener() {}
 
@@ -98,6 +101,8 @@ public class TaskEventListener extends SparkListener {
     public synchronized int finish(long time, long timeoutMs) throws InterruptedException {
         write("E", time);
         if (relay == null) return 0;
+        System.err.printf("tailguard observe: the listener took %.1f ms of the listener bus for %d events%n",
+                          busNanos / 1e6, events);
         try {
             out.close();
         } catch (IOException e) {
@@ -187,6 +192,7 @@ public class TaskEventListener extends SparkListener {
 
     private synchronized void write(Object... fields) {
         if (broken || command.isEmpty()) return;
+        long began = System.nanoTime();
         try {
             if (out == null) start();
             StringBuilder line = new StringBuilder(96);
@@ -204,6 +210,8 @@ public class TaskEventListener extends SparkListener {
             broken = true;
             System.err.println("tailguard observe: the relay stopped (" + e + "); events are no longer published");
         }
+        busNanos += System.nanoTime() - began;
+        events++;
     }
 
     private void start() throws IOException {
