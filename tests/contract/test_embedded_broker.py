@@ -17,7 +17,7 @@ import pytest
 from tailguard.log import kafka_config
 from tailguard.log.broker import BrokerError, EmbeddedBroker, resolve_bootstrap
 from tailguard.log.broker_state import BrokerState, is_broker_process, write_state
-from tailguard.log.kafka_config import KAFKA_FETCH_WAIT_MS, fetch_wait_ms, is_embedded_cluster
+from tailguard.log.kafka_config import KAFKA_FETCH_WAIT_MS, fetch_wait, is_embedded_cluster
 from tailguard.log.producer import RecordProducer
 from tailguard.log.topic_reader import EMBEDDED_FETCH_WAIT_MS, TopicReader
 from tailguard.shell.broker_watch import BrokerWatch
@@ -139,7 +139,7 @@ def test_the_embedded_broker_is_told_apart_by_its_cluster_id(
         watch = BrokerWatch(settings)
         assert watch.probe(10).reachable
         assert is_embedded_cluster(watch.cluster_id), watch.cluster_id
-        assert fetch_wait_ms(settings, watch.cluster_id, 20) == 20
+        assert fetch_wait(settings, watch.cluster_id, 20).ms == 20
 
         producer = RecordProducer(settings)
         producer.send_bytes("fetch-wait", b"k", b"v")

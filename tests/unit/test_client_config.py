@@ -32,7 +32,6 @@ from tailguard.log.kafka_config import (
     faust_app_options,
     faust_credentials,
     fetch_wait,
-    fetch_wait_ms,
     is_embedded_cluster,
     security_settings,
 )
@@ -428,20 +427,20 @@ def test_librdkafka_presents_the_client_certificate(pki: Pki) -> None:
 def test_the_fetch_wait_is_short_on_the_embedded_broker_and_kafkas_own_on_kafka() -> None:
     assert is_embedded_cluster("mockCluster1f2e3d")
     assert not is_embedded_cluster("lkc-7Hn2uXQwT3yLb0aZ1c9rKg") and not is_embedded_cluster(None)
-    assert fetch_wait_ms({}, "mockCluster1f2e3d", 20) == 20
-    assert fetch_wait_ms({}, "7Hn2uXQwT3yLb0aZ1c9rKg", 20) == KAFKA_FETCH_WAIT_MS == 500
+    assert fetch_wait({}, "mockCluster1f2e3d", 20).ms == 20
+    assert fetch_wait({}, "7Hn2uXQwT3yLb0aZ1c9rKg", 20).ms == KAFKA_FETCH_WAIT_MS == 500
     # Not reached yet: the short wait, which costs only idle requests if it is Kafka after all.
-    assert fetch_wait_ms({}, None, 20) == 20
+    assert fetch_wait({}, None, 20).ms == 20
     for key in ("kafka.consumer.fetch.wait.max.ms", "kafka.fetch.wait.max.ms"):
-        assert fetch_wait_ms({key: " 7 "}, "mockCluster1", 20) == 7
-        assert fetch_wait_ms({key: "0"}, "7Hn2uXQwT3yLb0aZ1c9rKg", 20) == 0
+        assert fetch_wait({key: " 7 "}, "mockCluster1", 20).ms == 7
+        assert fetch_wait({key: "0"}, "7Hn2uXQwT3yLb0aZ1c9rKg", 20).ms == 0
     assert configured_fetch_wait_ms({}) is None
 
 
 @pytest.mark.parametrize("value", ["fast", "-1", "2.5"])
 def test_a_bad_fetch_wait_is_refused_naming_the_setting(value: str) -> None:
     with pytest.raises(ConfigError, match=r"kafka\.consumer\.fetch\.wait\.max\.ms.*" + value):
-        fetch_wait_ms({"kafka.consumer.fetch.wait.max.ms": value}, None, 20)
+        fetch_wait({"kafka.consumer.fetch.wait.max.ms": value}, None, 20)
 
 
 def test_the_fetch_wait_says_why() -> None:

@@ -136,11 +136,6 @@ def fetch_wait(settings: Mapping[str, str], cluster_id: str | None, embedded_ms:
     return FetchWait(KAFKA_FETCH_WAIT_MS, f"cluster {cluster_id} is Kafka")
 
 
-def fetch_wait_ms(settings: Mapping[str, str], cluster_id: str | None, embedded_ms: int) -> int:
-    """`fetch_wait`'s milliseconds."""
-    return fetch_wait(settings, cluster_id, embedded_ms).ms
-
-
 def is_security_key(key: str) -> bool:
     """Whether librdkafka setting `key` is about authentication or encryption."""
     return key in ("security.protocol", "enable.ssl.certificate.verification") or key.startswith(

@@ -36,7 +36,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from tailguard.log.kafka_config import FETCH_WAIT_KEY, client_config, fetch_wait_ms
+from tailguard.log.kafka_config import FETCH_WAIT_KEY, client_config, fetch_wait
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ READER_DEFAULTS: Mapping[str, Any] = {
     "log_level": 3,
 }
 # The fetch wait on the embedded broker, which answers a fetch with no data only when the wait
-# expires (kafka_config.fetch_wait_ms): short, since an agent's commands wait on it, and cheap,
+# expires (kafka_config.fetch_wait): short, since an agent's commands wait on it, and cheap,
 # since librdkafka's empty fetches cost no Python work. On Kafka a reader switches to Kafka's
 # own default at its first look at the cluster.
 EMBEDDED_FETCH_WAIT_MS = 5
@@ -278,8 +278,11 @@ class TopicReader:
     def _fit_fetch_wait(self, cluster_id: str) -> None:
         """On Kafka, Kafka's default fetch wait: with the embedded broker's short one, an idle
         reader would ask the broker 200 times a second, and every job's agent has one."""
-        wait = fetch_wait_ms({}, cluster_id, EMBEDDED_FETCH_WAIT_MS)
-        if not self._wait_follows_cluster or wait == self._config[FETCH_WAIT_KEY]:
+        if not self._wait_follows_cluster:
+            return
+        # No wait was configured (the settings' would be in the reader's config): the rule's.
+        wait = fetch_wait({}, cluster_id, EMBEDDED_FETCH_WAIT_MS).ms
+        if wait == self._config[FETCH_WAIT_KEY]:
             return
         if self.consumer.assignment() or self._positions:
             # Reached only after the broker was out of reach at the first looks: reading goes

@@ -57,7 +57,6 @@ class BrokerWatch:
         self._back_at: float | None = None
         # The cluster id the broker last answered with.
         self._cluster_id: str | None = None
-        self._probed_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="broker-watch", daemon=True)
 
@@ -73,7 +72,6 @@ class BrokerWatch:
     def probe(self, timeout_s: float | None = None) -> BrokerState:
         """Ask the broker now (at most `timeout_s`, default the watch's timeout)."""
         timeout = self._timeout if timeout_s is None else timeout_s
-        self._probed_at = self._clock()
         try:
             metadata = self._client.list_topics(timeout=timeout)
         except KafkaException as err:
@@ -107,6 +105,9 @@ class BrokerWatch:
             log.error("broker unreachable: %s", reason)
 
     def start(self) -> None:
+        """The first probe now, so the caller knows the broker (and its `cluster_id`) at once;
+        then one every interval, in the watch's thread."""
+        self.probe()
         self._thread.start()
 
     def stop(self) -> None:
@@ -114,13 +115,8 @@ class BrokerWatch:
         self._thread.join(self._timeout + self._interval)
 
     def _run(self) -> None:
-        # A probe made just before the start (a service's first, for its fetch wait) counts
-        # as the first: the next one is an interval after it.
-        if self._probed_at is not None:
-            self._stop.wait(max(0.0, self._probed_at + self._interval - self._clock()))
-        while not self._stop.is_set():
+        while not self._stop.wait(self._interval):
             self.probe()
-            self._stop.wait(self._interval)
 
     def lost_within(self, seconds: float) -> bool:
         """Whether the broker is unreachable now, or was, or was replaced by a new cluster,

@@ -69,7 +69,7 @@ SESSION_TIMEOUT_S = 6.0
 # 51% of a CPU at 5 ms, 19% at 20 ms, 7% at 100 ms (2 cores, nothing else running); 20 jobs at
 # a real job's rate (benchmarks/load.py) gave an end-to-end p50 of 16.1 ms at 5 ms and 24.8 ms
 # at 20 ms. On a 2-core machine that CPU is the jobs' own, so 20 ms. Kafka answers as soon as
-# data arrives and gets its own default (`kafka_config.fetch_wait_ms`).
+# data arrives and gets its own default (`kafka_config.fetch_wait`).
 EMBEDDED_FETCH_WAIT_MS = 20
 
 # faust ends its worker when the broker it comes back to has lost the group (an embedded broker
@@ -172,7 +172,7 @@ def build_app(
     """The service's faust app; `connection` is `faust_app_options(settings)` (the broker and
     the credentials built from the same `kafka.*` settings as every librdkafka client). With a
     `state_load`, the stream feeds its core nothing before that load is done. Its consumer's
-    fetches wait at most `fetch_wait_ms` for data (`kafka_config.fetch_wait_ms`)."""
+    fetches wait at most `fetch_wait_ms` for data (`kafka_config.fetch_wait`)."""
     _shorten_fetch_wait(fetch_wait_ms)
     app = faust.App(
         definition.group_id,
@@ -303,11 +303,10 @@ def serve(
 
     state_load = StateLoad(load_state, load_failed)
     state_load.start()
-    # The first probe now, for which broker answers: its fetch wait (the watch goes on probing).
-    broker.probe()
+    # Its first probe says which broker answers, and so the fetch wait.
+    broker.start()
     wait = fetch_wait(settings, broker.cluster_id, EMBEDDED_FETCH_WAIT_MS)
     log.info("%s: fetches wait up to %d ms (%s)", name, wait.ms, wait.why)
-    broker.start()
     app = build_app(definition, connection, processor, state, data_dir, state_load, wait.ms)
     # aiokafka logs every failed reconnect while the broker is away.
     log_handler.addFilter(RepeatLimiter())
