@@ -16,16 +16,18 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Mapping
-from typing import Any
-
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from confluent_kafka.schema_registry.error import SchemaRegistryError
+from typing import TYPE_CHECKING, Any
 
 from tailguard.codec.body import BodyReader, write_record
 from tailguard.codec.errors import DecodeError
 from tailguard.codec.framing import as_bytes
 from tailguard.codec.schemas import RecordSchema, current_schemas, record_schema
 from tailguard.model.records import Record
+
+if TYPE_CHECKING:
+    # Imported where used: the registry client pulls in httpx and authlib (~0.2 s), which every
+    # process importing tailguard.codec would pay at start, with or without a registry.
+    from confluent_kafka.schema_registry import SchemaRegistryClient
 
 MAGIC = b"\x00"
 HEADER_SIZE = 5
@@ -79,6 +81,8 @@ class ConfluentCodec:
         schema = self._current.get(record_type.__name__)
         if schema is None:
             raise TypeError(f"no schema for {record_type.__name__}")
+        from confluent_kafka.schema_registry import Schema
+
         with self._lock:
             schema_id = self._client.register_schema(
                 subject_for(schema), Schema(json.dumps(schema.raw), "AVRO")
@@ -88,6 +92,8 @@ class ConfluentCodec:
         return entry
 
     def _lookup(self, schema_id: int) -> BodyReader:
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
         try:
             registered = self._client.get_schema(schema_id)
         except SchemaRegistryError as exc:

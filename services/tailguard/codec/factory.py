@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import Any
-
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from typing import TYPE_CHECKING, Any
 
 from tailguard.codec.confluent import ConfluentCodec
 from tailguard.codec.protocol import RecordCodec
 from tailguard.codec.single_object import SingleObjectCodec
+
+if TYPE_CHECKING:
+    # At use (registry_client): the client's import is heavy (codec/confluent.py says why).
+    from confluent_kafka.schema_registry import SchemaRegistryClient
 
 REGISTRY_PREFIX = "schema-registry."
 REGISTRY_URL = REGISTRY_PREFIX + "url"
@@ -28,6 +30,8 @@ def registry_client(settings: Mapping[str, Any]) -> SchemaRegistryClient:
         for key, value in settings.items()
         if key.startswith(REGISTRY_PREFIX)
     }
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
     url = str(conf["url"])
     if not url.startswith("mock://"):
         return SchemaRegistryClient(conf)

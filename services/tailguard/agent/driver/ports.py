@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from tailguard.agent.executor.attempt import AttemptKey, TaskSpec
-from tailguard.agent.executor.protocol import AttemptEnded, AttemptProgressed, AttemptStarted
 from tailguard.model import records as r
 from tailguard.model.authority import Origin, Unchecked
+
+if TYPE_CHECKING:
+    # Annotations only: the executor's modules import pyarrow and pandas, which every reader of
+    # these messages (the Kafka adapter, observe mode's relay) would otherwise pay for at start.
+    from tailguard.agent.executor.attempt import AttemptKey, TaskSpec
+    from tailguard.agent.executor.protocol import AttemptEnded, AttemptProgressed, AttemptStarted
 
 # --------------------------------------------------------------------------- inbox messages
 
