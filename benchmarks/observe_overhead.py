@@ -40,13 +40,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from tailguard.cluster.procs import descendants
 
 APPLICATION = """
 import json, statistics, sys, time
@@ -118,18 +119,16 @@ def run_measured(argv: list[str], env: dict[str, str]) -> tuple[int, str, float]
     last: dict[int, float] = {}
     with tempfile.TemporaryFile("w+") as err:
         process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env)
-        root = psutil.Process(process.pid)
-        while process.poll() is None:
+        while True:
+            for pid in descendants(process.pid):
+                with contextlib.suppress(psutil.Error):  # ended meanwhile
+                    times = psutil.Process(pid).cpu_times()
+                    last[pid] = times.user + times.system
             try:
-                tree = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
+                process.wait(timeout=0.2)  # the next sample, unless it ends first
                 break
-            for proc in tree:
-                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                    times = proc.cpu_times()
-                    last[proc.pid] = times.user + times.system
-            time.sleep(0.2)  # a sampling period, not a wait for an event
-        process.wait()
+            except subprocess.TimeoutExpired:
+                continue
         err.seek(0)
         stderr = err.read()
     return process.returncode, stderr, sum(last.values())
