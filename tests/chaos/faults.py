@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos.toolkit import HEAD, Fault
+from tests.driver_inbox import wait_until_received
 
 from tailguard.agent.executor.partitions import partition_dir
 from tailguard.cluster import procs
@@ -367,6 +368,13 @@ class ForgedRecords(Fault):
         self.notes.append(
             f"undecodable bytes on {len(topics)} topics, {len(self.forged)} invalid records"
         )
+        if self.driver is not None and (self.topics is None or r.COMMANDS_TOPIC in self.topics):
+            # Held until the agent has them: a short job could otherwise end before its reader
+            # fetched them (seen once in a full suite run), and nothing would be rejected.
+            wait_until_received(
+                self.driver,
+                [x.id for x in self.forged if isinstance(x, r.Command) and x.job_id == job_id],
+            )
 
     def is_forged(self, record: r.Record) -> bool:
         return record.id.startswith(FORGED) or record.id in {x.id for x in self.forged}

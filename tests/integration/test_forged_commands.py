@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from tests.driver_inbox import wait_until_received
 
 from tailguard.agent.driver.driver import JobDriver, RunOptions
 from tailguard.agent.driver.ports import CommandReceived
@@ -97,16 +98,7 @@ def inject(system: System, driver: JobDriver, forged: list[tuple[r.Command, list
         value = codec.encode(command)
         producer.produce(r.COMMANDS_TOPIC, value, command.job_id.encode(), headers=headers)
     assert producer.flush(10) == 0
-    wanted = {command.id for command, _ in forged}
-    inbox = driver.inbox
-
-    def arrived() -> bool:
-        waiting = {m.command.id for m in inbox.queue if isinstance(m, CommandReceived)}
-        return wanted <= waiting
-
-    # `put` notifies `not_empty`, under the queue's own lock: woken by each arrival, no sleep.
-    with inbox.not_empty:
-        assert inbox.not_empty.wait_for(arrived, 60), "the agent did not receive the forgeries"
+    wait_until_received(driver, [command.id for command, _ in forged])
 
 
 def forged_input(job: str, now: int, host: str) -> list[r.Record]:
