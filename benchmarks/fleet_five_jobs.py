@@ -1,14 +1,19 @@
 """Five jobs in a row on a cluster with one slow node (`make bench-fleet`, issue 13).
 
     .venv/bin/python benchmarks/fleet_five_jobs.py [--jobs 5] [--healthy 2] [--files 10]
+        [--stages 2]
 
 The I/O-mode job of `tailguard bench` (design §7: 6 workers on 2 cores, each task a wait of
 2 s scaled by its host's slowness, so the slow node really loses 4/5 of its capacity; CPU
-throttling would hand its CPU to the others). One broker, the five services and one 6-worker
+throttling would hand its CPU to the others), by default in two stages: the source's 20 tasks
+wait, hand their rows round robin to 20 more that wait again, then the sums per region. With
+one stage (`--stages 1`) the slow node gets exactly one task per job: too little evidence for
+the default blocklist rule (two distinct slow subtasks), so the host is listed only after the
+second job's slow attempt. One broker, the five services and one 6-worker
 cluster for the whole bench. First `--healthy` rounds on the healthy cluster give the healthy
 time; then `--jobs` rounds with the last worker 5x slow. Each round runs tailguard (services on:
 the fleet blocklist) and plain PySpark with speculation, interleaved, each in its own
-SparkSession, outputs checked against pandas. The fleet block lasts 10 min, longer than the
+SparkSession, outputs checked against pandas. The fleet block lasts 30 min, longer than the
 bench, so jobs 2-5 find it on the list when they start.
 
 Reports, per job: time, ratio to the healthy median, attempts placed on the slow node, fleet
@@ -33,7 +38,7 @@ from tailguard.bench.scenarios import QUICK, SCENARIOS, IoSize, select_contender
 
 TAILGUARD, PLAIN = "tailguard+services", "pyspark+speculation"
 # Longer than the bench: jobs 2-5 start while the block job 1 earned still holds.
-FLEET_POLICY = {"execution.batch.speculative.block-slow-node-duration": "10 min"}
+FLEET_POLICY = {"execution.batch.speculative.block-slow-node-duration": "30 min"}
 
 
 def _archive_facts(rec: RunRecord, settings: Any) -> tuple[int, int, int]:
@@ -69,6 +74,9 @@ def main() -> int:
         "--files", type=int, default=10, help="input files (2 tasks each, 2 s per task)"
     )
     parser.add_argument(
+        "--stages", type=int, default=2, help="I/O stages per job, a round-robin exchange between"
+    )
+    parser.add_argument(
         "--work-dir", help="default: a new temporary directory, kept (the runs' archives)"
     )
     parser.add_argument(
@@ -85,8 +93,8 @@ def main() -> int:
         if not sep or not key.strip():
             raise SystemExit(f"--set needs KEY=VALUE, not {item!r}")
         policy[key.strip()] = value.strip()
-    if args.jobs < 2 or args.healthy < 1 or args.files < 1:
-        raise SystemExit("need --jobs >= 2, --healthy >= 1 and --files >= 1")
+    if args.jobs < 2 or args.healthy < 1 or args.files < 1 or args.stages < 1:
+        raise SystemExit("need --jobs >= 2, --healthy >= 1, --files >= 1 and --stages >= 1")
 
     from tailguard import stack
     from tailguard.bench import runner
@@ -94,7 +102,7 @@ def main() -> int:
 
     started = time.monotonic()
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="tailguard-bench-fleet-"))
-    io = IoSize(files=args.files, rows_per_file=12_000, task_s=2.0, workers=6)
+    io = IoSize(files=args.files, rows_per_file=12_000, task_s=2.0, workers=6, stages=args.stages)
     bench = Bench(work, QUICK, io, [], 1, print, select_contenders(f"{TAILGUARD},{PLAIN}"))
     work.mkdir(parents=True, exist_ok=True)
     config = runner.write_settings(work, QUICK, io, policy)
@@ -122,7 +130,8 @@ def main() -> int:
     if args.set:
         print(f"\n  tailguard's policy settings: {', '.join(args.set)}")
     print(
-        f"\n  {io.tasks} tasks of {io.task_s:g} s on {io.workers} workers (one 5x slow in the"
+        f"\n  {io.stages} stage(s) of {io.tasks} tasks of {io.task_s:g} s on {io.workers} workers"
+        " (one 5x slow in the"
         f" slow rounds), load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f},"
         f" {os.cpu_count()} cores, wall {time.monotonic() - started:.0f} s"
     )

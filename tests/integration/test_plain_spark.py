@@ -43,13 +43,13 @@ def test_pinned_warm_up_runs_on_the_named_host(spark: Any) -> None:
     assert plain_spark.warm_up(spark.sparkContext, ["localhost"]) == ["localhost"]
 
 
-@pytest.mark.parametrize("shape", ["sales", "skew", "io"])
+@pytest.mark.parametrize(("shape", "stages"), [("sales", 1), ("skew", 1), ("io", 1), ("io", 2)])
 def test_plain_job_output_is_exact_and_its_tasks_are_counted(
-    spark: Any, sales: Path, tmp_path: Path, shape: str
+    spark: Any, sales: Path, tmp_path: Path, shape: str, stages: int
 ) -> None:
     output = tmp_path / "out"
     run = plain_spark.run_job(
-        spark, shape, sales, output, work=0, task_s=0.01, rows_per_split=1_000
+        spark, shape, sales, output, work=0, task_s=0.01, rows_per_split=1_000, stages=stages
     )
     expected = example.reference(sales)
     actual = example.read_output(output)
@@ -58,5 +58,6 @@ def test_plain_job_output_is_exact_and_its_tasks_are_counted(
     assert run.tasks == FILES * ROW_GROUPS  # one partition per row group
     assert run.speculative_tasks == 0
     # Read from Spark's status store: this job's stages only, each with the work of its tasks.
-    assert len(run.stage_work) == 2
+    # The I/O job's further stages each add one (after their round-robin exchange).
+    assert len(run.stage_work) == 1 + stages
     assert all(stage.work_s > 0 for stage in run.stage_work)

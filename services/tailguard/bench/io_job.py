@@ -3,7 +3,8 @@
 `partials(table, task_s, rows_per_split)` waits `task_s` healthy-host seconds per split's worth
 of rows on its host (`slowness.io_work`: longer on a slowed host), then computes the sales job's
 partial sums (revenue per region, exact integers), so the output can be checked against the
-pandas reference. The wait is proportional to the rows it is given, so the work is the same
+pandas reference; `waited` is the wait alone, for the stages of a job with several
+(`IoSize.stages`). The wait is proportional to the rows it is given, so the work is the same
 whether a task gets one split, several, or a split in batches.
 """
 
@@ -15,7 +16,12 @@ from tailguard.cluster.slowness import io_work
 from tailguard.examples import sales_by_region as example
 
 
-def partials(table: pa.Table, task_s: float, rows_per_split: int) -> pa.Table:
+def waited(table: pa.Table, task_s: float, rows_per_split: int) -> pa.Table:
+    """The table, after its rows' wait: the work of a stage before a further exchange."""
     if table.num_rows:
         io_work(task_s * table.num_rows / rows_per_split)
-    return example.partial_sums(example.score(table, 0))
+    return table
+
+
+def partials(table: pa.Table, task_s: float, rows_per_split: int) -> pa.Table:
+    return example.partial_sums(example.score(waited(table, task_s, rows_per_split), 0))

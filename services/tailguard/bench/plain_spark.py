@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tailguard.agent.executor.exchange import round_robin_partition
 from tailguard.bench import io_job
 from tailguard.bench.report import StageWork
 from tailguard.cluster import slowness
@@ -116,6 +117,15 @@ def _io_partials(
         yield from _sums_rows(io_job.partials(_read(split), task_s, rows_per_split))
 
 
+def _round_robin(tables: Iterable[pa.Table], n: int, offset: int) -> Iterator[tuple[int, pa.Table]]:
+    for table in tables:
+        yield from enumerate(round_robin_partition(table, n, offset))
+
+
+def _identity(key: int) -> int:
+    return key
+
+
 def _by_region(splits: Iterator[Split]) -> Iterator[tuple[str, bytes]]:
     """Each split cut into one Arrow IPC blob per region: the rows travel, as in tailguard."""
     for split in splits:
@@ -196,10 +206,11 @@ def run_job(
     work: int,
     task_s: float = 0.0,
     rows_per_split: int = 1,
+    stages: int = 1,
 ) -> PlainRun:
     """Run the job and write its output; the time covers the job only (the session exists).
-    `work` is the CPU work of the sales and skew jobs, `task_s` and `rows_per_split` the wait
-    of the I/O job."""
+    `work` is the CPU work of the sales and skew jobs, `task_s`, `rows_per_split` and `stages`
+    the waits of the I/O job (`IoSize`)."""
     sc = spark.sparkContext
     before = stage_ids(sc)  # the warm-up's stages
     started = time.monotonic()
@@ -207,6 +218,21 @@ def run_job(
     rdd = sc.parallelize(splits, len(splits))
     if shape == "sales":
         sums = rdd.mapPartitions(lambda it: _score_partials(it, work)).reduceByKey(_add, 1)
+    elif shape == "io" and stages > 1:
+        n = len(splits)
+        tables = rdd.map(_read)
+        for _ in range(1, stages):
+            # As tailguard's rebalance: each table waited, cut into n even slices, slice i to
+            # partition i (offset by the producer's index, as tailguard's producers do).
+            tables = (
+                tables.map(lambda t: io_job.waited(t, task_s, rows_per_split))
+                .mapPartitionsWithIndex(lambda i, it: _round_robin(it, n, i))
+                .partitionBy(n, _identity)
+                .values()
+            )
+        sums = tables.flatMap(
+            lambda t: _sums_rows(io_job.partials(t, task_s, rows_per_split))
+        ).reduceByKey(_add, 1)
     elif shape == "io":
         sums = rdd.mapPartitions(lambda it: _io_partials(it, task_s, rows_per_split)).reduceByKey(
             _add, 1

@@ -121,7 +121,17 @@ def tailguard_job(shape: str, data: Path, output: Path, work: int, io: IoSize | 
     if shape == "io":
         assert io is not None
         task_s, rows = io.task_s, io.rows_per_split
-        partial = sales.map(lambda t: io_job.partials(t, task_s, rows), name=IO_VERTEX)
+        stage: Any = sales
+        for k in range(1, io.stages):
+            # Each earlier stage waits, then hands its rows round robin to the next, which runs
+            # at the source's parallelism, so every subtask again gets a split's worth.
+            waited = stage.map(lambda t: io_job.waited(t, task_s, rows), name=f"{IO_VERTEX}-{k}")
+            stage = waited.rebalance()
+        partial = stage.map(
+            lambda t: io_job.partials(t, task_s, rows),
+            name=IO_VERTEX,
+            **({"parallelism": io.tasks} if io.stages > 1 else {}),
+        )
         totals = partial.partition_by("region").map(example.final_sums, name="final", parallelism=1)
     elif shape == "sales":
         partial = sales.map(
@@ -271,6 +281,7 @@ class Bench:
                     self.size.work,
                     self.io.task_s,
                     self.io.rows_per_split,
+                    self.io.stages,
                 )
                 rec.job_s = run.duration_s
                 rec.ok = True

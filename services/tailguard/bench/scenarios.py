@@ -121,12 +121,17 @@ class DataSize:
 
 @dataclass(frozen=True)
 class IoSize:
-    """I/O mode: `tasks` splits of equal rows, each `task_s` seconds of wait on a healthy host."""
+    """I/O mode: `tasks` splits of equal rows, each `task_s` seconds of wait on a healthy host.
+
+    `stages` > 1 waits again after each round-robin exchange, at the same parallelism (each
+    subtask gets a split's worth of rows): a job with several stages, in which a slow node
+    gets a task in each."""
 
     files: int
     rows_per_file: int  # two row groups (splits) per file
     task_s: float
     workers: int
+    stages: int = 1
 
     @property
     def tasks(self) -> int:
