@@ -72,6 +72,53 @@ spark.stop()
 json.dump({"median": statistics.median(times), "times": times}, open(out, "w"))
 """
 
+# `--within`: one application, the listener attached for every other job. Pairs of jobs in
+# ABBA order (plain, observed, observed, plain, ...), so the listener changes state every other
+# job; before each change the listener bus is drained, so a job's events all reach the listener
+# or none do. The relay lives for the whole application and idles (blocked on its pipe) while
+# the listener is detached, so what differs between the two kinds of job is exactly observe's
+# per-task work: the listener's and the relay's. The relay's start-up is not in it (it happens
+# once, at `observe()`, before the warm-up job).
+WITHIN_APPLICATION = """
+import json, sys, time
+from pyspark.sql import SparkSession, functions as F
+import tailguard
+
+path, pairs, out, archive = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+spark = SparkSession.builder.appName("bench-observe-within").getOrCreate()
+context = spark.sparkContext._jsc.sc()
+
+
+def job():
+    started = time.perf_counter()
+    totals = spark.read.parquet(path).groupBy("customer").agg(
+        F.sum("amount").alias("total"), F.count("*").alias("n")
+    )
+    totals.agg(F.sum("total"), F.sum("n")).collect()
+    return time.perf_counter() - started
+
+
+observation = tailguard.observe(
+    spark, {"tailguard.observe.log-mode": "archive", "tailguard.archive-dir": archive}
+)
+job()  # warm-up, observed: the relay is up and warm before anything is timed
+attached = True
+times = {"plain": [], "observed": []}
+for pair in range(pairs):
+    for observed in ((False, True) if pair % 2 == 0 else (True, False)):
+        if observed != attached:
+            context.listenerBus().waitUntilEmpty()
+            if observed:
+                context.addSparkListener(observation.listener)
+            else:
+                context.removeSparkListener(observation.listener)
+            attached = observed
+        times["observed" if observed else "plain"].append(job())
+status = observation.close()
+spark.stop()
+json.dump({"times": times, "relay_status": status}, open(out, "w"))
+"""
+
 # One scan task per file and every reduce partition its own task: many tasks per second, the
 # listener's worst case (its cost is per task event).
 MANY_TASKS = {
@@ -177,6 +224,85 @@ def submit(args: argparse.Namespace, work: Path, data: Path, observed: bool, n: 
     return Application(float(result["median"]), cpu_s, relay_cpu_s, bus_ms, bus_events)
 
 
+@dataclasses.dataclass(frozen=True)
+class Within:
+    """One `--within` application's figures: its jobs' wall times, in pairs."""
+
+    plain_s: list[float]
+    observed_s: list[float]
+    cpu_s: float
+    relay_cpu_s: float
+    bus_ms: float
+    bus_events: int
+
+    def pair_overheads(self) -> list[float]:
+        """Per pair (adjacent jobs, ABBA order), observed / plain - 1, in %."""
+        return [100 * (o / p - 1) for p, o in zip(self.plain_s, self.observed_s, strict=True)]
+
+
+def submit_within(args: argparse.Namespace, work: Path, data: Path, n: int) -> Within:
+    from tailguard.observer import listener_jar
+
+    app = work / "application_within.py"
+    app.write_text(WITHIN_APPLICATION)
+    out = work / f"result-within-{n}.json"
+    argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", args.master]
+    argv += ["--jars", str(listener_jar())]
+    for key, value in MANY_TASKS.items():
+        argv += ["--conf", f"{key}={value}"]
+    argv += [str(app), str(data), str(args.pairs), str(out), str(work / "archive")]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    code, stderr, cpu_s = run_measured(argv, env)
+    if code != 0:
+        raise SystemExit(f"spark-submit failed ({code}):\n{stderr[-3000:]}")
+    result = json.loads(out.read_text())
+    if result["relay_status"] != 0 or " 0 malformed" not in stderr:
+        raise SystemExit(f"the relay did not end cleanly:\n{stderr[-3000:]}")
+    relay_cpu_s, bus_ms, bus_events = observe_costs(stderr)
+    times = result["times"]
+    return Within(times["plain"], times["observed"], cpu_s, relay_cpu_s, bus_ms, bus_events)
+
+
+def main_within(args: argparse.Namespace, work: Path, data: Path) -> int:
+    print(
+        f"load before: {load()}; {args.apps} application(s), {args.pairs} pairs of jobs each",
+        flush=True,
+    )
+    apps: list[Within] = []
+    for n in range(args.apps):
+        app = submit_within(args, work, data, n)
+        apps.append(app)
+        overheads = app.pair_overheads()
+        print(
+            f"application {n + 1}: plain {spread(app.plain_s)}, observed {spread(app.observed_s)};"
+            f" pairs {statistics.median(overheads):+.1f}% median ({min(overheads):+.1f}%"
+            f"..{max(overheads):+.1f}%); CPU {app.cpu_s:.1f} s, relay {app.relay_cpu_s:.2f} s,"
+            f" listener bus {app.bus_ms:.1f} ms for {app.bus_events} events; load {load()}",
+            flush=True,
+        )
+    overheads = sorted(x for app in apps for x in app.pair_overheads())
+    quartiles = statistics.quantiles(overheads, n=4)
+    slower = sum(x > 0 for x in overheads)
+    plain = [x for app in apps for x in app.plain_s]
+    observed = [x for app in apps for x in app.observed_s]
+    print(f"tasks: {tasks_per_job(work / 'archive')}")
+    print(f"plain jobs:    {spread(plain)}")
+    print(f"observed jobs: {spread(observed)}")
+    print(
+        f"per pair, observed / plain - 1: median {statistics.median(overheads):+.2f}%, quartiles"
+        f" {quartiles[0]:+.2f}%..{quartiles[2]:+.2f}%, range {overheads[0]:+.1f}%.."
+        f"{overheads[-1]:+.1f}%; observed slower in {slower} of {len(overheads)} pairs"
+        f" (target <= 2%)"
+    )
+    relay = [100 * a.relay_cpu_s / a.cpu_s for a in apps]
+    print(
+        f"relay CPU (start-up included) {statistics.median(relay):.2f}% of the application's,"
+        f" for the observed half of its jobs"
+    )
+    print(f"load after: {load()}")
+    return 0
+
+
 def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -207,15 +333,26 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--work-dir", default="work/bench-observe")
+    parser.add_argument(
+        "--within",
+        action="store_true",
+        help="time plain and observed jobs inside the same applications (--apps of them, "
+        "--pairs pairs of jobs each): the listener is detached for every other job",
+    )
+    parser.add_argument("--apps", type=int, default=2, help="applications, with --within")
     args = parser.parse_args()
-    if min(args.pairs, args.runs, args.files, args.rows) < 1:
-        parser.error("--pairs, --runs, --files and --rows must be positive")
+    if min(args.pairs, args.runs, args.files, args.rows, args.apps) < 1:
+        parser.error("--pairs, --runs, --files, --rows and --apps must be positive")
+    if args.within and args.pairs * args.apps < 2:
+        parser.error("--within needs at least two pairs of jobs (--pairs x --apps)")
 
     from tailguard.observer import listener_jar
 
     work = Path(args.work_dir).resolve()
     data = write_data(work / "data", args.files, args.rows)
     listener_jar()  # built once, before anything is timed
+    if args.within:
+        return main_within(args, work, data)
     print(f"load before: {load()}", flush=True)
     apps: dict[str, list[Application]] = {"plain": [], "observed": []}
     for pair in range(args.pairs):

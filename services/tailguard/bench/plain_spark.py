@@ -117,9 +117,24 @@ def _io_partials(
         yield from _sums_rows(io_job.partials(_read(split), task_s, rows_per_split))
 
 
-def _round_robin(tables: Iterable[pa.Table], n: int, offset: int) -> Iterator[tuple[int, pa.Table]]:
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _round_robin(tables: Iterable[pa.Table], n: int, offset: int) -> Iterator[tuple[int, bytes]]:
     for table in tables:
-        yield from enumerate(round_robin_partition(table, n, offset))
+        for i, piece in enumerate(round_robin_partition(table, n, offset)):
+            yield i, _ipc(piece)
+
+
+def _joined(blobs: Iterable[tuple[Any, bytes]]) -> Iterator[pa.Table]:
+    """A partition's Arrow IPC blobs as one table (none for an empty partition)."""
+    tables = [pa.ipc.open_stream(blob).read_all() for _key, blob in blobs]
+    if tables:
+        yield pa.concat_tables(tables)
 
 
 def _identity(key: int) -> int:
@@ -131,21 +146,14 @@ def _by_region(splits: Iterator[Split]) -> Iterator[tuple[str, bytes]]:
     for split in splits:
         table = _read(split)
         for region in sorted(set(table["region"].to_pylist())):
-            part = table.filter(pc.equal(table["region"], region))
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, part.schema) as writer:
-                writer.write_table(part)
-            yield region, sink.getvalue().to_pybytes()
+            yield region, _ipc(table.filter(pc.equal(table["region"], region)))
 
 
 def _score_keyed(
     blobs: Iterator[tuple[str, bytes]], work: int
 ) -> Iterator[tuple[str, tuple[int, int]]]:
-    tables = [pa.ipc.open_stream(blob).read_all() for _region, blob in blobs]
-    if not tables:
-        return
-    table = pa.concat_tables(tables)
-    yield from _sums_rows(example.final_sums(example.partial_sums(example.score(table, work))))
+    for table in _joined(blobs):
+        yield from _sums_rows(example.final_sums(example.partial_sums(example.score(table, work))))
 
 
 def _region_partition(partitions: int) -> Any:
@@ -223,12 +231,13 @@ def run_job(
         tables = rdd.map(_read)
         for _ in range(1, stages):
             # As tailguard's rebalance: each table waited, cut into n even slices, slice i to
-            # partition i (offset by the producer's index, as tailguard's producers do).
+            # partition i (offset by the producer's index, as tailguard's producers do), as
+            # Arrow IPC (pickled slices of a table cost more than the rows they hold).
             tables = (
                 tables.map(lambda t: io_job.waited(t, task_s, rows_per_split))
                 .mapPartitionsWithIndex(lambda i, it: _round_robin(it, n, i))
                 .partitionBy(n, _identity)
-                .values()
+                .mapPartitions(_joined)
             )
         sums = tables.flatMap(
             lambda t: _sums_rows(io_job.partials(t, task_s, rows_per_split))

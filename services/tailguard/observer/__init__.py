@@ -16,6 +16,7 @@ translates them (`translate.py`) into tailguard events and publishes them (`publ
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ from typing import Any
 from tailguard.observer.jar import LISTENER_CLASS, JarBuildError, listener_jar
 
 __all__ = ["JarBuildError", "Observation", "listener_jar", "observe"]
+_log = logging.getLogger(__name__)
 
 
 class Observation:
@@ -36,10 +38,26 @@ class Observation:
         self.app_id = app_id
         self.exit_status: int | None = None
 
+    @property
+    def listener(self) -> Any:
+        """The JVM listener (py4j object): for Spark's own `addSparkListener` and
+        `removeSparkListener`, e.g. to leave some jobs unobserved (`make bench-observe`
+        `--within` does, to time the same application's jobs with and without it)."""
+        return self._listener
+
     def close(self, timeout_s: float = 60.0) -> int:
         """The relay's exit status (0: all published; -1: it did not end within the timeout)."""
         if self.exit_status is None:
-            self._sc._jsc.sc().removeSparkListener(self._listener)
+            from py4j.protocol import Py4JJavaError
+
+            context = self._sc._jsc.sc()
+            # Spark delivers events on its own thread: the last job's ends may still be queued,
+            # and a listener removed before they reach it would leave that job open.
+            try:
+                context.listenerBus().waitUntilEmpty(int(timeout_s * 1000))
+            except Py4JJavaError as err:  # a TimeoutException: close what has arrived
+                _log.warning("observe: Spark's listener bus did not drain: %s", err)
+            context.removeSparkListener(self._listener)
             now = int(time.time() * 1000)
             self.exit_status = int(self._listener.finish(now, int(timeout_s * 1000)))
         return self.exit_status
