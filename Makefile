@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 VENV35  := .venv-spark35
 STAMP35 := $(VENV35)/.installed
 
-.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe test-observe test-fleet bench-load bench-restart chaos clean
+.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe bench-observe-within test-observe test-fleet bench-load bench-restart chaos clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
@@ -16,7 +16,7 @@ help:
 	@echo "make chaos  the fault-injection suite: kills, garbage, lost partitions, storage down (minutes; not in make test)"
 	@echo "make test-fleet / test-observe  the fleet blocklist and observe mode end to end (minutes; not in make test)"
 	@echo "make test-multihost the multi-host test (network namespaces, root; minutes, not in make test)"
-	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim, bench-memory, bench-fleet, bench-observe, bench-load, bench-restart)"
+	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim, bench-memory, bench-fleet, bench-observe, bench-observe-within, bench-load, bench-restart)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -112,6 +112,10 @@ bench-memory: $(STAMP)
 # What observe mode costs an unmodified job, plain vs observed interleaved (docs/observe.md).
 bench-observe: $(STAMP)
 	$(BIN)/python benchmarks/observe_overhead.py
+
+# The same, with plain and observed jobs paired inside each application (docs/benchmarks.md).
+bench-observe-within: $(STAMP)
+	$(BIN)/python benchmarks/observe_overhead.py --within --apps 3 --pairs 32
 
 bench-fleet: $(STAMP)
 	$(BIN)/python benchmarks/fleet_five_jobs.py

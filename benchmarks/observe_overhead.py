@@ -72,19 +72,20 @@ spark.stop()
 json.dump({"median": statistics.median(times), "times": times}, open(out, "w"))
 """
 
-# `--within`: one application, the listener attached for every other job. Pairs of jobs in
-# ABBA order (plain, observed, observed, plain, ...), so the listener changes state every other
-# job; before each change the listener bus is drained, so a job's events all reach the listener
-# or none do. The relay lives for the whole application and idles (blocked on its pipe) while
-# the listener is detached, so what differs between the two kinds of job is exactly observe's
-# per-task work: the listener's and the relay's. The relay's start-up is not in it (it happens
-# once, at `observe()`, before the warm-up job).
+# `--within`: one application, the listener attached for every other job. After `--warmups`
+# observed jobs, pairs of jobs in ABBA order (plain, observed, observed, plain, ...), so the
+# listener changes state every other job; before each change the listener bus is drained, so a
+# job's events all reach the listener or none do. The relay lives for the whole application and
+# idles (blocked on its pipe) while the listener is detached, so what differs between the two
+# kinds of job is exactly observe's per-task work: the listener's and the relay's. The relay's
+# start-up is not in it (it happens once, at `observe()`, before the warm-up jobs).
 WITHIN_APPLICATION = """
 import json, sys, time
 from pyspark.sql import SparkSession, functions as F
 import tailguard
 
 path, pairs, out, archive = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+warmups = int(sys.argv[5])
 spark = SparkSession.builder.appName("bench-observe-within").getOrCreate()
 context = spark.sparkContext._jsc.sc()
 
@@ -101,7 +102,10 @@ def job():
 observation = tailguard.observe(
     spark, {"tailguard.observe.log-mode": "archive", "tailguard.archive-dir": archive}
 )
-job()  # warm-up, observed: the relay is up and warm before anything is timed
+# Warm-up, observed: the relay is up and warm, and the JVM's JIT has compiled the job's paths
+# (a fresh application's jobs get faster for ~10 runs: 10 s -> 3 s here).
+for _ in range(warmups):
+    job()
 attached = True
 times = {"plain": [], "observed": []}
 for pair in range(pairs):
@@ -235,9 +239,14 @@ class Within:
     bus_ms: float
     bus_events: int
 
-    def pair_overheads(self) -> list[float]:
-        """Per pair (adjacent jobs, ABBA order), observed / plain - 1, in %."""
-        return [100 * (o / p - 1) for p, o in zip(self.plain_s, self.observed_s, strict=True)]
+    def quad_overheads(self) -> list[float]:
+        """Per ABBA quad (two pairs: plain, observed, observed, plain), observed / plain - 1,
+        in %: a trend in job times that is linear over four jobs cancels out."""
+        pairs = list(zip(self.plain_s, self.observed_s, strict=True))
+        return [
+            100 * ((o1 + o2) / (p1 + p2) - 1)
+            for (p1, o1), (p2, o2) in zip(pairs[0::2], pairs[1::2], strict=False)
+        ]
 
 
 def submit_within(args: argparse.Namespace, work: Path, data: Path, n: int) -> Within:
@@ -251,6 +260,7 @@ def submit_within(args: argparse.Namespace, work: Path, data: Path, n: int) -> W
     for key, value in MANY_TASKS.items():
         argv += ["--conf", f"{key}={value}"]
     argv += [str(app), str(data), str(args.pairs), str(out), str(work / "archive")]
+    argv += [str(args.warmups)]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     code, stderr, cpu_s = run_measured(argv, env)
     if code != 0:
@@ -272,27 +282,28 @@ def main_within(args: argparse.Namespace, work: Path, data: Path) -> int:
     for n in range(args.apps):
         app = submit_within(args, work, data, n)
         apps.append(app)
-        overheads = app.pair_overheads()
+        quads = app.quad_overheads()
         print(
             f"application {n + 1}: plain {spread(app.plain_s)}, observed {spread(app.observed_s)};"
-            f" pairs {statistics.median(overheads):+.1f}% median ({min(overheads):+.1f}%"
-            f"..{max(overheads):+.1f}%); CPU {app.cpu_s:.1f} s, relay {app.relay_cpu_s:.2f} s,"
+            f" quads {statistics.median(quads):+.1f}% median ({min(quads):+.1f}%"
+            f"..{max(quads):+.1f}%); CPU {app.cpu_s:.1f} s, relay {app.relay_cpu_s:.2f} s,"
             f" listener bus {app.bus_ms:.1f} ms for {app.bus_events} events; load {load()}",
             flush=True,
         )
-    overheads = sorted(x for app in apps for x in app.pair_overheads())
-    quartiles = statistics.quantiles(overheads, n=4)
-    slower = sum(x > 0 for x in overheads)
+    quads = sorted(x for app in apps for x in app.quad_overheads())
+    mean = statistics.fmean(quads)
+    # 95% interval of the mean, normal approximation (n >= 16 quads by default).
+    half = 1.96 * statistics.stdev(quads) / len(quads) ** 0.5
     plain = [x for app in apps for x in app.plain_s]
     observed = [x for app in apps for x in app.observed_s]
     print(f"tasks: {tasks_per_job(work / 'archive')}")
     print(f"plain jobs:    {spread(plain)}")
     print(f"observed jobs: {spread(observed)}")
     print(
-        f"per pair, observed / plain - 1: median {statistics.median(overheads):+.2f}%, quartiles"
-        f" {quartiles[0]:+.2f}%..{quartiles[2]:+.2f}%, range {overheads[0]:+.1f}%.."
-        f"{overheads[-1]:+.1f}%; observed slower in {slower} of {len(overheads)} pairs"
-        f" (target <= 2%)"
+        f"per ABBA quad, observed / plain - 1 ({len(quads)} quads): mean {mean:+.2f}%"
+        f" (95% interval {mean - half:+.2f}%..{mean + half:+.2f}%), median"
+        f" {statistics.median(quads):+.2f}%, range {quads[0]:+.1f}%..{quads[-1]:+.1f}%;"
+        f" observed slower in {sum(x > 0 for x in quads)} (target <= 2%)"
     )
     relay = [100 * a.relay_cpu_s / a.cpu_s for a in apps]
     print(
@@ -340,11 +351,12 @@ def main() -> int:
         "--pairs pairs of jobs each): the listener is detached for every other job",
     )
     parser.add_argument("--apps", type=int, default=2, help="applications, with --within")
+    parser.add_argument("--warmups", type=int, default=10, help="untimed jobs first, with --within")
     args = parser.parse_args()
     if min(args.pairs, args.runs, args.files, args.rows, args.apps) < 1:
         parser.error("--pairs, --runs, --files, --rows and --apps must be positive")
-    if args.within and args.pairs * args.apps < 2:
-        parser.error("--within needs at least two pairs of jobs (--pairs x --apps)")
+    if args.within and (args.pairs % 2 or args.pairs * args.apps < 4 or args.warmups < 0):
+        parser.error("--within needs an even --pairs, at least two quads in all, --warmups >= 0")
 
     from tailguard.observer import listener_jar
 

@@ -44,3 +44,39 @@ def test_two_observations_in_one_jvm_each_archive_their_jobs(
     # The second observation holds the later Spark jobs only.
     assert not seen[0] & seen[1]
     _job(spark)  # a job after close() is no one's: the listener was removed
+
+
+def test_jobs_run_while_the_listener_is_detached_are_not_observed(
+    tailguard_local_spark: Any, tmp_path: Path
+) -> None:
+    # What `make bench-observe-within` relies on: its "plain" jobs are really unobserved, and
+    # the observed ones around them are whole.
+    from tailguard.observer.translate import observed_job_id
+
+    spark = tailguard_local_spark
+    sc, context = spark.sparkContext, spark.sparkContext._jsc.sc()
+    observation = tailguard.observe(
+        spark, {"tailguard.observe.log-mode": "archive", "tailguard.archive-dir": str(tmp_path)}
+    )
+    groups = ("before", "detached", "after")
+    for group in groups:
+        if group == "detached":
+            context.listenerBus().waitUntilEmpty()
+            context.removeSparkListener(observation.listener)
+        elif group == "after":
+            context.addSparkListener(observation.listener)
+        sc.setJobGroup(group, group)
+        _job(spark)
+    sc.setLocalProperty("spark.jobGroup.id", None)  # the session is shared
+    sc.setLocalProperty("spark.job.description", None)
+    assert observation.close() == 0
+
+    spark_jobs = {g: set(sc.statusTracker().getJobIdsForGroup(g)) for g in groups}
+    assert all(spark_jobs.values())
+    records = [e.record for e in ArchiveReader(tmp_path / f"{observation.app_id}.avro")]
+    jobs = {x.job_id for x in records if isinstance(x, r.JobSubmitted)}
+    finished = {x.job_id for x in records if isinstance(x, r.JobFinished)}
+    expected = {
+        observed_job_id(observation.app_id, j) for g in ("before", "after") for j in spark_jobs[g]
+    }
+    assert jobs == finished == expected
