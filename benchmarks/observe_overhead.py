@@ -49,14 +49,8 @@ import pyarrow.parquet as pq
 
 from tailguard.cluster.procs import descendants
 
-APPLICATION = """
-import json, statistics, sys, time
-from pyspark.sql import SparkSession, functions as F
-
-path, runs, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-spark = SparkSession.builder.appName("bench-observe").getOrCreate()
-
-
+# The timed job, the same in both applications: `spark` and `path` are the script's.
+JOB = """
 def job():
     started = time.perf_counter()
     totals = spark.read.parquet(path).groupBy("customer").agg(
@@ -64,13 +58,25 @@ def job():
     )
     totals.agg(F.sum("total"), F.sum("n")).collect()
     return time.perf_counter() - started
+"""
 
+APPLICATION = (
+    """
+import json, statistics, sys, time
+from pyspark.sql import SparkSession, functions as F
+
+path, runs, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+spark = SparkSession.builder.appName("bench-observe").getOrCreate()
+"""
+    + JOB
+    + """
 
 job()  # warm-up
 times = [job() for _ in range(runs)]
 spark.stop()
 json.dump({"median": statistics.median(times), "times": times}, open(out, "w"))
 """
+)
 
 # `--within`: one application, the listener attached for every other job. After `--warmups`
 # observed jobs, pairs of jobs in ABBA order (plain, observed, observed, plain, ...), so the
@@ -79,7 +85,8 @@ json.dump({"median": statistics.median(times), "times": times}, open(out, "w"))
 # idles (blocked on its pipe) while the listener is detached, so what differs between the two
 # kinds of job is exactly observe's per-task work: the listener's and the relay's. The relay's
 # start-up is not in it (it happens once, at `observe()`, before the warm-up jobs).
-WITHIN_APPLICATION = """
+WITHIN_APPLICATION = (
+    """
 import json, sys, time
 from pyspark.sql import SparkSession, functions as F
 import tailguard
@@ -88,16 +95,9 @@ path, pairs, out, archive = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv
 warmups = int(sys.argv[5])
 spark = SparkSession.builder.appName("bench-observe-within").getOrCreate()
 context = spark.sparkContext._jsc.sc()
-
-
-def job():
-    started = time.perf_counter()
-    totals = spark.read.parquet(path).groupBy("customer").agg(
-        F.sum("amount").alias("total"), F.count("*").alias("n")
-    )
-    totals.agg(F.sum("total"), F.sum("n")).collect()
-    return time.perf_counter() - started
-
+"""
+    + JOB
+    + """
 
 observation = tailguard.observe(
     spark, {"tailguard.observe.log-mode": "archive", "tailguard.archive-dir": archive}
@@ -122,6 +122,7 @@ status = observation.close()
 spark.stop()
 json.dump({"times": times, "relay_status": status}, open(out, "w"))
 """
+)
 
 # One scan task per file and every reduce partition its own task: many tasks per second, the
 # listener's worst case (its cost is per task event).
