@@ -78,13 +78,14 @@ json.dump({"median": statistics.median(times), "times": times}, open(out, "w"))
 """
 )
 
-# `--within`: one application, the listener attached for every other job. After `--warmups`
-# observed jobs, pairs of jobs in ABBA order (plain, observed, observed, plain, ...), so the
-# listener changes state every other job; before each change the listener bus is drained, so a
-# job's events all reach the listener or none do. The relay lives for the whole application and
-# idles (blocked on its pipe) while the listener is detached, so what differs between the two
-# kinds of job is exactly observe's per-task work: the listener's and the relay's. The relay's
-# start-up is not in it (it happens once, at `observe()`, before the warm-up jobs).
+# `--within`: one application, observed (`Observation.resume`) for every other job, paused
+# (`Observation.pause`) for the others. After `--warmups` observed jobs, pairs of jobs in ABBA
+# order (plain, observed, observed, plain, ...), so the state changes every other job; a pause
+# drains Spark's listener bus first, so a job's events all reach the listener or none do. The
+# relay lives for the whole application and idles (blocked on its pipe) while paused, so what
+# differs between the two kinds of job is exactly observe's per-task work: the listener's and
+# the relay's. The relay's start-up is not in it (it happens once, at `observe()`, before the
+# warm-up jobs).
 WITHIN_APPLICATION = (
     """
 import json, sys, time
@@ -94,7 +95,6 @@ import tailguard
 path, pairs, out, archive = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 warmups = int(sys.argv[5])
 spark = SparkSession.builder.appName("bench-observe-within").getOrCreate()
-context = spark.sparkContext._jsc.sc()
 """
     + JOB
     + """
@@ -106,17 +106,13 @@ observation = tailguard.observe(
 # (a fresh application's jobs get faster for ~10 runs: 10 s -> 3 s here).
 for _ in range(warmups):
     job()
-attached = True
 times = {"plain": [], "observed": []}
 for pair in range(pairs):
     for observed in ((False, True) if pair % 2 == 0 else (True, False)):
-        if observed != attached:
-            context.listenerBus().waitUntilEmpty()
-            if observed:
-                context.addSparkListener(observation.listener)
-            else:
-                context.removeSparkListener(observation.listener)
-            attached = observed
+        if observed:
+            observation.resume()
+        else:
+            observation.pause()
         times["observed" if observed else "plain"].append(job())
 status = observation.close()
 spark.stop()

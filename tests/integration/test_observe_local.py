@@ -46,25 +46,22 @@ def test_two_observations_in_one_jvm_each_archive_their_jobs(
     _job(spark)  # a job after close() is no one's: the listener was removed
 
 
-def test_jobs_run_while_the_listener_is_detached_are_not_observed(
-    tailguard_local_spark: Any, tmp_path: Path
-) -> None:
-    # What `make bench-observe-within` relies on: its "plain" jobs are really unobserved, and
-    # the observed ones around them are whole.
+def test_jobs_run_while_paused_are_not_observed(tailguard_local_spark: Any, tmp_path: Path) -> None:
+    # What `make bench-observe-within` relies on: its "plain" jobs (paused) are really
+    # unobserved, and the observed ones around them are whole.
     from tailguard.observer.translate import observed_job_id
 
     spark = tailguard_local_spark
-    sc, context = spark.sparkContext, spark.sparkContext._jsc.sc()
+    sc = spark.sparkContext
     observation = tailguard.observe(
         spark, {"tailguard.observe.log-mode": "archive", "tailguard.archive-dir": str(tmp_path)}
     )
-    groups = ("before", "detached", "after")
+    groups = ("before", "paused", "after")
     for group in groups:
-        if group == "detached":
-            context.listenerBus().waitUntilEmpty()
-            context.removeSparkListener(observation.listener)
+        if group == "paused":
+            observation.pause()
         elif group == "after":
-            context.addSparkListener(observation.listener)
+            observation.resume()
         sc.setJobGroup(group, group)
         _job(spark)
     sc.setLocalProperty("spark.jobGroup.id", None)  # the session is shared

@@ -35,29 +35,41 @@ class Observation:
     def __init__(self, sc: Any, listener: Any, app_id: str) -> None:
         self._sc = sc
         self._listener = listener
+        self._attached = True
         self.app_id = app_id
         self.exit_status: int | None = None
 
-    @property
-    def listener(self) -> Any:
-        """The JVM listener (py4j object): for Spark's own `addSparkListener` and
-        `removeSparkListener`, e.g. to leave some jobs unobserved (`make bench-observe`
-        `--within` does, to time the same application's jobs with and without it)."""
-        return self._listener
+    def pause(self, timeout_s: float = 60.0) -> None:
+        """Stop observing: the Spark jobs that start from now on are not published, until
+        `resume()`. The relay stays up, idle. Call it between jobs: a job running across it
+        loses the events Spark posts while paused (its end too, so it stays open)."""
+        if not self._attached:
+            return
+        from py4j.protocol import Py4JJavaError
+
+        context = self._sc._jsc.sc()
+        # Spark delivers events on its own thread: the last job's ends may still be queued,
+        # and a listener removed before they reach it would leave that job open.
+        try:
+            context.listenerBus().waitUntilEmpty(int(timeout_s * 1000))
+        except Py4JJavaError as err:  # a TimeoutException: detach with what has arrived
+            _log.warning("observe: Spark's listener bus did not drain: %s", err)
+        context.removeSparkListener(self._listener)
+        self._attached = False
+
+    def resume(self) -> None:
+        """Observe again, from the next Spark event on (`make bench-observe-within` times the
+        same application's jobs paused and observed)."""
+        if self.exit_status is not None:
+            raise RuntimeError("this observation is closed: call tailguard.observe() again")
+        if not self._attached:
+            self._sc._jsc.sc().addSparkListener(self._listener)
+            self._attached = True
 
     def close(self, timeout_s: float = 60.0) -> int:
         """The relay's exit status (0: all published; -1: it did not end within the timeout)."""
         if self.exit_status is None:
-            from py4j.protocol import Py4JJavaError
-
-            context = self._sc._jsc.sc()
-            # Spark delivers events on its own thread: the last job's ends may still be queued,
-            # and a listener removed before they reach it would leave that job open.
-            try:
-                context.listenerBus().waitUntilEmpty(int(timeout_s * 1000))
-            except Py4JJavaError as err:  # a TimeoutException: close what has arrived
-                _log.warning("observe: Spark's listener bus did not drain: %s", err)
-            context.removeSparkListener(self._listener)
+            self.pause(timeout_s)
             now = int(time.time() * 1000)
             self.exit_status = int(self._listener.finish(now, int(timeout_s * 1000)))
         return self.exit_status
