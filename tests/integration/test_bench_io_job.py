@@ -20,7 +20,7 @@ pytestmark = pytest.mark.spark
 FILES = 3  # two row groups each: 6 splits
 
 
-@pytest.mark.parametrize("stages", [1, 2])
+@pytest.mark.parametrize("stages", [1, 2, 3])
 def test_the_io_job_waits_once_per_stage_at_the_source_parallelism(
     tailguard_spark: Any, tmp_path: Path, stages: int
 ) -> None:

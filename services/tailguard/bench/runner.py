@@ -121,17 +121,17 @@ def tailguard_job(shape: str, data: Path, output: Path, work: int, io: IoSize | 
     if shape == "io":
         assert io is not None
         task_s, rows = io.task_s, io.rows_per_split
+        # Each earlier stage waits, then hands its rows round robin to the next, which runs at
+        # one subtask per split, so every subtask again gets a split's worth (the first stage
+        # is chained to the source, which has that parallelism already).
         stage: Any = sales
+        after: dict[str, Any] = {}
         for k in range(1, io.stages):
-            # Each earlier stage waits, then hands its rows round robin to the next, which runs
-            # at the source's parallelism, so every subtask again gets a split's worth.
-            waited = stage.map(lambda t: io_job.waited(t, task_s, rows), name=f"{IO_VERTEX}-{k}")
-            stage = waited.rebalance()
-        partial = stage.map(
-            lambda t: io_job.partials(t, task_s, rows),
-            name=IO_VERTEX,
-            **({"parallelism": io.tasks} if io.stages > 1 else {}),
-        )
+            waited = stage.map(
+                lambda t: io_job.waited(t, task_s, rows), name=f"{IO_VERTEX}-{k}", **after
+            )
+            stage, after = waited.rebalance(), {"parallelism": io.tasks}
+        partial = stage.map(lambda t: io_job.partials(t, task_s, rows), name=IO_VERTEX, **after)
         totals = partial.partition_by("region").map(example.final_sums, name="final", parallelism=1)
     elif shape == "sales":
         partial = sales.map(
