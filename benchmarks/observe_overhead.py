@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -65,7 +66,7 @@ APPLICATION = (
 import json, statistics, sys, time
 from pyspark.sql import SparkSession, functions as F
 
-path, runs, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+path, out, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 spark = SparkSession.builder.appName("bench-observe").getOrCreate()
 """
     + JOB
@@ -92,8 +93,8 @@ import json, sys, time
 from pyspark.sql import SparkSession, functions as F
 import tailguard
 
-path, pairs, out, archive = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-warmups = int(sys.argv[5])
+path, out, archive = sys.argv[1:4]
+pairs, warmups = int(sys.argv[4]), int(sys.argv[5])
 spark = SparkSession.builder.appName("bench-observe-within").getOrCreate()
 """
     + JOB
@@ -183,46 +184,60 @@ def run_measured(argv: list[str], env: dict[str, str]) -> tuple[int, str, float]
 
 
 def observe_costs(stderr: str) -> tuple[float, float, int]:
-    """The relay's CPU (s), and the listener's bus time (ms) and events, from their log lines."""
+    """The relay's CPU (s), and the listener's bus time (ms) and events, from their log lines;
+    stops the bench if the relay did not end cleanly."""
     relay = re.search(r"relay CPU ([0-9.]+) s", stderr)
     bus = re.search(r"listener took ([0-9.]+) ms of the listener bus for ([0-9]+) events", stderr)
-    if relay is None or bus is None:
-        raise SystemExit(f"the observed application did not report its costs:\n{stderr[-3000:]}")
+    if " 0 malformed" not in stderr or relay is None or bus is None:
+        raise SystemExit(f"the relay did not end cleanly:\n{stderr[-3000:]}")
     return float(relay.group(1)), float(bus.group(1)), int(bus.group(2))
 
 
-def submit(args: argparse.Namespace, work: Path, data: Path, observed: bool, n: int) -> Application:
+def spark_submit(
+    args: argparse.Namespace,
+    work: Path,
+    data: Path,
+    name: str,
+    script: str,
+    script_args: list[str],
+    conf: dict[str, str],
+    jar: bool,
+) -> tuple[Any, str, float]:
+    """Submits `script` (an application taking the data path, its result file, then
+    `script_args`), with the listener's jar on its class path if `jar`: its result (JSON), its
+    standard error and the CPU of its whole process tree."""
     from tailguard.observer import listener_jar
 
-    app = work / "application.py"
-    app.write_text(APPLICATION)
-    out = work / f"result-{n}-{'observed' if observed else 'plain'}.json"
-    conf = dict(MANY_TASKS)
+    app = work / f"{name}.py"
+    app.write_text(script)
+    out = work / f"result-{name}.json"
     argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", args.master]
-    if observed:
+    if jar:
         argv += ["--jars", str(listener_jar())]
-        conf.update(
-            {
-                "spark.extraListeners": "tailguard.observe.TaskEventListener",
-                "spark.tailguard.observe.python": sys.executable,
-                "spark.tailguard.tailguard.observe.log-mode": "archive",
-                "spark.tailguard.tailguard.archive-dir": str(work / "archive"),
-            }
-        )
-    for key, value in conf.items():
+    for key, value in {**MANY_TASKS, **conf}.items():
         argv += ["--conf", f"{key}={value}"]
-    argv += [str(app), str(data), str(args.runs), str(out)]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    code, stderr, cpu_s = run_measured(argv, env)
+    argv += [str(app), str(data), str(out), *script_args]
+    code, stderr, cpu_s = run_measured(argv, {**os.environ, "PYSPARK_PYTHON": sys.executable})
     if code != 0:
         raise SystemExit(f"spark-submit failed ({code}):\n{stderr[-3000:]}")
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text()), stderr, cpu_s
+
+
+def submit(args: argparse.Namespace, work: Path, data: Path, observed: bool, n: int) -> Application:
+    # The documented no-code form: the listener named in the application's configuration.
+    conf = {
+        "spark.extraListeners": "tailguard.observe.TaskEventListener",
+        "spark.tailguard.observe.python": sys.executable,
+        "spark.tailguard.tailguard.observe.log-mode": "archive",
+        "spark.tailguard.tailguard.archive-dir": str(work / "archive"),
+    }
+    name = f"application-{n}-{'observed' if observed else 'plain'}"
+    result, stderr, cpu_s = spark_submit(
+        args, work, data, name, APPLICATION, [str(args.runs)], conf if observed else {}, observed
+    )
     if not observed:
         return Application(float(result["median"]), cpu_s)
-    if " 0 malformed" not in stderr:
-        raise SystemExit(f"the relay did not end cleanly:\n{stderr[-3000:]}")
-    relay_cpu_s, bus_ms, bus_events = observe_costs(stderr)
-    return Application(float(result["median"]), cpu_s, relay_cpu_s, bus_ms, bus_events)
+    return Application(float(result["median"]), cpu_s, *observe_costs(stderr))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,27 +262,14 @@ class Within:
 
 
 def submit_within(args: argparse.Namespace, work: Path, data: Path, n: int) -> Within:
-    from tailguard.observer import listener_jar
-
-    app = work / "application_within.py"
-    app.write_text(WITHIN_APPLICATION)
-    out = work / f"result-within-{n}.json"
-    argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", args.master]
-    argv += ["--jars", str(listener_jar())]
-    for key, value in MANY_TASKS.items():
-        argv += ["--conf", f"{key}={value}"]
-    argv += [str(app), str(data), str(args.pairs), str(out), str(work / "archive")]
-    argv += [str(args.warmups)]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    code, stderr, cpu_s = run_measured(argv, env)
-    if code != 0:
-        raise SystemExit(f"spark-submit failed ({code}):\n{stderr[-3000:]}")
-    result = json.loads(out.read_text())
-    if result["relay_status"] != 0 or " 0 malformed" not in stderr:
+    script_args = [str(work / "archive"), str(args.pairs), str(args.warmups)]
+    result, stderr, cpu_s = spark_submit(
+        args, work, data, f"within-{n}", WITHIN_APPLICATION, script_args, {}, True
+    )
+    if result["relay_status"] != 0:
         raise SystemExit(f"the relay did not end cleanly:\n{stderr[-3000:]}")
-    relay_cpu_s, bus_ms, bus_events = observe_costs(stderr)
     times = result["times"]
-    return Within(times["plain"], times["observed"], cpu_s, relay_cpu_s, bus_ms, bus_events)
+    return Within(times["plain"], times["observed"], cpu_s, *observe_costs(stderr))
 
 
 def main_within(args: argparse.Namespace, work: Path, data: Path) -> int:
