@@ -1,15 +1,21 @@
-"""The embedded Kafka-protocol broker: librdkafka's mock cluster held by a background process.
-
-The broker is **in memory**: everything produced to it is lost when it stops. The durable log is
-the per-job Avro archive (`tailguard.log.archive`).
+"""The embedded broker: Apache Kafka's own broker (the default) or librdkafka's mock cluster.
 
     with EmbeddedBroker("work") as bootstrap:
         ...  # clients connect to `bootstrap`
 
+By default it is **Apache Kafka**, one node in KRaft combined mode (`log/kafka_server.py`), its
+jars resolved from Maven Central once (`log/kafka_jars.py`). Its log is on disk under
+`<work_dir>/kafka/`: a broker stopped, or killed -9, starts again on its data and its address,
+and `stop(purge=True)` deletes them.
+
+With `mock=True` it is librdkafka's mock cluster held by a background process: an offline option
+for a machine that cannot reach Maven Central. It is **in memory**: everything produced to it is
+lost when it stops (docs/log.md#the-mock-broker).
+
 `start()` is idempotent: if the state file names a live broker, that broker is reused; a state
 file left by a dead process (a broker killed, or its machine rebooted) is replaced by a broker on
-the port the dead one recorded, so every client of the dead broker reconnects to the new one by
-itself. What such a restart loses is in docs/log.md#embedded-broker-restarts.
+the address the dead one had, so every client of the dead broker reconnects to the new one by
+itself.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from tailguard.log.broker_state import (
     read_state,
     remove_state,
     state_path,
+    write_state,
 )
 
 DEFAULT_WORK_DIR = "work"
@@ -56,9 +63,24 @@ def _wait_for(condition: Callable[[], bool], timeout_s: float, interval_s: float
 class EmbeddedBroker:
     """Start, find and stop the embedded broker whose state lives under `work_dir`."""
 
-    def __init__(self, work_dir: str | Path = DEFAULT_WORK_DIR, *, start_timeout_s: float = 30.0):
+    def __init__(
+        self,
+        work_dir: str | Path = DEFAULT_WORK_DIR,
+        *,
+        mock: bool = False,
+        listen: str | None = None,
+        start_timeout_s: float = 120.0,
+        report: Callable[[str], None] | None = None,
+    ):
+        """`mock`: librdkafka's in-memory mock instead of Apache Kafka; `listen`: HOST:PORT for
+        Kafka to listen on and advertise (default: the address of its last start, else a free
+        port on 127.0.0.1); `report` is told the progress of a start (resolving the jars,
+        formatting, waiting)."""
         self.work_dir = Path(work_dir)
+        self.mock = mock
+        self.listen = listen
         self.start_timeout_s = start_timeout_s
+        self.report = report or (lambda _message: None)
         # Set when this instance launched the process (not when it reused a running one).
         self.started_here = False
 
@@ -87,6 +109,9 @@ class EmbeddedBroker:
             return running.bootstrap
         # Whatever is there describes a dead process: its port is where its clients look.
         crashed = read_state(self.work_dir)
+        if not self.mock:
+            remove_state(self.work_dir)
+            return self._start_kafka()
         port = [str(crashed.port)] if crashed is not None and crashed.port else []
         remove_state(self.work_dir)
         with (self.work_dir / LOG_FILE).open("ab") as log:
@@ -121,11 +146,53 @@ class EmbeddedBroker:
         assert state is not None
         return state.bootstrap
 
-    def stop(self, timeout_s: float = 10.0) -> bool:
-        """Stop the running broker; False if none was running. Its data is gone afterwards."""
+    def _start_kafka(self) -> str:
+        from tailguard.log import kafka_server
+
+        try:
+            with (self.work_dir / LOG_FILE).open("ab") as log:
+                process, address = kafka_server.launch(
+                    self.work_dir, self.listen, log, self.report
+                )
+        except (kafka_server.KafkaServerError, ValueError, RuntimeError) as err:
+            raise BrokerError(str(err)) from None
+        # Written before it is ready: a starter killed now leaves a broker the next one finds.
+        write_state(
+            self.work_dir,
+            BrokerState(process.pid, address.bootstrap, time.time(), kind="kafka"),
+        )
+        self.report(f"Apache Kafka broker starting (pid {process.pid}) at {address.bootstrap}")
+        try:
+            kafka_server.await_ready(address.bootstrap, process, self.start_timeout_s, self.report)
+            created = kafka_server.create_topics(address.bootstrap)
+        except BaseException as err:
+            process.kill()
+            process.wait()
+            remove_state(self.work_dir, only_pid=process.pid)
+            if isinstance(err, kafka_server.KafkaServerError):
+                raise BrokerError(f"{err}; see {self.work_dir / LOG_FILE}") from None
+            raise
+        if created:
+            self.report(f"created topics: {', '.join(sorted(created))}")
+        self.started_here = True
+        return address.bootstrap
+
+    def purge(self) -> bool:
+        """Delete the Kafka broker's data (it must not be running); whether there was any."""
+        from tailguard.log import kafka_server
+
+        if self.status() is not None:
+            raise BrokerError("the broker is running: stop it before deleting its data")
+        return kafka_server.purge(self.work_dir)
+
+    def stop(self, timeout_s: float = 60.0, *, purge: bool = False) -> bool:
+        """Stop the running broker; False if none was running. A mock's data is gone afterwards;
+        Kafka's stays for the next start unless `purge`."""
         state = self.status()
         if state is None:
             remove_state(self.work_dir)
+            if purge:
+                self.purge()
             return False
         os.kill(state.pid, signal.SIGTERM)
         # The broker may be our child (started by this process): reap it so it does not linger
@@ -133,6 +200,8 @@ class EmbeddedBroker:
         if not _wait_for(lambda: _reaped_or_gone(state.pid), timeout_s):
             raise BrokerError(f"embedded broker (pid {state.pid}) did not stop in {timeout_s} s")
         remove_state(self.work_dir, only_pid=state.pid)
+        if purge:
+            self.purge()
         return True
 
     def __enter__(self) -> str:

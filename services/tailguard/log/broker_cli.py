@@ -1,14 +1,16 @@
-"""`tailguard broker up|down|status`: the embedded Kafka-protocol broker.
+"""`tailguard broker up|down|status`: the embedded broker, Apache Kafka (or `--mock`).
 
 The same verbs as `tailguard cluster` and `tailguard services`: `up` starts it in the background
-(`--foreground`: in this terminal until Ctrl-C), `down` stops it, `status` exits 0 while it runs
-and 1 otherwise. The spellings from before (`tailguard broker`, `--stop`, `--status`) still work
-and say what replaces them.
+(`--foreground`: in this terminal until Ctrl-C), `down` stops it (`--purge`: and deletes its
+data), `status` exits 0 while it runs and 1 otherwise. `up --mock` starts librdkafka's
+in-memory mock cluster instead, for a machine that cannot reach Maven Central. The spellings from
+before (`tailguard broker`, `--stop`, `--status`) still work and say what replaces them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import threading
@@ -21,10 +23,22 @@ from tailguard.log.broker_state import BrokerState, read_state
 from tailguard.settings_file import load_settings
 
 IN_MEMORY_NOTE = (
-    "note: the embedded broker keeps its data in memory only (at most the newest ~5 MB per "
+    "note: the mock broker keeps its data in memory only (at most the newest ~5 MB per "
     "partition); everything on it is lost when it stops. The durable log is the per-job Avro "
     "archive."
 )
+ON_DISK_NOTE = (
+    "Apache Kafka, one node (KRaft); its log is kept in {data} across `down` and `up` "
+    "(`tailguard broker down --purge` deletes it)"
+)
+
+
+def _note(state: BrokerState, work_dir: Path) -> str:
+    from tailguard.log.kafka_server import DATA_DIR, kafka_dir
+
+    if state.kind == "kafka":
+        return ON_DISK_NOTE.format(data=kafka_dir(work_dir) / DATA_DIR)
+    return IN_MEMORY_NOTE
 
 
 ACTIONS = ("up", "down", "status")
@@ -46,7 +60,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--work-dir",
         metavar="DIR",
-        help="where the state file broker.json lives (default: setting tailguard.work-dir)",
+        help="where the state file broker.json and the broker's data live (default: setting "
+        "tailguard.work-dir)",
+    )
+    parser.add_argument(
+        "--mock",
+        action="store_true",
+        help="with up: librdkafka's in-memory mock cluster instead of Apache Kafka (offline; "
+        "no data kept, no compaction, no SASL)",
+    )
+    parser.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="with up: where Kafka listens and what it advertises (default: where it listened "
+        "last, else a free port on 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--purge", action="store_true", help="with down: also delete the broker's data"
     )
     for flag in _OLD_FLAGS:
         parser.add_argument(f"--{flag}", action="store_true", help=argparse.SUPPRESS)
@@ -80,33 +110,34 @@ def run(args: argparse.Namespace) -> int:
             f"note: bootstrap.servers is set ({configured}): tailguard's clients use that "
             "cluster, not the embedded broker"
         )
-    broker = EmbeddedBroker(work_dir)
+    broker = EmbeddedBroker(
+        work_dir, mock=args.mock, listen=args.listen, report=lambda line: print(line, flush=True)
+    )
     try:
         if action == "status":
             return _status(broker)
         if action == "down":
-            state = broker.status()
-            if broker.stop():
-                print(
-                    f"stopped the embedded broker (pid {state.pid if state else '?'}); "
-                    "its data is gone"
-                )
-            else:
-                print(f"no embedded broker running under {work_dir}")
-            return 0
-        if args.foreground:
+            return _down(broker, purge=args.purge)
+        if args.foreground and args.mock:
             return _foreground(broker, work_dir)
-        was_running = broker.status() is not None
-        crashed = None if was_running else read_state(work_dir)
+        was_running = broker.status()
+        if args.foreground and was_running is not None:
+            print(f"a broker is already running (pid {was_running.pid}) at {was_running.bootstrap}")
+            return 1
+        crashed = None if was_running is not None else read_state(work_dir)
         bootstrap = broker.start()
         state = broker.status()
-        pid = state.pid if state else "?"
-        verb = "already running" if was_running else "started"
-        print(f"embedded broker {verb} (pid {pid}), state file {broker.state_file}")
+        assert state is not None  # started or found running
+        verb = "already running" if was_running is not None else "started"
+        print(f"embedded broker {verb} (pid {state.pid}), state file {broker.state_file}")
         print(bootstrap)
+        if was_running is not None and (state.kind == "mock") != args.mock:
+            print(f"note: the running broker is {_kind(state)}; stop it to start the other one")
         if crashed is not None:
             print(_after_crash(crashed, bootstrap))
-        print(IN_MEMORY_NOTE)
+        print(_note(state, work_dir))
+        if args.foreground:
+            return _hold(broker, state)
         print("stop it with: tailguard broker down")
         return 0
     except BrokerError as err:
@@ -114,13 +145,46 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
+def _kind(state: BrokerState) -> str:
+    return "Apache Kafka" if state.kind == "kafka" else "the mock (librdkafka, in memory)"
+
+
+def _down(broker: EmbeddedBroker, *, purge: bool) -> int:
+    state = broker.status()
+    if broker.stop(purge=purge):
+        assert state is not None
+        kept = "its data is gone" if state.kind == "mock" or purge else "its data is kept"
+        print(f"stopped the embedded broker (pid {state.pid}); {kept}")
+    else:
+        print(f"no embedded broker running under {broker.work_dir}")
+        if purge:
+            print("its data (if any) is deleted")
+    return 0
+
+
+def _hold(broker: EmbeddedBroker, state: BrokerState) -> int:
+    """`up --foreground` with Kafka: the broker runs until Ctrl-C or SIGTERM, then stops."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    print(f"running in the foreground (pid {state.pid}); Ctrl-C stops it", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        stop.wait()
+    broker.stop()
+    print("stopped; its data is kept")
+    return 0
+
+
 def _after_crash(crashed: BrokerState, bootstrap: str) -> str:
     """What an operator must know after restarting a broker that died."""
     if crashed.bootstrap == bootstrap:
+        lost = (
+            "the records it held are gone (docs/log.md#mock-broker-restarts)"
+            if crashed.kind == "mock"
+            else "it recovered its log from disk"
+        )
         return (
             f"the broker before (pid {crashed.pid}) died: this one listens on its address, so "
-            "its clients reconnect by themselves; the records it held are gone "
-            "(docs/log.md#embedded-broker-restarts)"
+            f"its clients reconnect by themselves; {lost}"
         )
     return (
         f"warning: the broker before (pid {crashed.pid}) listened on {crashed.bootstrap}, which "
@@ -135,9 +199,10 @@ def _status(broker: EmbeddedBroker) -> int:
         return 1
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.started_at))
     print(
-        f"embedded broker running: pid {state.pid}, bootstrap {state.bootstrap}, started {started}"
+        f"embedded broker running ({_kind(state)}): pid {state.pid}, bootstrap {state.bootstrap}, "
+        f"started {started}"
     )
-    print(IN_MEMORY_NOTE)
+    print(_note(state, broker.work_dir))
     return 0
 
 

@@ -18,6 +18,8 @@ class BrokerState:
     pid: int
     bootstrap: str
     started_at: float
+    # "kafka": Apache Kafka's broker (log/kafka_server.py); "mock": librdkafka's mock cluster.
+    kind: str = "mock"
 
     @property
     def port(self) -> int:
@@ -53,6 +55,7 @@ def read_state(work_dir: str | Path) -> BrokerState | None:
             pid=int(raw["pid"]),
             bootstrap=str(raw["bootstrap"]),
             started_at=float(raw["started_at"]),
+            kind=str(raw.get("kind", "mock")),
         )
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return None
@@ -79,12 +82,16 @@ def pid_alive(pid: int) -> bool:
 
 
 BROKER_MODULE = "tailguard.log.broker_process"
+# The Kafka broker's main class and the settings file only tailguard's embedded one runs with.
+KAFKA_MAIN_CLASS = "kafka.Kafka"
+KAFKA_PROPERTIES_FILE = "tailguard-kafka.properties"
 
 
 def is_broker_process(pid: int) -> bool:
     """Whether `pid` is alive and is an embedded broker process. Checking the command line
     guards against a recycled pid: we must never signal a process that is not our broker.
-    A broker runs either as `BROKER_MODULE` or inside `tailguard broker up --foreground`."""
+    A broker runs as Apache Kafka's `kafka.Kafka` with tailguard's settings file, as
+    `BROKER_MODULE` (the mock) or inside `tailguard broker up --foreground`."""
     if not pid_alive(pid):
         return False
     try:
@@ -92,6 +99,8 @@ def is_broker_process(pid: int) -> bool:
     except psutil.NoSuchProcess:
         return False
     except psutil.Error:  # not ours to read: liveness alone
+        return True
+    if KAFKA_MAIN_CLASS in cmdline and any(a.endswith(KAFKA_PROPERTIES_FILE) for a in cmdline):
         return True
     return BROKER_MODULE in cmdline or (
         "broker" in cmdline and any("tailguard" in arg for arg in cmdline)
