@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Job", "observe", "run"]
+__all__ = ["Job", "attach", "observe", "run", "spark_conf"]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,4 +30,12 @@ def __getattr__(name: str) -> Any:
         from tailguard.observer import observe
 
         return observe
+    if name == "attach":
+        from tailguard.attach import attach
+
+        return attach
+    if name == "spark_conf":
+        from tailguard.attach import spark_conf
+
+        return spark_conf
     raise AttributeError(f"module 'tailguard' has no attribute {name!r}")

@@ -24,7 +24,16 @@ from typing import Any
 
 from tailguard.observer.jar import LISTENER_CLASS, JarBuildError, listener_jar
 
-__all__ = ["JarBuildError", "Observation", "listener_jar", "observe"]
+__all__ = [
+    "JarBuildError",
+    "Observation",
+    "jar_class",
+    "listener_jar",
+    "new_listener",
+    "observe",
+    "spark_context",
+    "start_listener",
+]
 _log = logging.getLogger(__name__)
 
 
@@ -81,22 +90,74 @@ class Observation:
         self.close()
 
 
-# The listener's class, loaded once per JVM (by its gateway): py4j caches methods by class name,
-# so a second copy of the class from a second loader would be called with the first's methods.
-_LISTENER_CLASSES: dict[int, Any] = {}
+# tailguard's jar, loaded once per JVM (by its gateway): py4j caches methods by class name, so a
+# second copy of a class from a second loader would be called with the first's methods. One
+# loader for all of the jar's classes: the listener's `setActuator` takes the actuator its own
+# loader defined.
+_JAR_LOADERS: dict[int, Any] = {}
 
 
-def _listener_class(gateway: Any, jvm: Any, jsc: Any) -> Any:
-    known = _LISTENER_CLASSES.get(id(gateway))
-    if known is not None:
-        return known
-    urls = gateway.new_array(jvm.java.net.URL, 1)
-    urls[0] = jvm.java.io.File(str(listener_jar())).toURI().toURL()
-    # A loader of its own: the driver's classpath was fixed when its JVM started. The listener's
-    # parent is Spark's loader, so it is the SparkListenerInterface Spark knows.
-    loader = jvm.java.net.URLClassLoader(urls, jsc.getClass().getClassLoader())
-    cls = _LISTENER_CLASSES[id(gateway)] = loader.loadClass(LISTENER_CLASS)
-    return cls
+def jar_class(sc: Any, name: str) -> Any:
+    """Class `name` of tailguard's jar, in the JVM behind SparkContext `sc`."""
+    gateway, jvm, jsc = sc._gateway, sc._jvm, sc._jsc
+    loader = _JAR_LOADERS.get(id(gateway))
+    if loader is None:
+        urls = gateway.new_array(jvm.java.net.URL, 1)
+        urls[0] = jvm.java.io.File(str(listener_jar())).toURI().toURL()
+        # A loader of its own: the driver's classpath was fixed when its JVM started. Its parent
+        # is Spark's loader, so the listener is the SparkListenerInterface Spark knows.
+        loader = _JAR_LOADERS[id(gateway)] = jvm.java.net.URLClassLoader(
+            urls, jsc.getClass().getClassLoader()
+        )
+    return loader.loadClass(name)
+
+
+def spark_context(spark: Any, verb: str) -> Any:
+    """The SparkContext behind `spark` (a SparkSession or a SparkContext)."""
+    sc = getattr(spark, "sparkContext", spark)
+    if getattr(sc, "_jsc", None) is None:
+        raise TypeError(
+            f"{verb}() needs a SparkSession or SparkContext, not {type(spark).__name__}"
+        )
+    return sc
+
+
+def new_listener(
+    sc: Any, settings: Mapping[str, str] | None, python: str | None, actuator: Any = None
+) -> Any:
+    """A configured listener, not yet added to `sc` (`start_listener` adds it)."""
+    gateway, jvm = sc._gateway, sc._jvm
+    listener = (
+        jar_class(sc, LISTENER_CLASS)
+        .getConstructor(gateway.new_array(jvm.java.lang.Class, 0))
+        .newInstance(gateway.new_array(jvm.java.lang.Object, 0))
+    )
+    argv = [python or sys.executable, "-m", "tailguard.observer.relay"]
+    command = gateway.new_array(jvm.java.lang.String, len(argv))
+    for i, arg in enumerate(argv):
+        command[i] = arg
+    listener.setCommand(command)
+    for key, value in (settings or {}).items():
+        listener.setting(str(key), str(value))
+    if actuator is not None:
+        listener.setActuator(actuator)
+    return listener
+
+
+def start_listener(sc: Any, listener: Any) -> str:
+    """Tell `listener` the application and its executors so far, and add it; the app id."""
+    jsc = sc._jsc
+    app_id: str = sc.applicationId
+    now = int(time.time() * 1000)
+    listener.attached(now, app_id, sc.appName)
+    # Executors that registered before the listener: their hosts are the nodes of every job.
+    executors = jsc.sc().statusStore().executorList(True)
+    for i in range(executors.size()):
+        summary = executors.apply(i)
+        host = summary.hostPort().rsplit(":", 1)[0]
+        listener.executor(now, summary.id(), host, summary.totalCores())
+    jsc.sc().addSparkListener(listener)
+    return app_id
 
 
 def observe(
@@ -112,34 +173,6 @@ def observe(
     `tailguard.archive-dir`, ...) over the environment's; `python` runs the relay (default: this
     interpreter).
     """
-    sc = getattr(spark, "sparkContext", spark)
-    jsc = getattr(sc, "_jsc", None)
-    if jsc is None:
-        raise TypeError(
-            f"observe() needs a SparkSession or SparkContext, not {type(spark).__name__}"
-        )
-    gateway = sc._gateway
-    jvm = sc._jvm
-    listener = (
-        _listener_class(gateway, jvm, jsc)
-        .getConstructor(gateway.new_array(jvm.java.lang.Class, 0))
-        .newInstance(gateway.new_array(jvm.java.lang.Object, 0))
-    )
-    argv = [python or sys.executable, "-m", "tailguard.observer.relay"]
-    command = gateway.new_array(jvm.java.lang.String, len(argv))
-    for i, arg in enumerate(argv):
-        command[i] = arg
-    listener.setCommand(command)
-    for key, value in (settings or {}).items():
-        listener.setting(str(key), str(value))
-    app_id = sc.applicationId
-    now = int(time.time() * 1000)
-    listener.attached(now, app_id, sc.appName)
-    # Executors that registered before the listener: their hosts are the nodes of every job.
-    executors = jsc.sc().statusStore().executorList(True)
-    for i in range(executors.size()):
-        summary = executors.apply(i)
-        host = summary.hostPort().rsplit(":", 1)[0]
-        listener.executor(now, summary.id(), host, summary.totalCores())
-    jsc.sc().addSparkListener(listener)
-    return Observation(sc, listener, app_id)
+    sc = spark_context(spark, "observe")
+    listener = new_listener(sc, settings, python)
+    return Observation(sc, listener, start_listener(sc, listener))

@@ -1,4 +1,5 @@
-"""The listener's jar: compiled from the Java source shipped in the package, once per source.
+"""tailguard's jar: the listener, the actuator and the plugin, compiled from the Java sources
+shipped in the package, once per source and Spark version.
 
 The jar is built on demand with the machine's `javac` against the Spark jars of the installed
 pyspark (the same Spark the job runs on), and cached under a name that carries the hash of the
@@ -18,7 +19,10 @@ import zipfile
 from pathlib import Path
 
 LISTENER_CLASS = "tailguard.observe.TaskEventListener"
-_SOURCE = Path(__file__).parent / "java" / "tailguard" / "observe" / "TaskEventListener.java"
+ACTUATOR_CLASS = "tailguard.attach.Actuator"
+PLUGIN_CLASS = "tailguard.attach.AttachPlugin"
+# Every class of the jar: the listener (observe), the actuator and the plugin (attach).
+_SOURCES = tuple(sorted((Path(__file__).parent / "java").rglob("*.java")))
 
 
 class JarBuildError(RuntimeError):
@@ -41,7 +45,7 @@ def listener_jar(directory: Path | None = None) -> Path:
     """The path of the listener's jar, compiled first if this source and Spark have none yet."""
     import pyspark
 
-    source = _SOURCE.read_bytes()
+    source = b"".join(p.read_bytes() for p in _SOURCES)
     digest = hashlib.blake2b(source + pyspark.__version__.encode(), digest_size=8).hexdigest()
     target = (directory or cache_dir()) / f"tailguard-observe-{digest}.jar"
     if target.exists():
@@ -58,13 +62,15 @@ def listener_jar(directory: Path | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tailguard-observe-") as tmp:
         done = subprocess.run(
-            [javac, "--release", "17", "-nowarn", "-cp", f"{jars}/*", "-d", tmp, str(_SOURCE)],
+            [javac, "--release", "17", "-nowarn", "-cp", f"{jars}/*", "-d", tmp]
+            + [str(p) for p in _SOURCES],
             capture_output=True,
             text=True,
             check=False,
         )
         if done.returncode != 0:
-            raise JarBuildError(f"javac failed on {_SOURCE.name}:\n{done.stderr.strip()}")
+            names = ", ".join(p.name for p in _SOURCES)
+            raise JarBuildError(f"javac failed on {names}:\n{done.stderr.strip()}")
         partial = target.with_suffix(f".{os.getpid()}.part")
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
             jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\n\r\n")

@@ -4,13 +4,15 @@ An observed application is a series of tailguard jobs (one per Spark job, `trans
 written to one archive, `<archive-dir>/<application id>.avro`, and one producer. The services'
 findings and commands about those jobs are received and archived as the agent archives them,
 so `tailguard replay` audits an observed application like a job tailguard ran; the commands are
-never applied: Spark schedules a native job's tasks itself (docs/observe.md, "What tailguard can
-act on").
+applied only in attach mode (`tailguard.attach`, docs/attach.md), where the relay hands them
+to the JVM actuator; observe mode records them.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from tailguard import filesystems
 from tailguard.agent.adapters.kafka import ArchivePublisher, DecisionReader
@@ -20,7 +22,7 @@ from tailguard.log.consumer import Consumed, RecordConsumer
 from tailguard.log.producer import RecordProducer
 from tailguard.log.signing import signer_for, verifier_for
 from tailguard.model import records as r
-from tailguard.model.authority import AGENT, received_archive_topic
+from tailguard.model.authority import AGENT, Origin, received_archive_topic
 from tailguard.model.config import Settings
 
 log = logging.getLogger(__name__)
@@ -28,8 +30,8 @@ log = logging.getLogger(__name__)
 
 class ObservedAppPublisher(ArchivePublisher):
     """The agent's archive publisher, plus Kafka: events out, every decision about the
-    application's jobs in (archived as received, never applied). One producer and one consumer
-    for the whole application however many Spark jobs it runs."""
+    application's jobs in (archived as received; applied in attach mode only). One producer and
+    one consumer for the whole application however many Spark jobs it runs."""
 
     def __init__(
         self,
@@ -39,8 +41,10 @@ class ObservedAppPublisher(ArchivePublisher):
         *,
         drain_quiet_ms: int = 750,
         drain_max_ms: int = 5000,
+        on_command: Callable[[r.Command, Origin], None] | None = None,
     ) -> None:
         codec = codec_for(settings)
+        self._on_command = on_command
         super().__init__(archive, codec)
         self.job_prefix = f"{app_id}-job-"
         self._producer = RecordProducer(settings, codec)
@@ -51,6 +55,9 @@ class ObservedAppPublisher(ArchivePublisher):
             codec,
             [r.FINDINGS_TOPIC, r.COMMANDS_TOPIC],
             group_id=f"tailguard-observe-{app_id}",
+            # From the relay's start, not from the moment the consumer is assigned its
+            # partitions: a decision made in between (a command, in attach mode) is not missed.
+            start_at_ms=int(time.time() * 1000),
         )
         self._reader = DecisionReader(
             self._consumer,
@@ -74,12 +81,15 @@ class ObservedAppPublisher(ArchivePublisher):
         record = item.record
         if not record.job_id.startswith(self.job_prefix):
             return False
-        # Spark schedules a native job's tasks itself: a command is recorded for the audit and
-        # the replay, and nothing applies it (docs/observe.md). As the agent archives it
+        # Recorded for the audit and the replay (observe mode applies nothing). As the agent
+        # archives it
         # (KafkaPublisher._take): one whose signature does not check out is kept apart from the
         # services' decisions, which the replay compares.
         origin = self._verifier.verify(item.topic, item.raw, item.headers)
         self._append(record, "received", received_archive_topic(record, item.topic, origin))
+        if self._on_command is not None and isinstance(record, r.Command):
+            # Attach mode: the relay checks and applies it, on its own thread.
+            self._on_command(record, origin)
         return True
 
     def close(self) -> None:
@@ -104,9 +114,16 @@ def archive_for(settings: Settings, app_id: str) -> ArchiveWriter:
     )
 
 
-def publisher_for(settings: Settings, app_id: str, *, kafka: bool = True) -> ArchivePublisher:
-    """Kafka and the archive, or the archive alone (no broker: a record of what was seen)."""
+def publisher_for(
+    settings: Settings,
+    app_id: str,
+    *,
+    kafka: bool = True,
+    on_command: Callable[[r.Command, Origin], None] | None = None,
+) -> ArchivePublisher:
+    """Kafka and the archive, or the archive alone (no broker: a record of what was seen).
+    With `on_command`, every command about the application's jobs goes there too (attach)."""
     archive = archive_for(settings, app_id)
     if kafka:
-        return ObservedAppPublisher(archive, settings, app_id)
+        return ObservedAppPublisher(archive, settings, app_id, on_command=on_command)
     return ArchivePublisher(archive, codec_for(settings))

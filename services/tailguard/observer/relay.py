@@ -8,6 +8,13 @@ every `slow-task-detector.check-interval`, the detector's clock. It ends at the 
 end line or when the pipe closes (the driver is gone), after the services' last decisions about
 the jobs have reached the archive.
 
+Attach mode (`tailguard.attach`, docs/attach.md): when the listener has an actuator it says so
+(`ACT`, before the application line), and the relay then also acts. The services' commands about
+the application's jobs come back through the publisher's consumer, are checked and turned into
+actions (`attach/actuation.py`) on this thread, and written to the relay's standard output, which
+the JVM reads; its answers come back among the events (`CO`, `AV`). The relay's own output
+(logging, stray prints) goes to standard error, so nothing but actions reaches that pipe.
+
 Ticks are stamped `TICK_HOLDBACK_MS` behind the relay's clock: Spark's listener bus delivers an
 event a little after its timestamp, and a Tick stamped later than an attempt's unreported end
 would judge that attempt as still running. The relay runs on the driver's host, so its clock is
@@ -17,14 +24,18 @@ the one Spark stamps events with.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import resource
 import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import IO
 
+from tailguard.model import records as r
+from tailguard.model.authority import Origin
 from tailguard.model.config import SERVICES_KEY, Settings, recorded_config
 from tailguard.observer.translate import ObserveError, SparkEventTranslator
 
@@ -32,6 +43,18 @@ log = logging.getLogger("tailguard.observer")
 
 TICK_HOLDBACK_MS = 250
 LOG_MODE_KEY = "tailguard.observe.log-mode"  # kafka (default) | archive
+ATTACH_KEY = "tailguard.attach.enabled"  # with an actuator: act (default) or only observe
+# Lines the JVM writes for the relay itself, not Spark events: the actuator is there (ACT), a
+# command kind it lacks (AV), a command's outcome (CO).
+_ACTUATOR_LINES = ("ACT", "AV", "CO")
+
+
+@dataclass(frozen=True)
+class _Received:
+    """A command from the services, with what its signature said (from the consumer thread)."""
+
+    command: r.Command
+    origin: Origin
 
 
 def _lines(stream: IO[bytes]) -> Iterator[list[str]]:
@@ -41,19 +64,28 @@ def _lines(stream: IO[bytes]) -> Iterator[list[str]]:
             yield line.split("\t")
 
 
-def _reader(lines: Iterable[list[str]], into: queue.Queue[list[str] | None]) -> None:
+_Item = list[str] | _Received | None
+
+
+def _reader(lines: Iterable[list[str]], into: queue.Queue[_Item]) -> None:
     for fields in lines:
         into.put(fields)
     into.put(None)
 
 
-def relay(stream: IO[bytes], environ_settings: Settings | None = None) -> int:
-    """Relay one application's lines from `stream`; the exit status."""
+def relay(
+    stream: IO[bytes],
+    environ_settings: Settings | None = None,
+    actions: IO[bytes] | None = None,
+) -> int:
+    """Relay one application's lines from `stream`; the exit status. `actions` is where attach
+    mode writes the actuator's action lines (the JVM reads the relay's standard output)."""
     from tailguard.observer.publisher import publisher_for
     from tailguard.settings_file import load_settings
 
     lines = _lines(stream)
     config: dict[str, str] = {}
+    actuator = False
     app: list[str] | None = None
     # Spark posts the driver's ExecutorAdded before ApplicationStart: lines that come before the
     # application are kept and translated right after it.
@@ -61,6 +93,8 @@ def relay(stream: IO[bytes], environ_settings: Settings | None = None) -> int:
     for fields in lines:
         if fields[0] == "C" and len(fields) == 3:
             config[fields[1]] = fields[2]
+        elif fields[0] == "ACT":
+            actuator = True
         elif fields[0] == "A":
             app = fields
             break
@@ -76,7 +110,19 @@ def relay(stream: IO[bytes], environ_settings: Settings | None = None) -> int:
     if mode not in ("kafka", "archive"):
         log.error("observe: %s must be kafka or archive, not %r", LOG_MODE_KEY, mode)
         return 2
-    publisher = publisher_for(settings, translator.app_id, kafka=mode == "kafka")
+    pending: queue.Queue[_Item] = queue.Queue()
+    actuation = None
+    if actuator and actions is not None and _attach_wanted(settings, mode):
+        from tailguard.attach.actuation import Actuation
+
+        actuation = Actuation(translator, settings, actions)
+        actuation.probe()
+    publisher = publisher_for(
+        settings,
+        translator.app_id,
+        kafka=mode == "kafka",
+        on_command=(lambda c, o: pending.put(_Received(c, o))) if actuation else None,
+    )
     log.info(
         "observe: application %s (%s) -> %s",
         translator.app_id,
@@ -84,7 +130,6 @@ def relay(stream: IO[bytes], environ_settings: Settings | None = None) -> int:
         publisher.archive_path,
     )
     interval_ms = settings.duration_ms("slow-task-detector.check-interval")
-    pending: queue.Queue[list[str] | None] = queue.Queue()
     # The relay ends when the listener closes the pipe (after its end line, or with the JVM):
     # the reader thread has then finished, and no thread is left blocked on stdin.
     reader = threading.Thread(
@@ -93,14 +138,35 @@ def relay(stream: IO[bytes], environ_settings: Settings | None = None) -> int:
     reader.start()
     bad = 0
 
-    def feed(fields: list[str]) -> None:
+    def now() -> int:
+        return int(time.time() * 1000)
+
+    def feed(item: list[str] | _Received) -> None:
         nonlocal bad
         try:
-            for event in translator.handle(fields):
+            for event in _events(item):
                 publisher.publish(event)
         except ObserveError as exc:  # one bad line never stops the application's observation
             bad += 1
             log.error("observe: %s", exc)
+
+    def _events(item: list[str] | _Received) -> list[r.Event]:
+        if isinstance(item, _Received):
+            return actuation.received(item.command, item.origin, now()) if actuation else []
+        if item[0] in _ACTUATOR_LINES:
+            if actuation is None:
+                return []
+            if item[0] == "AV":
+                actuation.available(item)
+            elif item[0] == "CO":
+                return actuation.outcome(item, now())
+            return []
+        events = translator.handle(item)
+        if actuation is not None:
+            for event in list(events):
+                if isinstance(event, r.JobSubmitted):
+                    events += actuation.job_started(event.job_id, event.ts)
+        return events
 
     next_tick = time.monotonic()
     try:
@@ -116,8 +182,10 @@ def relay(stream: IO[bytes], environ_settings: Settings | None = None) -> int:
             if item:
                 feed(item)
             if time.monotonic() >= next_tick:
-                for tick in translator.tick(int(time.time() * 1000) - TICK_HOLDBACK_MS):
+                for tick in translator.tick(now() - TICK_HOLDBACK_MS):
                     publisher.publish(tick)
+                for lifted in actuation.tick(now()) if actuation else []:
+                    publisher.publish(lifted)
                 next_tick = time.monotonic() + interval_ms / 1000.0
     finally:
         publisher.close()
@@ -133,14 +201,36 @@ def relay(stream: IO[bytes], environ_settings: Settings | None = None) -> int:
         bad,
         usage.ru_utime + usage.ru_stime,
     )
+    if actuation is not None:
+        log.info(
+            "attach: application %s: %d commands applied, %d rejected",
+            translator.app_id,
+            actuation.applied,
+            actuation.rejected,
+        )
     return 0
 
 
+def _attach_wanted(settings: Settings, mode: str) -> bool:
+    if (settings.get(ATTACH_KEY) or "true").strip().lower() in ("false", "no", "off", "0"):
+        log.info("attach: %s is off: observing only", ATTACH_KEY)
+        return False
+    if mode != "kafka":
+        log.warning("attach: %s=%s has no services to decide: observing only", LOG_MODE_KEY, mode)
+        return False
+    return True
+
+
 def main() -> int:
+    # Standard output is the actuator's channel (attach mode): keep it for action lines, and
+    # send everything else written to fd 1 (a library's print) to standard error.
+    actions = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
     )
-    return relay(sys.stdin.buffer)
+    return relay(sys.stdin.buffer, actions=actions)
 
 
 if __name__ == "__main__":

@@ -32,15 +32,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from tailguard.model import records as r
 from tailguard.model.ids import event_id
 
-__all__ = ["ObserveError", "SparkEventTranslator", "observed_job_id", "stage_vertex"]
+__all__ = [
+    "ObserveError",
+    "RunningTask",
+    "SparkEventTranslator",
+    "observed_job_id",
+    "stage_vertex",
+]
 
 # Spark's executor id for the driver: in local mode tasks run there, elsewhere it runs none.
 DRIVER_EXECUTOR = "driver"
+# How many ended jobs keep their event sequence (a command's outcome may come after the end).
+ENDED_JOBS_KEPT = 16
+
+E = TypeVar("E", bound=r.Event)
 
 
 class ObserveError(ValueError):
@@ -87,6 +97,25 @@ class _Task:
     attempt: int
     host: str
     speculative: bool
+    # Where Spark's scheduler knows it (attach mode acts on these): its task id, its stage's
+    # attempt and its index in that attempt's task set, and when it was launched.
+    task_id: int = -1
+    stage: int = -1
+    stage_attempt: int = 0
+    index: int = -1
+    launched_ts: int = 0
+
+
+@dataclass(frozen=True)
+class RunningTask:
+    """A task attempt Spark is running now, as attach mode addresses it."""
+
+    task_id: int
+    stage: int
+    stage_attempt: int
+    index: int
+    host: str
+    launched_ts: int
 
 
 class SparkEventTranslator:
@@ -104,6 +133,8 @@ class SparkEventTranslator:
         self._stage_job: dict[int, _Job] = {}
         self._stage_tasks: dict[int, int] = {}
         self._tasks: dict[int, _Task] = {}
+        # Recently ended jobs, for outcomes of commands that arrive after the job's end.
+        self._ended: dict[str, _Job] = {}
         self._attempts: dict[tuple[int, int], int] = {}
         self.lines = 0
         self.ignored = 0
@@ -127,6 +158,53 @@ class SparkEventTranslator:
             return handler(self, fields[1:])
         except (IndexError, ValueError) as exc:
             raise ObserveError(f"malformed {kind} line {list(fields)!r}: {exc}") from exc
+
+    @property
+    def hosts(self) -> list[str]:
+        """The application's hosts with executors, in the order they appeared."""
+        return list(self._hosts)
+
+    def running_job(self, job_id: str) -> int | None:
+        """The Spark job number of tailguard job `job_id` while it runs, else None."""
+        for job in self._jobs.values():
+            if job.job_id == job_id and job.submitted:
+                return job.spark_job
+        return None
+
+    def running_tasks(self, job_id: str, vertex: str, subtask: int) -> list[RunningTask]:
+        """Spark's running attempts of one subtask, oldest first."""
+        return sorted(
+            (
+                RunningTask(t.task_id, t.stage, t.stage_attempt, t.index, t.host, t.launched_ts)
+                for t in self._tasks.values()
+                if t.job.job_id == job_id and t.vertex == vertex and t.subtask == subtask
+            ),
+            key=lambda t: (t.launched_ts, t.task_id),
+        )
+
+    def subtask_problem(self, job_id: str, vertex: str, subtask: int) -> str | None:
+        """Why `vertex#subtask` names no task of the running job `job_id`, or None."""
+        spark_job = self.running_job(job_id)
+        if spark_job is None:
+            return f"job {job_id} is not running"
+        job = self._jobs[spark_job]
+        stage = next((s for s in job.stages if stage_vertex(s.stage) == vertex), None)
+        if stage is None:
+            return f"unknown vertex {vertex!r}"
+        if self._stage_job.get(stage.stage) is not job:
+            return f"stage {stage.stage} runs for another job"
+        if not 0 <= subtask < max(1, stage.tasks):
+            return f"unknown subtask {vertex}#{subtask} (parallelism {stage.tasks})"
+        return None
+
+    def job_event(self, job_id: str, kind: type[E], ts: int, **fields: Any) -> E | None:
+        """An event of tailguard job `job_id` (running, or ended but still referenced by a
+        pending outcome), numbered in its sequence; None if the job is unknown."""
+        job = next((j for j in self._jobs.values() if j.job_id == job_id), None)
+        job = job or self._ended.get(job_id)
+        if job is None:
+            return None
+        return kind(job_id=job_id, ts=ts, id=job.next_id(), **fields)
 
     def tick(self, now_ms: int) -> list[r.Event]:
         """A `Tick` for every running job at `now_ms` (never earlier than its last one)."""
@@ -186,10 +264,11 @@ class SparkEventTranslator:
         job = self._jobs.pop(spark_job, None)
         if job is None or not job.submitted:
             return []
+        self._remember_ended(job)
         return [self._finished(job, ts, result)]
 
     def _task_started(self, f: Sequence[str]) -> list[r.Event]:
-        ts, task, stage = int(f[0]), int(f[1]), int(f[2])
+        ts, task, stage, stage_attempt = int(f[0]), int(f[1]), int(f[2]), int(f[3])
         index, partition, executor, host = int(f[4]), int(f[5]), f[7], f[8]
         speculative = f[9] == "1"
         job = self._stage_job.get(stage)
@@ -205,7 +284,9 @@ class SparkEventTranslator:
         attempt = self._attempts.get((stage, subtask), -1) + 1
         self._attempts[(stage, subtask)] = attempt
         vertex = stage_vertex(stage)
-        self._tasks[task] = _Task(job, vertex, subtask, attempt, host, speculative)
+        self._tasks[task] = _Task(
+            job, vertex, subtask, attempt, host, speculative, task, stage, stage_attempt, index, ts
+        )
         out.append(
             r.AttemptDeploying(
                 job_id=job.job_id,
@@ -288,6 +369,11 @@ class SparkEventTranslator:
     }
 
     # ------------------------------------------------------------------ helpers
+
+    def _remember_ended(self, job: _Job) -> None:
+        self._ended[job.job_id] = job
+        while len(self._ended) > ENDED_JOBS_KEPT:
+            del self._ended[next(iter(self._ended))]
 
     def _require_app(self) -> None:
         if not self.app_id:

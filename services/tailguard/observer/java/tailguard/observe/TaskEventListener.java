@@ -1,7 +1,10 @@
 package tailguard.observe;
 
+import java.io.BufferedReader;
 import java.io.BufferedWriter;
 import java.io.IOException;
+import java.io.InputStream;
+import java.io.InputStreamReader;
 import java.io.OutputStreamWriter;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
@@ -24,6 +27,7 @@ import org.apache.spark.scheduler.SparkListenerTaskStart;
 import org.apache.spark.scheduler.StageInfo;
 import org.apache.spark.scheduler.TaskInfo;
 import scala.Tuple2;
+import tailguard.attach.Actuator;
 // JavaConverters, not scala.jdk.javaapi.CollectionConverters: PySpark 3.5 ships Scala 2.12,
 // which lacks the latter; JavaConverters is in 2.12 and 2.13 (deprecated there, still present).
 import scala.collection.JavaConverters;
@@ -41,6 +45,13 @@ import scala.collection.JavaConverters;
  * Two ways in: spark.extraListeners=tailguard.observe.TaskEventListener (Spark calls the SparkConf
  * constructor; the relay starts with the application), or tailguard.observe(spark), which creates
  * one from Python, configures it and adds it to a running SparkContext.
+ *
+ * Attach mode: with an {@link Actuator} set (tailguard.attach.AttachPlugin, or tailguard.attach
+ * from Python), the relay's standard output is the way back: it writes one action line per
+ * command it has verified, a thread here applies it and answers on the same pipe as the events
+ * ("CO id OK" or "CO id NO reason"). Both ends of that channel are an anonymous pipe between
+ * this JVM and the child it started: no other process can write to it, and nothing listens on a
+ * port or a path.
  */
 public class TaskEventListener extends SparkListener {
     private static final String PREFIX = "spark.tailguard.";
@@ -53,6 +64,7 @@ public class TaskEventListener extends SparkListener {
     // What the listener costs Spark's listener-bus thread: time inside write(), and its events.
     private long busNanos;
     private long events;
+    private Actuator actuator;
 
     public TaskEventListener() {}
 
@@ -86,6 +98,11 @@ public class TaskEventListener extends SparkListener {
 
     public void setting(String key, String value) {
         settings.add(new String[] {key, value});
+    }
+
+    /** Attach mode: the relay's verified commands are applied by `actuator`. */
+    public void setActuator(Actuator actuator) {
+        this.actuator = actuator;
     }
 
     /** The application, for a listener added after the application started. */
@@ -193,6 +210,13 @@ public class TaskEventListener extends SparkListener {
     private synchronized void write(Object... fields) {
         if (broken || command.isEmpty()) return;
         long began = System.nanoTime();
+        send(fields);
+        busNanos += System.nanoTime() - began;
+        events++;
+    }
+
+    private synchronized void send(Object... fields) {
+        if (broken) return;
         try {
             if (out == null) start();
             StringBuilder line = new StringBuilder(96);
@@ -210,18 +234,53 @@ public class TaskEventListener extends SparkListener {
             broken = true;
             System.err.println("tailguard observe: the relay stopped (" + e + "); events are no longer published");
         }
-        busNanos += System.nanoTime() - began;
-        events++;
     }
 
     private void start() throws IOException {
         ProcessBuilder builder = new ProcessBuilder(command);
-        builder.redirectOutput(ProcessBuilder.Redirect.INHERIT);
+        builder.redirectOutput(actuator == null ? ProcessBuilder.Redirect.INHERIT : ProcessBuilder.Redirect.PIPE);
         builder.redirectError(ProcessBuilder.Redirect.INHERIT);
         relay = builder.start();
         out = new BufferedWriter(new OutputStreamWriter(relay.getOutputStream(), StandardCharsets.UTF_8), 1 << 16);
         // Settings travel on the pipe, not the command line, where any user of the host could read
         // a secret among them.
-        for (String[] kv : settings) write("C", kv[0], kv[1]);
+        for (String[] kv : settings) send("C", kv[0], kv[1]);
+        if (actuator != null) {
+            send("ACT");  // the relay may act: someone applies what it writes back
+            Thread serving = new Thread(() -> serve(relay.getInputStream()), "tailguard-actuator");
+            serving.setDaemon(true);
+            serving.start();
+        }
+    }
+
+    /** The relay's action lines, applied one at a time; each answered on the events pipe. */
+    private void serve(InputStream in) {
+        try (BufferedReader lines = new BufferedReader(new InputStreamReader(in, StandardCharsets.UTF_8))) {
+            String line;
+            while ((line = lines.readLine()) != null) {
+                String[] f = line.split("\t", -1);
+                if (f[0].equals("PROBE")) {
+                    for (Map.Entry<String, String> kind : actuator.probe().entrySet()) {
+                        send("AV", kind.getKey(), kind.getValue());
+                    }
+                    send("AV", "", "");
+                    continue;
+                }
+                if (f.length < 2) continue;
+                String[] outcome;
+                try {
+                    outcome = actuator.handle(f);
+                } catch (RuntimeException | LinkageError e) {
+                    outcome = new String[] {"NO", "failed while applying: " + e};
+                }
+                Object[] answer = new Object[outcome.length + 2];
+                answer[0] = "CO";
+                answer[1] = f[1];
+                System.arraycopy(outcome, 0, answer, 2, outcome.length);
+                send(answer);
+            }
+        } catch (IOException e) {
+            // The relay is gone; so are its commands.
+        }
     }
 }

@@ -1,0 +1,252 @@
+"""The relay's side of attach mode: the services' commands in, actions to the JVM, outcomes out.
+
+The relay (`observer/relay.py`) runs this on its one thread, between Spark's events, so the
+translator's picture of the application and the commands' outcomes stay in one order:
+
+1. `received`: a command from Kafka, with what its signature said. Checked here as the owned
+   driver checks it (`model.authority`: signature and who may send what; each id at most once,
+   after that check so a forgery cannot use up a real decision's id), then by its guard
+   (`attach.commands`). A rejection is answered with `CommandRejected` at once; an action is
+   written to the JVM actuator, one line.
+2. `outcome`: the actuator's answer (`CO id OK` / `CO id NO reason`) becomes `CommandApplied`
+   (with its effects: `NodeBlocked` in every running job, since Spark's exclusion list is the
+   application's) or `CommandRejected`.
+3. `job_started` and `tick`: a job that starts under a block is told so, and a block that has
+   run out is lifted in the events as Spark lifts it in its scheduler.
+
+The JVM says at start which command kinds this Spark build cannot apply (`available`); those are
+rejected here with its reason, after one warning each.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import IO
+
+from tailguard.attach import commands as ac
+from tailguard.model import records as r
+from tailguard.model.authority import Origin, authority_problem
+from tailguard.model.config import Settings
+from tailguard.model.fleet import FLEET_SETTING
+from tailguard.observer.translate import RunningTask, SparkEventTranslator
+
+log = logging.getLogger("tailguard.attach")
+
+# The commands each actuator kind serves (the JVM names kinds by the command they apply).
+_KIND = {
+    r.LaunchSpeculativeAttempts: "LaunchSpeculativeAttempts",
+    r.BlockNodes: "BlockNodes",
+    r.UnblockNodes: "BlockNodes",
+    r.RestartTasks: "RestartTasks",
+    r.FailJob: "FailJob",
+}
+
+
+@dataclass(frozen=True)
+class _Block:
+    until_ts: int
+    cause: str
+    command_id: str
+
+
+@dataclass(frozen=True)
+class _Pending:
+    command: r.Command
+    action: ac.SparkAction
+
+
+class Actuation(ac.AppView):
+    """One attached application's command intake and the blocks in force in it."""
+
+    def __init__(
+        self, translator: SparkEventTranslator, settings: Settings, channel: IO[bytes]
+    ) -> None:
+        self._translator = translator
+        self._channel = channel
+        self._max_fraction = settings.number("blocklist.max-blocked-fraction")
+        self._fleet = settings.flag(FLEET_SETTING)
+        self._blocks: dict[str, _Block] = {}
+        self._applied: set[str] = set()
+        self._pending: dict[str, _Pending] = {}
+        self._unavailable: dict[str, str] = {}
+        self._probed = False
+        self.applied = 0
+        self.rejected = 0
+
+    # ------------------------------------------------------------------ AppView
+
+    @property
+    def hosts(self) -> Collection[str]:
+        return self._translator.hosts
+
+    @property
+    def blocked(self) -> Collection[str]:
+        return self._blocks.keys()
+
+    @property
+    def max_blocked_fraction(self) -> float:
+        return self._max_fraction
+
+    @property
+    def fleet_enabled(self) -> bool:
+        return self._fleet
+
+    def running_job(self, job_id: str) -> int | None:
+        return self._translator.running_job(job_id)
+
+    def subtask_problem(self, job_id: str, vertex: str, subtask: int) -> str | None:
+        return self._translator.subtask_problem(job_id, vertex, subtask)
+
+    def running_tasks(self, job_id: str, vertex: str, subtask: int) -> Sequence[RunningTask]:
+        return self._translator.running_tasks(job_id, vertex, subtask)
+
+    # ------------------------------------------------------------------ the JVM
+
+    def probe(self) -> None:
+        """Ask the actuator which command kinds this Spark build lacks (answered by `AV`)."""
+        self._write("PROBE\n")
+
+    def available(self, fields: Sequence[str]) -> None:
+        """An `AV kind reason` line; the empty kind ends the list."""
+        kind, reason = (fields[1], fields[2]) if len(fields) >= 3 else ("", "")
+        if not kind:
+            self._probed = True
+            return
+        self._unavailable[kind] = reason
+        log.warning("attach: %s commands are off: %s", kind, reason)
+
+    def _write(self, line: str) -> None:
+        self._channel.write(line.encode())
+        self._channel.flush()
+
+    # ------------------------------------------------------------------ commands
+
+    def received(self, command: r.Command, origin: Origin, now: int) -> list[r.Event]:
+        """Events answering `command` now (a rejection), or none while the JVM applies it."""
+        problem = authority_problem(command, origin)
+        if problem is not None:
+            log.warning("attach: rejected %s %s: %s", type(command).__name__, command.id, problem)
+            return self._rejected(command, problem, now)
+        if command.id in self._applied:
+            return []  # each id at most once: a restarted service re-emits the same ids
+        self._applied.add(command.id)
+        kind = _KIND.get(type(command))
+        if kind is not None and kind in self._unavailable:
+            return self._rejected(command, self._unavailable[kind], now)
+        try:
+            action = ac.action_for(command, self)
+        except Exception as err:  # a guard that trips over the command rejects it
+            log.exception("attach: checking %s %s", type(command).__name__, command.id)
+            action = f"invalid command: {err!r}"
+        if isinstance(action, str):
+            return self._rejected(command, action, now)
+        if isinstance(action, ac.NoAction):
+            log.info("attach: %s %s: %s", type(command).__name__, command.id, action.why)
+            return self._applied_events(command, action, now)
+        self._pending[command.id] = _Pending(command, action)
+        self._write(ac.action_line(command.id, action))
+        return []
+
+    def outcome(self, fields: Sequence[str], now: int) -> list[r.Event]:
+        """A `CO id OK` or `CO id NO reason` line from the actuator."""
+        pending = self._pending.pop(fields[1], None) if len(fields) >= 3 else None
+        if pending is None:
+            log.error("attach: an outcome for no pending command: %r", list(fields))
+            return []
+        if fields[2] == "OK":
+            return self._applied_events(pending.command, pending.action, now)
+        reason = fields[3] if len(fields) > 3 else "refused by Spark"
+        return self._rejected(pending.command, reason, now)
+
+    def _rejected(self, command: r.Command, reason: str, now: int) -> list[r.Event]:
+        self.rejected += 1
+        event = self._translator.job_event(
+            command.job_id,
+            r.CommandRejected,
+            now,
+            command_id=command.id,
+            command_type=type(command).__name__,
+            reason=reason,
+        )
+        return [event] if event is not None else []
+
+    def _applied_events(
+        self, command: r.Command, action: ac.SparkAction, now: int
+    ) -> list[r.Event]:
+        self.applied += 1
+        out: list[r.Event] = []
+        confirmed = self._translator.job_event(
+            command.job_id,
+            r.CommandApplied,
+            now,
+            command_id=command.id,
+            command_type=type(command).__name__,
+        )
+        if confirmed is not None:
+            out.append(confirmed)
+        if isinstance(action, ac.Exclude):
+            for host in action.hosts:
+                self._blocks[host] = _Block(action.until_ts, action.cause, command.id)
+                out += self._to_running_jobs(now, host, self._blocks[host])
+        elif isinstance(action, ac.Include):
+            for host in action.hosts:
+                if self._blocks.pop(host, None) is not None:
+                    out += self._to_running_jobs(now, host, None, command.id)
+        return out
+
+    # ------------------------------------------------------------------ blocks over time
+
+    def job_started(self, job_id: str, ts: int) -> list[r.Event]:
+        """The blocks in force, for a job that has just been submitted."""
+        out: list[r.Event] = []
+        for host, block in self._blocks.items():
+            event = self._translator.job_event(
+                job_id,
+                r.NodeBlocked,
+                ts,
+                host=host,
+                until_ts=block.until_ts,
+                cause=block.cause,
+                command_id=block.command_id,
+            )
+            if event is not None:
+                out.append(event)
+        return out
+
+    def tick(self, now: int) -> list[r.Event]:
+        """Blocks whose time is up: Spark lifts them at its next offer; so do the events."""
+        out: list[r.Event] = []
+        for host in [h for h, b in self._blocks.items() if b.until_ts <= now]:
+            del self._blocks[host]
+            out += self._to_running_jobs(now, host, None, None)
+        return out
+
+    def _to_running_jobs(
+        self,
+        ts: int,
+        host: str,
+        block: _Block | None,
+        command_id: str | None = None,
+    ) -> list[r.Event]:
+        """`NodeBlocked` (with `block`) or `NodeUnblocked` in every running job."""
+        out: list[r.Event] = []
+        for job_id in self._translator.running_jobs:
+            if block is not None:
+                event: r.Event | None = self._translator.job_event(
+                    job_id,
+                    r.NodeBlocked,
+                    ts,
+                    host=host,
+                    until_ts=block.until_ts,
+                    cause=block.cause,
+                    command_id=block.command_id,
+                )
+            else:
+                event = self._translator.job_event(
+                    job_id, r.NodeUnblocked, ts, host=host, command_id=command_id
+                )
+            if event is not None:
+                out.append(event)
+        return out
