@@ -155,6 +155,7 @@ FIELD_DOCS: dict[str, str] = {
     "SlowAttempt.slow": "Whether this live attempt met the slow rule itself (blockable host).",
     "hosts": "Hosts concerned.",
     "SlowTasksDetected.hosts": "Hosts registered with the job at detection time.",
+    "slow_hosts": "Hosts found slow at this check by the slow-host rule (block at once).",
     "avoid_hosts": "Hosts on which the new attempts must not run.",
     "count": "How many speculative attempts to launch.",
     "tasks": "The subtasks to restart.",

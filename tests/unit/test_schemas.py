@@ -172,6 +172,7 @@ RELEASED_DIGESTS = {
     "v3": "5d07312017e2afc8",
     "v4": "e9b1ce82f62795e8",
     "v5": "9f9dd9b0275f9bf6",
+    "v6": "7691d83bfcd26bd0",
 }
 
 
@@ -230,6 +231,20 @@ def test_v5_added_job_recovered_and_released_the_fleet_list() -> None:
         (REPO / "schemas" / "blocklist" / "FleetBlock.avsc").read_text()
     )
     assert _off_topic_forms("v4") == [] and len(_off_topic_forms("v5")) == 1
+
+
+def test_v6_added_slow_hosts_to_slow_tasks_detected() -> None:
+    v5, v6 = released_schemas()["v5"], released_schemas()["v6"]
+    assert set(v6) == set(v5)
+    changed = {name for name in v6 if v6[name].fingerprint != v5[name].fingerprint}
+    assert changed == {"SlowTasksDetected"}
+    added = v6["SlowTasksDetected"].raw["fields"][-1]
+    assert added == {
+        "name": "slow_hosts",
+        "doc": added["doc"],
+        "type": {"type": "array", "items": "string"},
+        "default": [],
+    }
 
 
 def _crc64_avro(data: bytes) -> bytes:

@@ -52,6 +52,7 @@ from tailguard.blocklist.policy import (
     BlockRule,
     Forgetting,
     blocked_fraction_problem,
+    found_slow,
     host_evidence,
     max_blocked_hosts,
 )
@@ -303,9 +304,10 @@ class FleetBlocklist:
         until = now + rule.duration_ms
         known: set[str] | None = None  # only a new block needs it: every job's hosts
         candidates = []
+        found = found_slow(finding, finding.hosts)
         for host in sorted(slow_now):
             fresh = self._fresh_evidence(host, now)
-            if len(fresh) >= rule.min_evidence:
+            if len(fresh) >= rule.min_evidence or host in found:
                 candidates.append((-len(fresh), host, fresh))
         changed: list[str] = []
         for _, host, fresh in sorted(candidates):

@@ -19,8 +19,15 @@ evidence that points at the host rather than at the task:
   and none of whose attempts is slow now: its slow attempts finished or recovered. The block
   would otherwise hold the host's slots for the rest of the duration.
 
+- **A host found slow** by the detector's slow-host rule (`SlowTasksDetected.slow_hosts`: its
+  attempts read several times slower per input byte than their peers, over several progress
+  reports) is blocked at once: that verdict already weighs the host's attempts against their
+  peers', so it needs no second slow subtask. It counts as one piece of evidence (keyed by the
+  vertex and subtask `HOST_FINDING`), kept fresh while the detector repeats the verdict.
+
 `blocklist.min-slow-attempts = 1` with `blocklist.evidence-window = 0 ms` is FLIP-168's rule
-(every slow attempt's host, no early unblock).
+(every slow attempt's host, no early unblock); with the detector's slow-host rule off no
+finding names a slow host.
 
 At most `max_blocked_hosts(registered, blocklist.max-blocked-fraction)` hosts are blocked at once,
 and never all of them, so a job can always make progress. `blocked_fraction_problem` states that
@@ -44,12 +51,14 @@ from tailguard.model.ids import derived_id
 from tailguard.model.records import BlockNodes, Record, SlowTasksDetected, UnblockNodes
 
 __all__ = [
+    "HOST_FINDING",
     "LATE_FINDINGS_MS",
     "BlockRule",
     "BlocklistTracker",
     "Forgetting",
     "blocked_fraction_problem",
     "forget_after_ms",
+    "found_slow",
     "host_evidence",
     "max_blocked_hosts",
 ]
@@ -101,6 +110,17 @@ def blocked_fraction_problem(
     return None
 
 
+# The subtask a host finding (`SlowTasksDetected.slow_hosts`) is kept under as evidence: no
+# real subtask has it, so it counts once per vertex beside the host's slow subtasks.
+HOST_FINDING = -1
+
+
+def found_slow(finding: SlowTasksDetected, registered: Collection[str]) -> set[str]:
+    """The registered hosts the finding names slow by the detector's slow-host rule: blocked
+    without waiting for `blocklist.min-slow-attempts` (the per-job tracker and the fleet)."""
+    return {host for host in finding.slow_hosts if host in registered}
+
+
 def host_evidence(
     finding: SlowTasksDetected, registered: Collection[str], window_ms: int
 ) -> tuple[list[tuple[int, str]], int]:
@@ -117,6 +137,7 @@ def host_evidence(
             blamed_on_task += len(hosts)
             continue
         evidence.extend((subtask.subtask, host) for host in sorted(hosts))
+    evidence.extend((HOST_FINDING, host) for host in sorted(found_slow(finding, registered)))
     return evidence, blamed_on_task
 
 
@@ -320,6 +341,7 @@ class BlocklistTracker:
         if excess > 0:  # the cluster shrank, or blocked hosts came back
             out.append(self._unblock(finding, blocked, registered, excess))
         slow_now = self._record_evidence(finding, job, registered)
+        found = found_slow(finding, registered)
         if rule.window_ms > 0:
             recovered = [
                 h
@@ -334,7 +356,8 @@ class BlocklistTracker:
         candidates = []
         for host in sorted(job.evidence):
             count = job.fresh_evidence(host, now, rule.window_ms)
-            if host in registered and count >= rule.min_evidence and host in slow_now:
+            enough = count >= rule.min_evidence or host in found
+            if host in registered and enough and host in slow_now:
                 candidates.append((-count, host))
         for _, host in sorted(candidates):
             current = blocked.get(host)

@@ -25,6 +25,20 @@ DEFAULTS: dict[str, str] = {
     # ...unless the host's other attempts all read at under this many times the reference time
     # per byte: then the task's own data is slow, not the host, and a copy cannot help; 0: off.
     "slow-task-detector.progress-rate.host-corroboration": "1.5",
+    # tailguard's slow-host rule (detector/policy/slow_host.py, docs/policies/detector.md): a
+    # host whose attempts read several times slower per input byte than the same vertex's
+    # attempts on other hosts is found slow within a few progress reports; the blocklist blocks
+    # it at once and its running attempts are copied. "false" (with the two blocklist keys
+    # below at 1 and 0 ms) is FLIP-168's rule exactly.
+    "slow-task-detector.slow-host.enabled": "true",
+    # The median of the host's slowdowns per byte must reach this (noise of +-30% gives 1.86).
+    "slow-task-detector.slow-host.slowdown": "2.5",
+    # Progress reports with bytes read before an attempt's rate is judged.
+    "slow-task-detector.slow-host.min-reports": "3",
+    # Attempts on other hosts (running, or finished) the rate is compared with, at least.
+    "slow-task-detector.slow-host.min-peers": "3",
+    # How long a finished attempt's slowdown stays evidence for or against its host.
+    "slow-task-detector.slow-host.memory": "1 min",
     # FLIP-168 speculative execution and slow-node blocking (Flink 1.16+ key names)
     "execution.batch.speculative.enabled": "true",
     "execution.batch.speculative.max-concurrent-executions": "2",

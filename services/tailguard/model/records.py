@@ -407,6 +407,10 @@ class SlowTasksDetected(Finding):
     # Hosts registered with the job at detection time: what the blocklist needs to keep its
     # max-blocked-fraction without reading another topic.
     hosts: tuple[str, ...]
+    # Hosts the slow-host rule found slow at this check (their attempts run several times
+    # slower per input byte than their peers'): the blocklist blocks them without waiting for
+    # more slow subtasks. Empty from older detectors and with the rule off.
+    slow_hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

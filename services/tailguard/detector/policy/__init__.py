@@ -24,8 +24,10 @@ least B, plus one.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -40,6 +42,13 @@ from tailguard.detector.policy.progress import (
     is_slow,
     reference_per_byte,
     time_left_ms,
+)
+from tailguard.detector.policy.slow_host import (
+    SlowHostRule,
+    found_slow,
+    median_of_sorted,
+    median_without,
+    slowdown,
 )
 from tailguard.model.config import ConfigError, Settings
 from tailguard.model.ids import derived_id
@@ -83,11 +92,13 @@ class _Rule:
     multiplier: float
     lower_bound_ms: int
     progress: ProgressRule
+    slow_host: SlowHostRule
 
     @classmethod
     def from_settings(cls, settings: Settings) -> _Rule:
         return cls(
             progress=ProgressRule.from_settings(settings),
+            slow_host=SlowHostRule.from_settings(settings),
             ratio=settings.number("slow-task-detector.execution-time.baseline-ratio"),
             multiplier=settings.number("slow-task-detector.execution-time.baseline-multiplier"),
             lower_bound_ms=settings.duration_ms(
@@ -102,8 +113,10 @@ class _LiveAttempt:
     host: str
     speculative: bool
     deploying_ts: int
-    # The last AttemptProgress, for the progress-rate rule.
+    # The last AttemptProgress, for the progress-rate and slow-host rules.
     progress: Progress | None = None
+    # Reports with bytes read: the slow-host rule judges an attempt from `min-reports` of them.
+    reports: int = 0
 
 
 class _VertexState:
@@ -122,6 +135,8 @@ class _VertexState:
         "per_byte",
         "plain",
         "reported_slow",
+        "reporting",
+        "running_reference",
         "spec",
         "split_prefix",
     )
@@ -137,6 +152,9 @@ class _VertexState:
         # The same live attempts in deploying order (a job's events are in time order), which
         # is all a Tick walks.
         self.live_by_age: dict[tuple[int, int], _LiveAttempt] = {}
+        # The live attempts that have reported bytes read, in their first report's order: all
+        # the slow-host rule walks (a job whose runners report nothing costs it nothing).
+        self.reporting: dict[tuple[int, int], _LiveAttempt] = {}
         self.latest_attempt: dict[int, int] = {}
         # Subtasks that have finished at least once: the R·N condition.
         self.finished: set[int] = set()
@@ -151,6 +169,9 @@ class _VertexState:
         self.plain: BaselineElement | None = None
         self.per_byte: BaselineElement | None = None
         self.reported_slow = False
+        # The slow-host rule's median time per byte of the judged running attempts at the last
+        # Tick, and how many: a finished attempt's reference while few have finished.
+        self.running_reference: tuple[float, int] | None = None
 
     def initialise(self, event: VertexInitialized, rule: _Rule) -> None:
         n = event.parallelism
@@ -167,7 +188,14 @@ class _VertexState:
 
 
 class _JobState:
-    __slots__ = ("hosts", "last_finished_slowdown", "rule", "sorted_hosts", "vertices")
+    __slots__ = (
+        "finished_evidence",
+        "hosts",
+        "last_finished_slowdown",
+        "rule",
+        "sorted_hosts",
+        "vertices",
+    )
 
     def __init__(self, event: JobSubmitted, rule: _Rule) -> None:
         self.rule = rule
@@ -177,6 +205,9 @@ class _JobState:
         # Per host, its last finished attempt's time per byte over the median of its vertex's
         # finished ones then: the progress rule's host corroboration between running attempts.
         self.last_finished_slowdown: dict[str, float] = {}
+        # Per host, (finish ts, slowdown per byte, vertex) of its finished attempts within the
+        # slow-host rule's memory, oldest first: evidence for or against the host.
+        self.finished_evidence: dict[str, deque[tuple[int, float, str]]] = {}
 
     def host_list(self) -> tuple[str, ...]:
         if self.sorted_hosts is None:
@@ -213,8 +244,11 @@ class SlowTaskDetector:
             live = (
                 None if vertex is None else vertex.live.get(record.subtask, {}).get(record.attempt)
             )
-            if live is not None:
+            if vertex is not None and live is not None:
                 live.progress = Progress(record.ts, record.bytes_read, record.bytes_total)
+                if record.bytes_read > 0:
+                    live.reports += 1
+                    vertex.reporting[(record.subtask, record.attempt)] = live
             return []
         if isinstance(record, AttemptDeploying | AttemptFinished | AttemptFailed | AttemptCanceled):
             vertex = self._subtask_vertex(job, record.vertex, record.subtask)
@@ -277,6 +311,7 @@ class SlowTaskDetector:
         live = _LiveAttempt(event.attempt, event.host, event.speculative, event.ts)
         vertex.live.setdefault(event.subtask, {})[event.attempt] = live
         vertex.live_by_age.pop((event.subtask, event.attempt), None)  # a repeat moves to the end
+        vertex.reporting.pop((event.subtask, event.attempt), None)  # ...and starts unreported
         vertex.live_by_age[(event.subtask, event.attempt)] = live
         previous = vertex.latest_attempt.get(event.subtask, event.attempt)
         vertex.latest_attempt[event.subtask] = max(previous, event.attempt)
@@ -293,6 +328,7 @@ class SlowTaskDetector:
         if not attempts:
             del vertex.live[subtask]
         vertex.live_by_age.pop((subtask, attempt), None)
+        vertex.reporting.pop((subtask, attempt), None)
         return live
 
     def _finished(
@@ -318,6 +354,8 @@ class SlowTaskDetector:
                     median = vertex.finished_per_byte.median()
                     if median:
                         job.last_finished_slowdown[live.host] = execution_ms / size / median
+                    if job.rule.slow_host.enabled:
+                        self._finished_evidence(event, job, vertex, execution_ms / size)
                     vertex.finished_per_byte.add(execution_ms / size)
         if not (won and live.speculative):
             return []
@@ -334,6 +372,25 @@ class SlowTaskDetector:
                 host=event.host,
             )
         ]
+
+    @staticmethod
+    def _finished_evidence(
+        event: AttemptFinished, job: _JobState, vertex: _VertexState, per_byte: float
+    ) -> None:
+        """A finished attempt's slowdown per byte against its vertex's finished attempts (or,
+        while fewer than `min-peers` have finished, the running ones of the last check): a
+        finished attempt far above its peers is evidence against its host, one at par for it."""
+        rule = job.rule.slow_host
+        finished = vertex.finished_per_byte
+        reference = None
+        if len(finished) >= rule.min_peers:
+            reference = finished.median()
+        elif vertex.running_reference is not None and vertex.running_reference[1] >= rule.min_peers:
+            reference = vertex.running_reference[0]
+        ratio = None if reference is None else slowdown(per_byte, reference)
+        if ratio is not None:
+            seen = job.finished_evidence.setdefault(event.host, deque())
+            seen.append((event.ts, ratio, event.vertex))
 
     def _assigned(self, job: _JobState, vertex: _VertexState, subtask: int) -> int | None:
         known = vertex.assigned.get(subtask)
@@ -359,16 +416,101 @@ class SlowTaskDetector:
     # ------------------------------------------------------------------ the check
 
     def _check(self, tick: Tick, job: _JobState) -> list[Record]:
-        out: list[Record] = []
+        out: list[SlowTasksDetected] = []
+        slow_hosts: frozenset[str] = frozenset()
+        where: dict[str, str] = {}
+        if job.rule.slow_host.enabled:
+            slow_hosts, where = self._slow_hosts(tick.ts, job)
         for name, vertex in job.vertices.items():
-            finding = self._check_vertex(tick, job, name, vertex)
+            finding = self._check_vertex(tick, job, name, vertex, slow_hosts)
             if finding is not None:
                 out.append(finding)
+        if slow_hosts and not out:
+            # A slow host with no live attempt left to copy (its evidence is finished attempts)
+            # must still reach the blocklist: a finding with no slow subtask, on the vertex of
+            # its latest evidence.
+            name = where[min(slow_hosts)]
+            out.append(self._finding(tick, job, name, job.vertices[name], (), (0, None)))
+        if slow_hosts:
+            hosts = tuple(sorted(slow_hosts))
+            out = [dataclasses.replace(f, slow_hosts=hosts) for f in out]
         self._findings += len(out)
-        return out
+        records: list[Record] = [*out]
+        return records
+
+    def _slow_hosts(self, now: int, job: _JobState) -> tuple[frozenset[str], dict[str, str]]:
+        """The slow-host rule (`slow_host`): the hosts found slow now, and per host with
+        evidence the vertex of its latest piece.
+
+        A host's evidence is the slowdowns of its judged running attempts, and of its attempts
+        that finished within the memory, but only those that finished after its oldest judged
+        running attempt started: what the host did before its current work says nothing
+        against it (a node that turns slow mid-job is judged by its slow attempts, not
+        outvoted by its healthy past), while attempts it finished meanwhile on other slots
+        speak for it (a task slow by its own data beside healthy neighbours)."""
+        rule = job.rule.slow_host
+        evidence: dict[str, list[float]] = {}
+        where: dict[str, str] = {}
+        oldest: dict[str, int] = {}
+        for name, vertex in job.vertices.items():
+            if not vertex.reporting:
+                continue
+            judged: list[tuple[str, float, int]] = []
+            for (subtask, _), live in vertex.reporting.items():
+                p = live.progress
+                if p is None or live.reports < rule.min_reports or subtask in vertex.done:
+                    continue
+                per_byte = (p.ts - live.deploying_ts) / p.bytes_read
+                judged.append((live.host, per_byte, live.deploying_ts))
+            self._attempts_examined += len(vertex.reporting)
+            if not judged:
+                continue
+            values = sorted(per_byte for _, per_byte, _ in judged)
+            middle = median_of_sorted(values)
+            assert middle is not None
+            vertex.running_reference = (middle, len(values))
+            by_host: dict[str, list[float]] = {}
+            for host, per_byte, started in judged:
+                by_host.setdefault(host, []).append(per_byte)
+                oldest[host] = min(started, oldest.get(host, started))
+            finished = vertex.finished_per_byte
+            for host, own in by_host.items():
+                peers = len(values) - len(own)
+                if len(finished) > peers:
+                    reference, peers = finished.median(), len(finished)
+                else:
+                    own.sort()
+                    reference = median_without(values, own)
+                if peers < rule.min_peers or reference is None:
+                    continue
+                for per_byte in own:
+                    ratio = slowdown(per_byte, reference)
+                    if ratio is not None:
+                        evidence.setdefault(host, []).append(ratio)
+                        where[host] = name
+        for host, seen in list(job.finished_evidence.items()):
+            while seen and seen[0][0] < now - rule.memory_ms:
+                seen.popleft()
+            if not seen:
+                del job.finished_evidence[host]
+                continue
+            since = oldest.get(host)
+            for finished_ts, finished_ratio, vertex_name in seen:
+                if since is None or finished_ts > since:
+                    evidence.setdefault(host, []).append(finished_ratio)
+                    where.setdefault(host, vertex_name)
+            if since is None:
+                where[host] = seen[-1][2]
+        verdict = frozenset(h for h, items in evidence.items() if found_slow(items, rule))
+        return verdict, where
 
     def _check_vertex(
-        self, tick: Tick, job: _JobState, name: str, vertex: _VertexState
+        self,
+        tick: Tick,
+        job: _JobState,
+        name: str,
+        vertex: _VertexState,
+        slow_hosts: frozenset[str] = frozenset(),
     ) -> SlowTasksDetected | None:
         n = vertex.parallelism
         if n is None:
@@ -380,9 +522,19 @@ class SlowTaskDetector:
         tau = None
         if rule.progress.enabled:
             tau = self._progress_reference(vertex, rule.progress)
-        if flink is None and tau is None:
+        on_slow_hosts: list[int] = []
+        if slow_hosts:
+            on_slow_hosts = [
+                subtask
+                for (subtask, _), live in vertex.live_by_age.items()
+                if live.host in slow_hosts and subtask not in vertex.done
+            ]
+        # A vertex the slow-host rule reported slow gets its clearing finding (Flink's rule alone
+        # never needs this: once its ratio is reached it stays reached).
+        host_reported = vertex.reported_slow and rule.slow_host.enabled
+        if flink is None and tau is None and not on_slow_hosts and not host_reported:
             return None
-        candidates: dict[int, None] = {}
+        candidates: dict[int, None] = dict.fromkeys(on_slow_hosts)
         if flink is not None:
             candidates.update(dict.fromkeys(self._old_enough(tick.ts, rule.lower_bound_ms, vertex)))
         if tau is not None:
@@ -397,7 +549,9 @@ class SlowTaskDetector:
         slow: list[SlowSubtask] = []
         for subtask in candidates:
             attempts = vertex.live[subtask]
-            entries = self._judge(tick.ts, job, vertex, subtask, attempts, flink, tau, peers)
+            entries = self._judge(
+                tick.ts, job, vertex, subtask, attempts, flink, tau, peers, slow_hosts
+            )
             if entries is not None:
                 slow.append(SlowSubtask(subtask, entries, vertex.latest_attempt[subtask]))
         if not slow and not vertex.reported_slow:
@@ -405,7 +559,20 @@ class SlowTaskDetector:
         vertex.reported_slow = bool(slow)
         slow.sort(key=lambda s: s.subtask)
         # Flink's baseline once R has finished; before that, the progress rule's reference.
-        baseline_ms, per_byte = flink if flink is not None else (0, tau)
+        return self._finding(
+            tick, job, name, vertex, tuple(slow), flink if flink is not None else (0, tau)
+        )
+
+    def _finding(
+        self,
+        tick: Tick,
+        job: _JobState,
+        name: str,
+        vertex: _VertexState,
+        slow: tuple[SlowSubtask, ...],
+        baseline: tuple[int, float | None],
+    ) -> SlowTasksDetected:
+        baseline_ms, per_byte = baseline
         ns_per_byte = None
         if per_byte is not None and math.isfinite(per_byte):
             ns_per_byte = per_byte * _NS_PER_MS
@@ -418,7 +585,7 @@ class SlowTaskDetector:
             speculation_safe=vertex.spec.speculation_safe,
             baseline_ms=baseline_ms,
             baseline_ns_per_byte=ns_per_byte,
-            slow=tuple(slow),
+            slow=slow,
             hosts=job.host_list(),
         )
 
@@ -516,10 +683,13 @@ class SlowTaskDetector:
         flink: tuple[int, float | None] | None,
         tau: float | None,
         peers: Callable[[], dict[str, list[tuple[int, int, float]]]] | None = None,
+        slow_hosts: frozenset[str] = frozenset(),
     ) -> tuple[SlowAttempt, ...] | None:
         """All live attempts of `subtask` if at least one of them is slow by a rule in force,
         else None. `peers`: gives the running attempts' slowdowns by host, when the progress
-        rule needs its host corroborated (`_slowdowns_by_host`)."""
+        rule needs its host corroborated (`_slowdowns_by_host`). An attempt on a host the
+        slow-host rule found slow is slow, whatever its own age or reports: it gets its copy
+        at once."""
         lower_bound = job.rule.lower_bound_ms
         progress_rule = job.rule.progress
         size = self._assigned(job, vertex, subtask)
@@ -555,6 +725,7 @@ class SlowTaskDetector:
                 else:
                     # Unknown sizes, or a 0 baseline (ratio 0): plain times, as Flink does.
                     slow = execution_ms >= baseline_ms
+            slow = slow or live.host in slow_hosts
             any_slow = any_slow or slow
             entries.append(
                 SlowAttempt(live.attempt, live.host, execution_ms, size, live.speculative, slow)

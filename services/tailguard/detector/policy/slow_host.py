@@ -1,0 +1,125 @@
+"""The slow-host rule (tailguard's default): find a slow host from its attempts' read rates.
+
+Flink's rule waits until R of a vertex has finished, and Spark's until a quantile of its tasks
+has, so a host that reads at a fifth of its peers' rate is found late, or never when its first
+attempt ends before the check. Each running attempt reports its progress (`AttemptProgress`)
+every check interval, and from the first reports its rate per input byte says whether its host
+keeps up with the hosts running the same vertex. This rule compares those rates.
+
+- **An attempt's time per byte**: (last report ts − deploying ts) / bytes read. Per input byte,
+  so a task that is slow only because it has more data reads at the usual rate and is not
+  evidence against its host (skew). An attempt is **judged** once it has made
+  `slow-task-detector.slow-host.min-reports` reports with bytes read (its rate is then an
+  average over that many intervals, not one report's jitter); reports with nothing read yet do
+  not count (a worker still starting is not measured).
+- **Its peers**: the judged running attempts of its vertex on *other* hosts, or the vertex's
+  finished attempts when those are more numerous. Their **median** time per byte is the
+  reference: the median does not move however slow a minority of peers (the slow host's other
+  attempts, or several slow hosts) is. At least `…slow-host.min-peers` peers are needed.
+- **Its slowdown** = its time per byte / the reference. A finished attempt gets one too, when it
+  finishes (its whole time over its input bytes, against the vertex's finished median, or the
+  reference of the vertex's last check while fewer than `min-peers` have finished), and it stays
+  evidence for `…slow-host.memory`.
+- **A host is found slow** when the lower median of its evidence (the slowdowns of its judged
+  running attempts in every vertex, and of its finished attempts within the memory) is at least
+  `…slow-host.slowdown`: more than half of its evidence is that slow. A majority verdict: a host
+  with one slow task and as many healthy ones (a task whose own data is slow per byte) is not
+  found slow; a host with a single piece of evidence is judged by it.
+
+**Noise never trips it.** If every attempt's time per byte is within ±30% of one common value,
+any slowdown is at most 1.3 / 0.7 ≈ 1.86 (the reference is a median of values within the same
+band), and so is every piece of a host's evidence: below the default threshold 2.5 with a 35%
+margin, whatever the number of reports. A real slow node (the 5× node of issue 24) is far above
+it from its first reports.
+
+Pure: every value comes from the events and the Tick's time; replay reaches the same verdicts.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tailguard.model.config import ConfigError, Settings
+
+_KEY = "slow-task-detector.slow-host."
+
+
+@dataclass(frozen=True, slots=True)
+class SlowHostRule:
+    enabled: bool
+    slowdown: float
+    min_reports: int
+    min_peers: int
+    memory_ms: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SlowHostRule:
+        rule = cls(
+            enabled=settings.flag(_KEY + "enabled"),
+            slowdown=settings.number(_KEY + "slowdown"),
+            min_reports=settings.integer(_KEY + "min-reports"),
+            min_peers=settings.integer(_KEY + "min-peers"),
+            memory_ms=settings.duration_ms(_KEY + "memory"),
+        )
+        if rule.slowdown <= 1:
+            raise ConfigError(f"{_KEY}slowdown must be above 1, got {rule.slowdown}")
+        if rule.min_reports < 1 or rule.min_peers < 1:
+            raise ConfigError(
+                f"{_KEY}min-reports and {_KEY}min-peers must be at least 1,"
+                f" got {rule.min_reports} and {rule.min_peers}"
+            )
+        return rule
+
+
+def median_of_sorted(values: Sequence[float]) -> float | None:
+    n = len(values)
+    if n == 0:
+        return None
+    middle = n // 2
+    if n % 2:
+        return values[middle]
+    return (values[middle - 1] + values[middle]) / 2
+
+
+def _kth_without(values: Sequence[float], removed: Sequence[float], k: int) -> float:
+    """The k-th smallest (0-based) of `values` less the sub-multiset `removed` (both sorted):
+    the first value v with more than k of the rest at or below it, found by bisection."""
+    low, high = 0, len(values) - 1
+    while low < high:
+        middle = (low + high) // 2
+        v = values[middle]
+        if bisect_right(values, v) - bisect_right(removed, v) > k:
+            high = middle
+        else:
+            low = middle + 1
+    return values[low]
+
+
+def median_without(values: Sequence[float], removed: Sequence[float]) -> float | None:
+    """Median of `values` (sorted) without `removed` (sorted, a sub-multiset of `values`), in
+    O(log² n): a host's peers are the vertex's attempts less its own, and a Tick asks this for
+    every host of a vertex, so copying the list per host would be quadratic in the hosts."""
+    n = len(values) - len(removed)
+    if n <= 0:
+        return None
+    upper = _kth_without(values, removed, n // 2)
+    if n % 2:
+        return upper
+    return (_kth_without(values, removed, n // 2 - 1) + upper) / 2
+
+
+def slowdown(per_byte: float, reference: float) -> float | None:
+    """Time per byte over the reference; None when it says nothing (no positive reference)."""
+    if not reference > 0 or math.isinf(reference):
+        return None
+    return per_byte / reference
+
+
+def found_slow(evidence: Iterable[float], rule: SlowHostRule) -> bool:
+    """The verdict on one host: the lower median of its evidence reaches the rule's slowdown
+    (more than half of it does)."""
+    ordered = sorted(evidence)
+    return bool(ordered) and ordered[(len(ordered) - 1) // 2] >= rule.slowdown

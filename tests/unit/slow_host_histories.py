@@ -1,0 +1,130 @@
+"""A single-vertex job with progress reports, for the slow-host rule's tests.
+
+Each host has `slots` slots; tasks take free slots in index order (a blocked host takes none) and
+read their input at a constant rate per byte: the task's own time per byte × its host's factor.
+Every interval each running attempt reports its bytes read, then a Tick follows; finishes in
+between are events at their exact time. The detector's findings go to the speculator and the
+blocklist; blocks are applied (no new task on a blocked host), copies are not (the tests look at
+what is decided, and when).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from speculation_histories import JobEvents, one_split_each, source
+
+from tailguard.blocklist.policy import BlocklistTracker
+from tailguard.detector.policy import SlowTaskDetector
+from tailguard.model.config import Settings
+from tailguard.model.records import BlockNodes, Event, Record, SlowTasksDetected
+from tailguard.speculator.policy import SpeculationStrategy
+
+MB = 1_000_000
+INTERVAL_MS = 500
+
+
+@dataclass(frozen=True)
+class Job:
+    # Time factor per host (1: healthy, 5: five times slower per byte); host i is "h<i>".
+    host_factor: tuple[float, ...]
+    # Input bytes per task.
+    task_bytes: tuple[int, ...]
+    # The task's own time per byte factor (noise, or a task slow by its own data).
+    task_factor: tuple[float, ...]
+    # ms per MB on a healthy host for a task of factor 1.
+    ms_per_mb: float = 200.0
+    # From this ts on, host 0's factor is `late_factor` (a node that turns slow mid-job).
+    turns_slow_at: int | None = None
+    late_factor: float = 1.0
+    slots: int = 1
+
+
+@dataclass
+class Run:
+    events: list[Event] = field(default_factory=list)
+    findings: list[SlowTasksDetected] = field(default_factory=list)
+    commands: list[Record] = field(default_factory=list)
+    # ts of each host's first progress report.
+    first_report: dict[str, int] = field(default_factory=dict)
+
+    def found(self, host: str) -> list[int]:
+        """When findings named `host` slow."""
+        return [f.ts for f in self.findings if host in f.slow_hosts]
+
+    def blocked(self) -> set[str]:
+        return {h for c in self.commands if isinstance(c, BlockNodes) for h in c.hosts}
+
+
+def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_000) -> Run:
+    settings = Settings(config or {})
+    detector = SlowTaskDetector(settings)
+    speculator, blocklist = SpeculationStrategy(settings), BlocklistTracker(settings)
+    ev, out = JobEvents(), Run()
+    # Per slot, its host's name and index.
+    hosts = [f"h{i // job.slots}" for i in range(len(job.host_factor) * job.slots)]
+
+    def emit(event: Event) -> None:
+        out.events.append(event)
+        for finding in detector.handle(event):
+            assert isinstance(finding, SlowTasksDetected)
+            out.findings.append(finding)
+            for command in speculator.handle(finding) + blocklist.handle(finding):
+                out.commands.append(command)
+                if isinstance(command, BlockNodes):
+                    for host in command.hosts:
+                        blocked_until[host] = command.until_ts
+
+    def factor(slot: int, ts: int) -> float:
+        host = slot // job.slots
+        if host == 0 and job.turns_slow_at is not None and ts >= job.turns_slow_at:
+            return job.late_factor
+        return job.host_factor[host]
+
+    blocked_until: dict[str, int] = {}
+    n = len(job.task_bytes)
+    emit(ev.submitted((source("v", job.task_bytes),), config=config))
+    for host in hosts[:: job.slots]:
+        emit(ev.node(host, slots=job.slots))
+    emit(ev.initialized("v", one_split_each(n)))
+    pending = list(range(n))
+    # host index -> (task, start ts, ms per byte)
+    running: dict[int, tuple[int, int, float]] = {}
+    free = list(range(len(hosts)))
+
+    def place(now: int) -> None:
+        for host in sorted(free):
+            if not pending:
+                return
+            if blocked_until.get(hosts[host], 0) > now:
+                continue
+            task = pending.pop(0)
+            free.remove(host)
+            per_byte = job.ms_per_mb * job.task_factor[task] * factor(host, now) / MB
+            running[host] = (task, now, per_byte)
+            emit(ev.deploying("v", task, now, hosts[host]))
+
+    place(0)
+    now = 0
+    while (pending or running) and now < limit_ms:
+        tick = now + INTERVAL_MS
+        ends = sorted(
+            (start + round(job.task_bytes[task] * per_byte), host)
+            for host, (task, start, per_byte) in running.items()
+        )
+        for end, host in ends:
+            if end > tick:
+                break
+            task, _, _ = running.pop(host)
+            emit(ev.finished("v", task, end, hosts[host], input_bytes=job.task_bytes[task]))
+            free.append(host)
+            place(end)
+        now = tick
+        for host, (task, start, per_byte) in sorted(running.items()):
+            read = min(job.task_bytes[task], int((now - start) / per_byte))
+            if read > 0:
+                out.first_report.setdefault(hosts[host], now)
+            emit(ev.progress("v", task, now, read, job.task_bytes[task], host=hosts[host]))
+        emit(ev.tick(now))
+        place(now)
+    return out

@@ -1,0 +1,196 @@
+"""The slow-host rule (tailguard's default): a host found slow from its attempts' read rates."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from slow_host_histories import INTERVAL_MS, MB, Job, run_job
+from speculation_histories import JobEvents, one_split_each, slow_finding, source
+
+from tailguard.blocklist.fleet import FleetBlocklist
+from tailguard.blocklist.policy import BlocklistTracker
+from tailguard.detector.policy import SlowTaskDetector
+from tailguard.detector.policy.slow_host import SlowHostRule, median_without
+from tailguard.model.config import ConfigError, Settings
+from tailguard.model.records import (
+    BlockNodes,
+    LaunchSpeculativeAttempts,
+    Record,
+    SlowAttempt,
+    SlowSubtask,
+    SlowTasksDetected,
+)
+
+# Issue 24's setting in small: 6 one-slot hosts, 36 tasks of ~2 s, one host 5x slow.
+FIVE_X = Job(host_factor=(1, 1, 1, 1, 1, 5), task_bytes=(10 * MB,) * 36, task_factor=(1,) * 36)
+# FLIP-168 exactly: the slow-host rule off, every slow attempt's host blocked.
+FLIP_168 = {
+    "slow-task-detector.slow-host.enabled": "false",
+    "blocklist.min-slow-attempts": "1",
+    "blocklist.evidence-window": "0 ms",
+}
+
+
+def test_a_uniformly_slow_host_is_found_on_its_third_report_blocked_and_its_attempt_copied():
+    run = run_job(FIVE_X)
+    first = run.first_report["h5"]
+    # Reports at 0.5, 1.0 and 1.5 s: judged on the third, found at that Tick.
+    assert run.found("h5")[0] == first + 2 * INTERVAL_MS
+    assert {h for f in run.findings for h in f.slow_hosts} == {"h5"}
+    at = run.found("h5")[0]
+    blocks = [c for c in run.commands if isinstance(c, BlockNodes) and c.ts == at]
+    assert [b.hosts for b in blocks] == [("h5",)]
+    copies = [c for c in run.commands if isinstance(c, LaunchSpeculativeAttempts) and c.ts == at]
+    assert [(c.subtask, c.avoid_hosts) for c in copies] == [(5, ("h5",))]
+
+
+def test_under_flip_168_the_same_host_is_not_found_before_three_quarters_finish():
+    run = run_job(FIVE_X, FLIP_168)
+    assert run.found("h5") == []
+    # Flink's rule only looks once 27 of 36 tasks have finished (and after its 1 min bound).
+    assert not [c for c in run.commands if isinstance(c, BlockNodes) and c.ts < 10_000]
+
+
+def test_a_skewed_task_reading_at_the_usual_rate_is_not_a_slow_host():
+    # Task 3 has 10x the data: it runs 10x longer on a healthy host, at the usual rate per byte.
+    sizes = tuple(100 * MB if t == 3 else 10 * MB for t in range(24))
+    run = run_job(Job(host_factor=(1,) * 6, task_bytes=sizes, task_factor=(1,) * 24))
+    assert run.findings == [] and run.commands == []
+
+
+def test_one_task_slow_by_its_own_data_beside_healthy_ones_does_not_condemn_its_host():
+    # Two slots per host; task 8's data is 4x slower per byte than the others'. While it runs
+    # on h0, h0's other slot finishes tasks at the usual rate: they outvote it.
+    factor = tuple(4.0 if t == 8 else 1.0 for t in range(24))
+    job = Job(host_factor=(1,) * 4, task_bytes=(10 * MB,) * 24, task_factor=factor, slots=2)
+    run = run_job(job)
+    assert all(f.slow_hosts == () for f in run.findings)
+    assert run.blocked() == set()
+
+
+def test_on_a_one_slot_host_such_a_task_is_taken_for_a_slow_host():
+    # The limit of the rule (docs/policies/detector.md): with nothing else running there, one
+    # attempt is all the evidence, and a task slow by its own data cannot be told from a node
+    # that just turned slow. Its copy is made either way; the host is blocked for a while.
+    factor = tuple(4.0 if t == 8 else 1.0 for t in range(24))
+    run = run_job(Job(host_factor=(1,) * 6, task_bytes=(10 * MB,) * 24, task_factor=factor))
+    assert run.blocked() == {"h2"}
+
+
+def test_a_finished_attempt_far_above_its_peers_is_evidence_against_its_host():
+    detector = SlowTaskDetector(Settings())
+    ev = JobEvents()
+    out: list[Record] = []
+    for record in (
+        ev.submitted((source("v", (10 * MB,) * 8),)),
+        *(ev.node(f"h{i}") for i in range(5)),
+        ev.initialized("v", one_split_each(8)),
+        *(ev.deploying("v", s, 0, f"h{s}") for s in range(4)),
+        # No progress reports at all (tasks shorter than a report interval): the finished
+        # attempts are the only evidence. Three peers at 2 s, then h3's at 10 s.
+        *(ev.finished("v", s, 2000, f"h{s}", input_bytes=10 * MB) for s in range(3)),
+        ev.finished("v", 3, 10_000, "h3", input_bytes=10 * MB),
+        ev.tick(10_000),
+        # Past the memory (1 min) the finished attempt no longer counts.
+        ev.tick(70_001),
+    ):
+        out.extend(detector.handle(record))
+    named = [(f.ts, f.slow_hosts) for f in out if getattr(f, "slow_hosts", ())]
+    assert named == [(10_000, ("h3",))]
+
+
+def test_an_attempt_at_par_on_a_host_clears_its_earlier_slow_one():
+    detector = SlowTaskDetector(Settings())
+    ev = JobEvents()
+    out: list[Record] = []
+    for record in (
+        ev.submitted((source("v", (10 * MB,) * 8),)),
+        *(ev.node(f"h{i}") for i in range(5)),
+        ev.initialized("v", one_split_each(8)),
+        *(ev.deploying("v", s, 0, f"h{s}") for s in range(4)),
+        *(ev.finished("v", s, 2000, f"h{s}", input_bytes=10 * MB) for s in range(3)),
+        ev.finished("v", 3, 10_000, "h3", input_bytes=10 * MB),
+        ev.deploying("v", 4, 10_000, "h3"),
+        ev.finished("v", 4, 12_000, "h3", input_bytes=10 * MB),
+        ev.deploying("v", 5, 12_000, "h3"),
+        ev.finished("v", 5, 14_000, "h3", input_bytes=10 * MB),
+        ev.tick(14_000),
+    ):
+        out.extend(detector.handle(record))
+    assert all(not getattr(f, "slow_hosts", ()) for f in out)
+
+
+def test_a_node_that_turns_slow_mid_job_is_found_within_three_reports_of_its_slow_attempt():
+    job = Job(
+        host_factor=(1,) * 6,
+        task_bytes=(10 * MB,) * 60,
+        task_factor=(1,) * 60,
+        turns_slow_at=6_000,
+        late_factor=5.0,
+    )
+    run = run_job(job)
+    # h0 takes a task at 6 s (its third), at a fifth of the rate from then on.
+    slow_start = min(e.ts for e in run.events if getattr(e, "host", None) == "h0" and e.ts >= 6000)
+    assert run.found("h0") and run.found("h0")[0] <= slow_start + 3 * INTERVAL_MS
+    assert run.blocked() == {"h0"}
+
+
+def test_a_moderately_slow_host_is_left_to_the_other_rules():
+    # 1.5x slower: within what noise and start-up can do, so not a host verdict.
+    job = Job(host_factor=(1, 1, 1, 1, 1, 1.5), task_bytes=(10 * MB,) * 36, task_factor=(1,) * 36)
+    assert run_job(job).found("h5") == []
+
+
+def test_the_rule_needs_enough_peers_on_other_hosts():
+    # Three hosts: two peers for the slow one, under min-peers 3.
+    job = Job(host_factor=(1, 1, 5), task_bytes=(10 * MB,) * 3, task_factor=(1,) * 3)
+    assert run_job(job).found("h2") == []
+    assert run_job(job, {"slow-task-detector.slow-host.min-peers": "2"}).found("h2")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("slowdown", "1"), ("min-reports", "0"), ("min-peers", "0")]
+)
+def test_bad_settings_are_refused_naming_the_key(key: str, value: str) -> None:
+    config = {f"slow-task-detector.slow-host.{key}": value}
+    with pytest.raises(ConfigError, match=key):
+        SlowHostRule.from_settings(Settings(config))
+    # A job with such a config is still watched, with the service's rule.
+    detector = SlowTaskDetector(Settings())
+    detector.handle(JobEvents().submitted((source("v", (1,)),), config=config))
+    assert detector.metrics()["config_errors"] == 1
+
+
+def test_median_without_equals_the_median_of_the_rest():
+    values = sorted([5.0, 1.0, 1.0, 2.0, 9.0, 3.0, 3.0])
+    assert median_without(values, [3.0, 9.0]) == 2.0  # 1 1 2 3 5
+    assert median_without(values, [1.0]) == 3.0  # 1 2 3 3 5 9 -> (3 + 3) / 2
+    assert median_without(values, [3.0]) == 2.5  # 1 1 2 3 5 9 -> (2 + 3) / 2
+    assert median_without(values, values) is None
+
+
+# ------------------------------------------------------------------ the blocklist's side
+
+
+def _with_hosts(finding: SlowTasksDetected, slow_hosts: tuple[str, ...]) -> SlowTasksDetected:
+    return dataclasses.replace(finding, slow_hosts=slow_hosts)
+
+
+def test_a_host_found_slow_is_blocked_at_once_in_the_job_and_the_fleet():
+    attempt = SlowSubtask(0, (SlowAttempt(0, "h1", 1500),), 0)
+    one = slow_finding(attempt, ts=1500, finding_id="f1")
+    # One slow subtask is not enough evidence (blocklist.min-slow-attempts = 2)...
+    assert BlocklistTracker(Settings()).handle(one) == []
+    assert [c for c in FleetBlocklist(Settings()).handle(one) if isinstance(c, BlockNodes)] == []
+    # ...a host verdict is.
+    found = _with_hosts(one, ("h1",))
+    blocks = [c for c in BlocklistTracker(Settings()).handle(found) if isinstance(c, BlockNodes)]
+    assert [(b.hosts, b.until_ts) for b in blocks] == [(("h1",), 1500 + 60_000)]
+    fleet = [c for c in FleetBlocklist(Settings()).handle(found) if isinstance(c, BlockNodes)]
+    assert [b.hosts for b in fleet] == [("h1",)]
+
+
+def test_a_verdict_on_an_unregistered_host_blocks_nothing():
+    found = _with_hosts(slow_finding(ts=1, finding_id="f"), ("elsewhere",))
+    assert BlocklistTracker(Settings()).handle(found) == []
