@@ -276,7 +276,10 @@ def simulate(params: SimulationParams, settings: Settings | None = None) -> Simu
     launches: list[tuple[int, LaunchSpeculativeAttempts]] = []
     # (vertex, subtask, attempt) -> deploying ts, for progress reports.
     started: dict[tuple[str, int, int], int] = {}
-    reports_progress = settings.flag("slow-task-detector.progress-rate.enabled")
+    # The slot runners report progress; the histories carry it when a rule reads it.
+    reports_progress = settings.flag("slow-task-detector.progress-rate.enabled") or settings.flag(
+        "slow-task-detector.slow-host.enabled"
+    )
 
     def emit(event: Event) -> None:
         run.events.append(event)

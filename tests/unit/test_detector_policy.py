@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from profiles import both_profiles  # noqa: F401  (each test under both profiles)
 from speculation_histories import JobEvents, one_split_each, operator, source
 
 from tailguard.detector.policy import SlowTaskDetector
@@ -53,6 +55,12 @@ def source_job(
         *(ev.deploying("v", s, 0, f"h{s % hosts}") for s in range(n)),
     )
     return detector, ev
+
+
+def test_each_test_here_runs_under_the_profile_it_names(request: pytest.FixtureRequest) -> None:
+    # profiles.both_profiles runs this module under tailguard's defaults and FLIP-168's rules.
+    on = Settings().flag("slow-task-detector.slow-host.enabled")
+    assert on == (request.getfixturevalue("both_profiles") == "tailguard")
 
 
 def findings(records: list[Record]) -> list[SlowTasksDetected]:

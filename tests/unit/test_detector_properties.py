@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from profiles import both_profiles  # noqa: F401  (each test under both profiles)
 from speculation_histories import SimulationParams, simulate
 
 from tailguard.detector.policy import SlowTaskDetector

@@ -12,7 +12,7 @@ from tailguard.blocklist.fleet import FleetBlocklist
 from tailguard.blocklist.policy import BlocklistTracker
 from tailguard.detector.policy import SlowTaskDetector
 from tailguard.detector.policy.slow_host import SlowHostRule, median_without
-from tailguard.model.config import ConfigError, Settings
+from tailguard.model.config import FLIP_168, ConfigError, Settings
 from tailguard.model.records import (
     BlockNodes,
     LaunchSpeculativeAttempts,
@@ -24,12 +24,6 @@ from tailguard.model.records import (
 
 # Issue 24's setting in small: 6 one-slot hosts, 36 tasks of ~2 s, one host 5x slow.
 FIVE_X = Job(host_factor=(1, 1, 1, 1, 1, 5), task_bytes=(10 * MB,) * 36, task_factor=(1,) * 36)
-# FLIP-168 exactly: the slow-host rule off, every slow attempt's host blocked.
-FLIP_168 = {
-    "slow-task-detector.slow-host.enabled": "false",
-    "blocklist.min-slow-attempts": "1",
-    "blocklist.evidence-window": "0 ms",
-}
 
 
 def test_a_uniformly_slow_host_is_found_on_its_third_report_blocked_and_its_attempt_copied():

@@ -12,7 +12,7 @@ from tailguard.decider.policy import ParallelismDecider
 from tailguard.failover.policy import FailoverStrategy
 from tailguard.log.archive import ArchiveWriter
 from tailguard.model import records as r
-from tailguard.model.config import Settings
+from tailguard.model.config import FLIP_168, Settings
 from tailguard.replay import cli
 from tailguard.replay.engine import Recorded, replay
 
@@ -43,6 +43,9 @@ def test_recorded_decisions_are_reproduced() -> None:
     assert by_name["detector"].reproduced > 0
     assert by_name["speculator"].reproduced > 0
     assert by_name["detector"].line().startswith("detector: ")
+    # The default profile's slow-host rule spoke, and its verdicts were reproduced too.
+    verdicts = [x for x in log if getattr(x.record, "slow_hosts", ())]
+    assert verdicts and any(isinstance(x.record, r.BlockNodes) for x in log)
 
 
 @pytest.mark.parametrize(
@@ -52,6 +55,8 @@ def test_recorded_decisions_are_reproduced() -> None:
         {"slow-task-detector.progress-rate.enabled": "true"},
         # FLIP-168's every-slow-attempt blocklist.
         {"blocklist.min-slow-attempts": "1", "blocklist.evidence-window": "0 ms"},
+        # FLIP-168's rules exactly (the slow-host rule off too).
+        FLIP_168,
         # The decider's other algorithm and options.
         {
             "decider.algorithm": "optimal",
@@ -92,7 +97,12 @@ def test_a_changed_decision_is_a_difference() -> None:
 
 def test_what_if_reports_how_decisions_would_differ() -> None:
     log = recorded_log()
-    stricter = SETTINGS.merged({"slow-task-detector.execution-time.baseline-multiplier": "100"})
+    stricter = SETTINGS.merged(
+        {
+            "slow-task-detector.execution-time.baseline-multiplier": "100",
+            "slow-task-detector.slow-host.slowdown": "100",
+        }
+    )
     report = replay(log, stricter, what_if=True)
     detector = next(s for s in report.services if s.service == "detector")
     assert detector.replayed < detector.recorded  # far fewer attempts count as slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from profiles import both_profiles  # noqa: F401  (each test under both profiles)
 from speculation_histories import slow_finding
 
 from tailguard.model.config import Settings

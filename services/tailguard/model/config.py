@@ -90,6 +90,17 @@ DEFAULTS: dict[str, str] = {
     "python.fn-execution.arrow.batch.size": "10000",
 }
 
+# FLIP-168's rules exactly (Flink's detector, speculator and every-slow-attempt blocklist), in
+# Flink's keys and tailguard's: set these over the defaults to run a job as Flink would. The
+# defaults above are tailguard's profile (the slow-host rule and the evidence-based blocklist;
+# docs/policies/detector.md and blocklist.md say why each differs).
+FLIP_168: dict[str, str] = {
+    "slow-task-detector.slow-host.enabled": "false",
+    "slow-task-detector.progress-rate.enabled": "false",
+    "blocklist.min-slow-attempts": "1",
+    "blocklist.evidence-window": "0 ms",
+}
+
 # Recorded in JobSubmitted.config by the agent: whether the services ran for the job ("on"/"off").
 SERVICES_KEY = "tailguard.services"
 
