@@ -8,8 +8,6 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +40,6 @@ DEFAULT_ARCHIVE_UPLOAD_INTERVAL = "10 s"
 # the services' hosts may lag the driver's (a command is stamped by the service that made it).
 START_MARGIN = "tailguard.agent.start-margin"
 DEFAULT_START_MARGIN = "60 s"
-# Threads of the agent (named so by whoever starts them): one that dies fails its job.
-AGENT_THREAD_PREFIX = "tg-"
 
 
 class JobIdInUse(ValueError):
@@ -196,8 +192,9 @@ def run(
             recover=recovering.job_log if recovering is not None else None,
         )
         try:
-            with agent_threads_fail(thread_failed):
-                result = driver.run()
+            # The job's own threads report their death to its inbox alone: the decision reader
+            # here, the runner threads in `SparkRuntime.start_thread`.
+            result = driver.run()
         finally:
             # The publisher is closed (late decisions drained): the job's series are complete.
             metrics.push(settings, job_metrics)
@@ -245,26 +242,3 @@ def start_margin_ms(settings: Settings) -> int:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-@contextmanager
-def agent_threads_fail(report: Callable[[BaseException], None]) -> Iterator[None]:
-    """While the job runs, an exception that ends one of the agent's threads (runner
-    connections, runner jobs...) goes to `report` as well as to the usual hook, so the job fails
-    with it instead of going on without that thread. (A driver running several jobs at once
-    cannot tell whose thread it was: each running job is told.)"""
-    previous = threading.excepthook
-
-    def hook(args: threading.ExceptHookArgs) -> None:
-        thread = args.thread.name if args.thread is not None else ""
-        if thread.startswith(AGENT_THREAD_PREFIX) and args.exc_value is not None:
-            report(args.exc_value)
-        previous(args)
-
-    threading.excepthook = hook
-    try:
-        yield
-    finally:
-        # Restored only if nothing replaced it meanwhile (another job's run, in another thread).
-        if threading.excepthook is hook:
-            threading.excepthook = previous

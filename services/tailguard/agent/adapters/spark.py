@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
@@ -36,7 +36,13 @@ from multiprocessing.connection import Connection, Listener
 from pyspark import SparkContext, cloudpickle
 from pyspark.sql import SparkSession
 
-from tailguard.agent.driver.ports import FromRunner, Post, RunnerConnected, RunnerLost
+from tailguard.agent.driver.ports import (
+    AgentThreadFailed,
+    FromRunner,
+    Post,
+    RunnerConnected,
+    RunnerLost,
+)
 from tailguard.agent.executor import environment
 from tailguard.agent.executor.attempt import AttemptKey, TaskSpec
 from tailguard.agent.executor.protocol import (
@@ -265,7 +271,7 @@ class SparkRuntime:
         port = self._listener.address[1]
         self._address = (advertised, port)
         log.info("runner listener on %s:%d, advertised as %s:%d", bind, port, advertised, port)
-        threading.Thread(target=self._accept, name="tg-runner-accept", daemon=True).start()
+        self.start_thread(self._accept, name="tg-runner-accept")
         return self.ensure_runners()
 
     def check_executors(self, timeout_s: float = ENVIRONMENT_CHECK_TIMEOUT_S) -> None:
@@ -330,10 +336,7 @@ class SparkRuntime:
             # Waiting for an executor that is gone: it would wait for the locality timeout.
             self.sc.cancelJobsWithTag(runner.tag)
         for runner in launches:
-            threading.Thread(
-                target=self._run_job, args=(runner,), name=f"tg-runner-{runner.runner_id}",
-                daemon=True,
-            ).start()
+            self.start_thread(self._run_job, runner, name=f"tg-runner-{runner.runner_id}")
         return len(launches)
 
     def _run_job(self, runner: _Runner) -> None:
@@ -378,6 +381,21 @@ class SparkRuntime:
         if self._post is not None and not self._closed:
             self._post(RunnerLost(runner.runner_id, reason))
 
+    def start_thread(self, target: Callable[..., object], *args: object, name: str) -> None:
+        """Start a thread that works for this job. Should it die, this job fails with its
+        error (`AgentThreadFailed` in the job's inbox) and no other: several jobs may run in
+        one driver process, and a process-wide hook could not tell whose thread it was."""
+
+        def run() -> None:
+            try:
+                target(*args)
+            except BaseException as err:
+                if self._post is not None and not self._closed:
+                    self._post(AgentThreadFailed(threading.current_thread().name, err))
+                raise  # and the usual hook logs it with its traceback
+
+        threading.Thread(target=run, name=name, daemon=True).start()
+
     # ---------------------------------------------------------------- connections
 
     def _accept(self) -> None:
@@ -390,9 +408,7 @@ class SparkRuntime:
                     return
                 log.warning("refused a runner connection: %s", _first_line(err))
                 continue
-            threading.Thread(
-                target=self._serve_connection, args=(conn,), name="tg-runner-conn", daemon=True
-            ).start()
+            self.start_thread(self._serve_connection, conn, name="tg-runner-conn")
 
     def _serve_connection(self, conn: Connection) -> None:
         try:
