@@ -1,9 +1,9 @@
 """The resources behind the pytest plugin's fixtures, shared by a whole pytest session.
 
-Starting them is what costs (measured on this 2-core machine, idle): the embedded broker ~1 s,
-a local cluster ~10-15 s, a Spark driver ~5 s (plus the executors' registration on a cluster),
-the five services ~10 s. So one `Harness` per pytest session keeps **one of each at a time**
-and hands the same one to every test that asks for the same thing:
+Starting them is what costs (measured on this 2-core machine, idle): Apache Kafka's broker
+~10 s (the mock ~1 s), a local cluster ~10-15 s, a Spark driver ~5 s (plus the executors'
+registration on a cluster), the five services ~10 s. So one `Harness` per pytest session keeps
+**one of each at a time** and hands the same one to every test that asks for the same thing:
 
 - the broker: one for the session;
 - the cluster: one shape at a time (workers, cores, memory); a test that asks for another shape
@@ -276,13 +276,15 @@ class Harness:
         if self._broker is None:
             from tailguard.log.broker import EmbeddedBroker
 
-            embedded = EmbeddedBroker(self.root / "broker")
-            bootstrap = self._timed("embedded broker", embedded.start)
+            mock = self.defaults.broker == "mock"
+            embedded = EmbeddedBroker(self.root / "broker", mock=mock)
+            what = "mock broker" if mock else "Kafka broker"
+            bootstrap = self._timed(what, embedded.start)
             state = embedded.status()
             if state is None:
                 raise HarnessError(f"the embedded broker in {embedded.work_dir} died at once")
             if embedded.started_here:
-                self._record(state.pid, f"embedded broker {bootstrap}")
+                self._record(state.pid, f"{what} {bootstrap}")
             else:
                 self.costs.pop()  # reused: nothing was started
             self._broker = Broker(bootstrap, embedded.work_dir, state.pid, embedded.started_here)

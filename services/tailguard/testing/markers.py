@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SLOW_MODES = ("cpu", "io")
+BROKER_KINDS = ("kafka", "mock")
 SERVICE_NAMES = ("detector", "speculator", "blocklist", "decider", "failover")
 # The settings the harness owns for the services: where they run and which broker they use.
 HARNESS_SETTINGS = ("tailguard.work-dir", "bootstrap.servers")
@@ -62,6 +63,8 @@ class Defaults:
     memory: str = "1g"
     slow_mode: str = "cpu"
     local_master: str = "local[2]"
+    # "kafka": Apache Kafka's broker; "mock": librdkafka's in-memory mock (offline).
+    broker: str = "kafka"
 
 
 def _positive_int(value: Any, where: str) -> int:
@@ -74,8 +77,12 @@ def _positive_int(value: Any, where: str) -> int:
 
 
 def _slow_mode(value: Any, where: str) -> str:
-    if value not in SLOW_MODES:
-        raise HarnessUsageError(f"{where} must be one of {list(SLOW_MODES)}, got {value!r}")
+    return _one_of(value, SLOW_MODES, where)
+
+
+def _one_of(value: Any, choices: Sequence[str], where: str) -> str:
+    if value not in choices:
+        raise HarnessUsageError(f"{where} must be one of {list(choices)}, got {value!r}")
     return str(value)
 
 
@@ -93,6 +100,7 @@ def read_defaults(values: Mapping[str, str | None]) -> Defaults:
         memory=str(get("tailguard_worker_memory", base.memory)),
         slow_mode=_slow_mode(get("tailguard_slow_mode", base.slow_mode), "tailguard_slow_mode"),
         local_master=str(get("tailguard_local_master", base.local_master)),
+        broker=_one_of(get("tailguard_broker", base.broker), BROKER_KINDS, "tailguard_broker"),
     )
 
 

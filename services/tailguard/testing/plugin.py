@@ -7,7 +7,7 @@ installed has it. It imports nothing heavy until a fixture is used.
 | fixture                 | scope    | gives                               | first use costs     |
 |-------------------------|----------|-------------------------------------|---------------------|
 | `tailguard_harness`     | session  | the `Harness` (for module fixtures) | nothing             |
-| `tailguard_broker`      | session  | `Broker` (`.bootstrap`)             | ~1 s                |
+| `tailguard_broker`      | session  | `Broker` (`.bootstrap`)             | ~10 s (mock ~1 s)   |
 | `tailguard_cluster`     | function | `LocalCluster`, slow hosts applied  | ~10-15 s per shape  |
 | `tailguard_spark`       | function | `SparkSession` on that cluster      | ~5 s + registration |
 | `tailguard_local_spark` | function | `SparkSession` on `local[2]`        | ~5 s                |
@@ -45,6 +45,10 @@ OPTIONS = {
     "tailguard_worker_memory": "memory per worker (default 1g)",
     "tailguard_slow_mode": "how slow hosts are slowed: cpu (pause the worker) or io (default cpu)",
     "tailguard_local_master": "the master of tailguard_local_spark (default local[2])",
+    "tailguard_broker": (
+        "the session's broker: kafka (Apache Kafka's broker, the default) or mock (librdkafka's "
+        "in-memory mock, for a machine that cannot reach Maven Central)"
+    ),
     "tailguard_work_dir": (
         "where the broker, cluster and services keep their state (default: a temporary dir); "
         "what is already running there is reused and left running"
