@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tailguard.log.broker_state import pid_alive
+from tailguard.shell import stop_report
 from tailguard.shell.definition import SERVICE_NAMES
 
 
@@ -178,9 +179,9 @@ def stop(
     report: Callable[[str], None] = print,
 ) -> list[str]:
     """SIGTERM the named services (faust commits and leaves cleanly; with the broker gone, a
-    service writes its snapshot and exits at once), SIGKILL those still running after a grace.
-    All at once: each one's stop waits on its own broker round trips, so in turn they would
-    add up."""
+    service writes its snapshot and exits at once, and its line says what it could not flush:
+    `stop_report`), SIGKILL those still running after a grace. All at once: each one's stop
+    waits on its own broker round trips, so in turn they would add up."""
     current = running(work_dir)
     stopping = {name: current[name] for name in names if name in current}
     for service in stopping.values():
@@ -196,6 +197,7 @@ def stop(
                 os.kill(service.pid, signal.SIGKILL)
             report(f"{name}: did not stop within {timeout_s:.0f} s, killed")
         else:
-            report(f"{name}: stopped")
+            left = stop_report.take(services_dir(work_dir), name, service.pid)
+            report(f"{name}: {left.describe()}" if left is not None else f"{name}: stopped")
         (services_dir(work_dir) / f"{name}.json").unlink(missing_ok=True)
     return list(stopping)

@@ -38,6 +38,7 @@ from tailguard.log.kafka_config import configured_fetch_wait_ms, faust_app_optio
 from tailguard.log.topic_scan import read_only_consumer, read_to_end
 from tailguard.model.config import ConfigError, Settings
 from tailguard.settings_file import load_settings
+from tailguard.shell import stop_report
 from tailguard.shell.broker_watch import BrokerWatch
 from tailguard.shell.definition import SERVICE_NAMES, ServiceDefinition, load_definition
 from tailguard.shell.log_limits import RepeatLimiter
@@ -51,7 +52,8 @@ from tailguard.shell.snapshot import (
     carried_over,
     digest,
 )
-from tailguard.shell.supervisor import announce
+from tailguard.shell.stop_report import FlushTracker
+from tailguard.shell.supervisor import announce, services_dir
 
 log = logging.getLogger("tailguard.service")
 
@@ -78,21 +80,33 @@ EMBEDDED_FETCH_WAIT_MS = 20
 RECONNECT_WINDOW_S = 120.0
 
 
-def _shorten_fetch_wait(max_wait_ms: int) -> None:
+def _shorten_fetch_wait(
+    max_wait_ms: int, on_commit: Callable[[dict[int, int]], None] | None = None
+) -> None:
+    """faust's consumer with fetches of at most `max_wait_ms`; `on_commit` hears the offsets
+    (partition -> next offset) each commit the broker confirmed (what a stop without the broker
+    could not flush: `stop_report`)."""
     from faust.transport.drivers import aiokafka as driver
 
     base = driver.aiokafka.AIOKafkaConsumer
-    if getattr(base, "_tailguard_fetch_wait", None) == max_wait_ms:
-        return
+    if getattr(base, "_tailguard_fetch_wait", None) != max_wait_ms:
 
-    class Consumer(base):  # type: ignore[misc, valid-type]
-        _tailguard_fetch_wait = max_wait_ms
+        class Consumer(base):  # type: ignore[misc, valid-type]
+            _tailguard_fetch_wait = max_wait_ms
+            _tailguard_on_commit: Callable[[dict[int, int]], None] | None = None
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["fetch_max_wait_ms"] = max_wait_ms
-            super().__init__(*args, **kwargs)
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                kwargs["fetch_max_wait_ms"] = max_wait_ms
+                super().__init__(*args, **kwargs)
 
-    driver.aiokafka.AIOKafkaConsumer = Consumer
+            async def commit(self, offsets: Any = None) -> None:
+                await super().commit(offsets)  # raises unless the broker confirmed it
+                told = type(self)._tailguard_on_commit
+                if told is not None and offsets:
+                    told({tp.partition: getattr(at, "offset", at) for tp, at in offsets.items()})
+
+        driver.aiokafka.AIOKafkaConsumer = base = Consumer
+    base._tailguard_on_commit = staticmethod(on_commit) if on_commit is not None else None
 
 
 class ServiceWorker(Worker):
@@ -152,6 +166,8 @@ class ServiceState:
     def __init__(self, broker: BrokerWatch | None = None) -> None:
         self.ready = False
         self.broker = broker
+        # What the broker has confirmed of the stream's work (for a stop without it).
+        self.flushed = FlushTracker()
 
     def unhealthy(self) -> str | None:
         """What /health reports: None when healthy, else why not."""
@@ -173,7 +189,8 @@ def build_app(
     the credentials built from the same `kafka.*` settings as every librdkafka client). With a
     `state_load`, the stream feeds its core nothing before that load is done. Its consumer's
     fetches wait at most `fetch_wait_ms` for data (`kafka_config.fetch_wait`)."""
-    _shorten_fetch_wait(fetch_wait_ms)
+    _shorten_fetch_wait(fetch_wait_ms, state.flushed.committed)
+    flushed = state.flushed
     app = faust.App(
         definition.group_id,
         **connection,
@@ -212,6 +229,9 @@ def build_app(
                 event.value, message.partition, message.offset, message.key,
                 received_headers(message.headers),
             )  # fmt: skip
+            flushed.outputs_sent(
+                f"{message.topic}[{message.partition}]@{message.offset}", len(outputs)
+            )
             for out in outputs:
                 # Sent at once and awaited: the input is acknowledged (and later committed)
                 # only after its outputs are on the broker, so a crash loses no decision.
@@ -219,6 +239,8 @@ def build_app(
                     key=out.key, value=out.value, headers=out.headers or None, force=True
                 )
                 await pending
+                flushed.output_confirmed()
+            flushed.answered(message.partition, message.offset)
             if outputs and outputs[0].input_ts is not None:
                 processor.metrics.decision_sent(outputs[0].input_ts, time.time())
             highwater = app.consumer.highwater(message.tp)
@@ -276,6 +298,7 @@ def serve(
         processor.restored_up_to = {
             p: at for p, at in start_at.items() if at > rebuilt.committed.get(p, 0)
         }
+        state.flushed.committed(rebuilt.committed)
         processor.metrics.mark_live()
         log.info(
             "%s rebuilt its state in %.2f s: %d records from its snapshot, %d from the topic",
@@ -335,9 +358,15 @@ def serve(
             kept = f"snapshot written to {store.path}"
         if snapshots is not None:
             snapshots.close()  # written and fsynced before the exit below
+        written = snapshots is not None and not snapshots.answering
+        report = state.flushed.report(os.getpid(), broker.state.reason, written, kept)
         log.warning(
-            "%s: %s; exiting without faust's shutdown, which would wait for the broker", name, kept
+            "%s: %s; exiting without faust's shutdown, which would wait for the broker",
+            name,
+            report.describe(),
         )
+        # For `services down`, which says it (supervisor.stop).
+        stop_report.write(services_dir(work_dir), name, report)
         metrics.stop()
         logging.shutdown()
         os._exit(0)
