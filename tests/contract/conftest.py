@@ -1,9 +1,10 @@
 """Log backends for the contract suite: every test runs against each backend.
 
-- "embedded": the embedded broker (librdkafka's mock cluster in a background process): the
-  tailguard pytest plugin's `tailguard_broker`, started once per session and stopped at the end.
-- "kafka": a real Kafka broker in KRaft mode via testcontainers; skipped with the reason when no
-  Docker engine is reachable (as on the development machines).
+- "kafka": Apache Kafka's broker, the embedded default: the tailguard pytest plugin's
+  `tailguard_broker`, started once per session and stopped at the end (skipped, saying so, in a
+  session run on the mock with `--tailguard-broker mock`).
+- "mock": librdkafka's in-memory mock cluster, the offline option (`tailguard broker up
+  --mock`), one for the session, so the suite also shows what it still does and lacks.
 """
 
 from __future__ import annotations
@@ -14,39 +15,25 @@ from typing import Any
 
 import pytest
 
+from tailguard.log.broker import EmbeddedBroker
 from tailguard.model.config import Settings
 from tailguard.testing import Broker
 
-BACKENDS = ("embedded", "kafka")
-
-# How long to wait for Docker to answer a ping: no engine should cost seconds, not minutes.
-_DOCKER_PING_TIMEOUT_S = 3
-
-
-def _docker_unreachable_reason() -> str | None:
-    try:
-        import docker
-
-        docker.from_env(timeout=_DOCKER_PING_TIMEOUT_S).ping()
-    except Exception as err:
-        return f"no reachable Docker engine for testcontainers' Kafka ({type(err).__name__}: {err})"
-    return None
+BACKENDS = ("kafka", "mock")
 
 
 @pytest.fixture(scope="session")
-def embedded_bootstrap(tailguard_broker: Broker) -> str:
+def kafka_bootstrap(tailguard_broker: Broker) -> str:
+    state = EmbeddedBroker(tailguard_broker.work_dir).status()
+    if state is not None and state.kind != "kafka":
+        pytest.skip("this session's broker is the mock (--tailguard-broker mock)")
     return tailguard_broker.bootstrap
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
-    reason = _docker_unreachable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    from testcontainers.community.kafka import KafkaContainer
-
-    with KafkaContainer().with_kraft() as kafka:
-        yield kafka.get_bootstrap_server()
+def mock_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with EmbeddedBroker(tmp_path_factory.mktemp("mock-broker"), mock=True) as bootstrap:
+        yield bootstrap
 
 
 @pytest.fixture(scope="session", params=BACKENDS)

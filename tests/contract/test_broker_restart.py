@@ -1,4 +1,5 @@
-"""The embedded broker killed with -9 comes back on its address, and its clients carry on."""
+"""The mock broker killed with -9 comes back on its address, and its clients carry on (Apache
+Kafka's broker does that and keeps its log: test_kafka_broker.py)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def read_all(bootstrap: str, topic: str, expected: int) -> list[bytes]:
 def test_killed_broker_restarts_on_its_port_and_queued_records_arrive_in_order(
     tmp_path: Path,
 ) -> None:
-    broker = EmbeddedBroker(tmp_path)
+    broker = EmbeddedBroker(tmp_path, mock=True)
     bootstrap = broker.start()
     # The agent's settings: records wait in the producer's queue while the broker is gone.
     producer = Producer(
@@ -92,7 +93,7 @@ def test_restart_on_a_taken_port_listens_elsewhere_and_says_so(tmp_path: Path) -
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     write_state(tmp_path, BrokerState(child.pid, f"127.0.0.1:{taken}", 0.0))
-    broker = EmbeddedBroker(tmp_path)
+    broker = EmbeddedBroker(tmp_path, mock=True)
     try:
         bootstrap = broker.start()
         assert bootstrap != f"127.0.0.1:{taken}"
@@ -109,7 +110,7 @@ def test_cli_up_after_a_crash_names_what_was_lost(tmp_path: Path) -> None:
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
 
-    assert cli("up").returncode == 0
+    assert cli("up", "--mock").returncode == 0
     state = read_state(tmp_path)
     assert state is not None
     exited = os.pidfd_open(state.pid)  # not our child: its exit is awaited through a pidfd
@@ -117,7 +118,7 @@ def test_cli_up_after_a_crash_names_what_was_lost(tmp_path: Path) -> None:
     assert select.select([exited], [], [], 10)[0], "the broker outlived kill -9"
     os.close(exited)
     try:
-        again = cli("up")
+        again = cli("up", "--mock")
         assert again.returncode == 0, again.stdout + again.stderr
         assert state.bootstrap in again.stdout.splitlines()
         assert "reconnect by themselves" in again.stdout and "gone" in again.stdout
@@ -133,7 +134,7 @@ def test_a_reader_follows_a_restarted_broker_to_its_new_log_from_its_start(
     position and never hand out the new log's first records: the reader rewinds itself."""
     from tailguard.log.topic_reader import TopicReader
 
-    broker = EmbeddedBroker(tmp_path)
+    broker = EmbeddedBroker(tmp_path, mock=True)
     bootstrap = broker.start()
     try:
         producer = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 0})

@@ -1,4 +1,5 @@
-"""The embedded broker's lifecycle, through the API and through `tailguard broker`."""
+"""The embedded broker's lifecycle, through the API and through `tailguard broker`, on the mock
+(`up --mock`, a process of ours and quick to start); Apache Kafka's in test_kafka_broker.py."""
 
 from __future__ import annotations
 
@@ -44,11 +45,11 @@ def gone(pid: int, timeout_s: float = 10.0) -> bool:
 
 def test_cli_start_status_stop(tmp_path: Path) -> None:
     work = tmp_path / "w"
-    started = tailguard("broker", "up", "--work-dir", str(work), cwd=tmp_path)
+    started = tailguard("broker", "up", "--mock", "--work-dir", str(work), cwd=tmp_path)
     assert started.returncode == 0, started.stderr
     assert "deprecated" not in started.stderr
     state = json.loads((work / "broker.json").read_text())
-    assert set(state) == {"pid", "bootstrap", "started_at"}
+    assert set(state) == {"pid", "bootstrap", "started_at", "kind"} and state["kind"] == "mock"
     try:
         assert state["bootstrap"] in started.stdout.splitlines()
         assert "in memory" in started.stdout and "lost" in started.stdout
@@ -82,7 +83,7 @@ def test_cli_start_status_stop(tmp_path: Path) -> None:
 
 def test_cli_reads_work_dir_from_settings(tmp_path: Path) -> None:
     (tmp_path / "tailguard.toml").write_text('[tailguard]\nwork-dir = "from-toml"\n')
-    started = tailguard("broker", "up", cwd=tmp_path)
+    started = tailguard("broker", "up", "--mock", cwd=tmp_path)
     assert started.returncode == 0, started.stderr
     pid = json.loads((tmp_path / "from-toml" / "broker.json").read_text())["pid"]
     stopped = tailguard("broker", "down", cwd=tmp_path)
@@ -90,7 +91,7 @@ def test_cli_reads_work_dir_from_settings(tmp_path: Path) -> None:
 
 
 def test_broker_serves_clients_and_stops(tmp_path: Path) -> None:
-    broker = EmbeddedBroker(tmp_path)
+    broker = EmbeddedBroker(tmp_path, mock=True)
     with broker as bootstrap:
         state = broker.status()
         assert state is not None and state.bootstrap == bootstrap
@@ -110,10 +111,10 @@ def test_broker_serves_clients_and_stops(tmp_path: Path) -> None:
         finally:
             reader.close()
         # A second start reuses the running broker.
-        assert EmbeddedBroker(tmp_path).start() == bootstrap
+        assert EmbeddedBroker(tmp_path, mock=True).start() == bootstrap
     assert gone(state.pid)
     assert broker.status() is None
-    assert EmbeddedBroker(tmp_path).stop() is False
+    assert EmbeddedBroker(tmp_path, mock=True).stop() is False
 
 
 def read_all(settings: dict[str, str], group: str) -> tuple[list[bytes | None], object]:
@@ -134,7 +135,7 @@ def test_the_embedded_broker_is_told_apart_by_its_cluster_id(
 ) -> None:
     """The fetch wait follows the broker: the embedded broker answers an empty fetch only when
     the wait expires, so its clients wait briefly; on Kafka a reader takes Kafka's default."""
-    with EmbeddedBroker(tmp_path) as bootstrap:
+    with EmbeddedBroker(tmp_path, mock=True) as bootstrap:
         settings = {"bootstrap.servers": bootstrap}  # as a user would name any broker
         watch = BrokerWatch(settings)
         assert watch.probe(10).reachable
@@ -160,7 +161,7 @@ def test_stale_state_file_is_replaced(tmp_path: Path) -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     write_state(tmp_path, BrokerState(pid=child.pid, bootstrap="127.0.0.1:1", started_at=0.0))
-    broker = EmbeddedBroker(tmp_path)
+    broker = EmbeddedBroker(tmp_path, mock=True)
     assert broker.status() is None
     with pytest.raises(BrokerError, match="tailguard broker"):
         resolve_bootstrap({"tailguard.work-dir": str(tmp_path)})
@@ -174,8 +175,8 @@ def test_stale_state_file_is_replaced(tmp_path: Path) -> None:
 def test_state_file_of_a_foreign_live_process_is_not_trusted(tmp_path: Path) -> None:
     # Our own pid is alive but is no broker: never report it as one (or signal it on --stop).
     write_state(tmp_path, BrokerState(pid=os.getpid(), bootstrap="127.0.0.1:1", started_at=0.0))
-    assert EmbeddedBroker(tmp_path).status() is None
-    assert EmbeddedBroker(tmp_path).stop() is False
+    assert EmbeddedBroker(tmp_path, mock=True).status() is None
+    assert EmbeddedBroker(tmp_path, mock=True).stop() is False
 
 
 def test_bootstrap_servers_setting_wins(tmp_path: Path) -> None:
@@ -192,6 +193,7 @@ def test_cli_foreground_until_interrupted(tmp_path: Path) -> None:
             "tailguard.cli",
             "broker",
             "up",
+            "--mock",
             "--foreground",
             "--work-dir",
             str(work),
@@ -202,10 +204,10 @@ def test_cli_foreground_until_interrupted(tmp_path: Path) -> None:
     )
     try:
         deadline = time.monotonic() + 30
-        while EmbeddedBroker(work).status() is None and time.monotonic() < deadline:
+        while EmbeddedBroker(work, mock=True).status() is None and time.monotonic() < deadline:
             assert process.poll() is None, process.communicate()
             time.sleep(0.02)
-        state = EmbeddedBroker(work).status()
+        state = EmbeddedBroker(work, mock=True).status()
         assert state is not None and state.pid == process.pid
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=30)
@@ -221,14 +223,14 @@ def test_cli_foreground_until_interrupted(tmp_path: Path) -> None:
 def test_concurrent_starts_share_one_broker(tmp_path: Path) -> None:
     results: list[str] = []
     threads = [
-        threading.Thread(target=lambda: results.append(EmbeddedBroker(tmp_path).start()))
+        threading.Thread(target=lambda: results.append(EmbeddedBroker(tmp_path, mock=True).start()))
         for _ in range(3)
     ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    broker = EmbeddedBroker(tmp_path)
+    broker = EmbeddedBroker(tmp_path, mock=True)
     state = broker.status()
     try:
         assert state is not None
@@ -250,7 +252,7 @@ def test_resume_past_trimmed_records_warns(
             offsets.extend(m.offset() or 0 for m in reader.poll(0.2))
         return offsets
 
-    with EmbeddedBroker(tmp_path) as bootstrap:
+    with EmbeddedBroker(tmp_path, mock=True) as bootstrap:
         settings = {"bootstrap.servers": bootstrap}
         producer = RecordProducer(settings)
         for i in range(10):

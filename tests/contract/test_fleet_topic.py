@@ -13,13 +13,16 @@ from tailguard.log import fleet_topic
 from tailguard.log.signing import SIGNER_HEADER
 from tailguard.model.config import Settings
 from tailguard.model.fleet import FleetBlock, current_entries
+from tailguard.testing import Broker
 
 KEY = "k" * 43
 
 
 @pytest.fixture
-def settings(embedded_bootstrap: str) -> Settings:
-    return Settings({"bootstrap.servers": embedded_bootstrap, "security.command-signing.key": KEY})
+def settings(tailguard_broker: Broker) -> Settings:
+    return Settings(
+        {"bootstrap.servers": tailguard_broker.bootstrap, "security.command-signing.key": KEY}
+    )
 
 
 @pytest.fixture

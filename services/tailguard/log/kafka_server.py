@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from tailguard.log.broker_state import KAFKA_MAIN_CLASS, KAFKA_PROPERTIES_FILE
 from tailguard.log.kafka_jars import kafka_classpath
@@ -269,17 +269,27 @@ def _admin_config(bootstrap: str) -> dict[str, str | int | float | bool]:
 def create_topics(
     bootstrap: str, topics: Iterable[TopicSpec] | None = None, timeout_s: float = 30.0
 ) -> list[str]:
-    """Create the declared topics that do not exist yet; the names created."""
-    from confluent_kafka import KafkaError, KafkaException
+    """Create the declared topics that do not exist yet, and return once the broker leads every
+    partition of the declared topics (after a restart too); the names created."""
     from confluent_kafka.admin import AdminClient
-    from confluent_kafka.cimpl import NewTopic
 
     admin = AdminClient(_admin_config(bootstrap))
     wanted = list(declared_topics() if topics is None else topics)
-    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    existing = admin.list_topics(timeout=timeout_s).topics
     missing = [spec for spec in wanted if spec.name not in existing]
-    if not missing:
-        return []
+    created = _create(admin, missing, timeout_s) if missing else []
+    counts = {
+        s.name: len(existing[s.name].partitions) if s.name in existing else s.partitions
+        for s in wanted
+    }
+    await_leaders(bootstrap, counts, timeout_s)
+    return created
+
+
+def _create(admin: Any, missing: list[TopicSpec], timeout_s: float) -> list[str]:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.cimpl import NewTopic
+
     futures = admin.create_topics(
         [NewTopic(s.name, s.partitions, 1, config=dict(s.config)) for s in missing],
         operation_timeout=timeout_s,
@@ -294,3 +304,32 @@ def create_topics(
             if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise KafkaServerError(f"creating topic {name}: {err.args[0].str()}") from None
     return created
+
+
+def await_leaders(bootstrap: str, topics: dict[str, int], timeout_s: float) -> None:
+    """Return once the broker leads every partition of `topics`: a topic's creation is
+    committed by the controller before the broker takes up its partitions, and meanwhile the
+    broker answers "not leader" to an offsets request (a reader's first step)."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer({**_admin_config(bootstrap), "group.id": "tailguard-broker-start"})
+    deadline = time.monotonic() + timeout_s
+    try:
+        for topic, count in topics.items():
+            for partition in range(count):
+                while True:
+                    try:
+                        consumer.get_watermark_offsets(
+                            TopicPartition(topic, partition), timeout=timeout_s
+                        )
+                        break
+                    except KafkaException as err:
+                        if time.monotonic() > deadline:
+                            raise KafkaServerError(
+                                f"{topic} [{partition}] has no leader after {timeout_s:.0f} s: "
+                                f"{err.args[0].str()}"
+                            ) from None
+                    # Kafka tells nobody when a partition's leader takes it up: ask again soon.
+                    time.sleep(0.05)
+    finally:
+        consumer.close()
