@@ -1,0 +1,155 @@
+"""Properties of the slow-host rule over random clusters, sizes, noise and report timing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from slow_host_histories import INTERVAL_MS, MB, Job, Run, run_job
+from speculation_histories import JobEvents, one_split_each, source
+
+from tailguard.detector.policy import SlowTaskDetector
+from tailguard.model import records as r
+from tailguard.model.config import Settings
+from tailguard.model.fleet import FleetBlock
+from tailguard.replay.engine import Recorded, replay
+
+EXAMPLES = settings(max_examples=25, deadline=None)
+
+noise = st.floats(0.7, 1.3)
+
+
+@st.composite
+def noisy_jobs(draw: st.DrawFn, slow_factor: float | None = None) -> Job:
+    """4-8 hosts of 1-2 slots, 8-30 tasks of 10-200 MB (skew up to 20x), every time per byte
+    within +-30% of one value: per task, per host, or both within the band. With
+    `slow_factor`, host 0 is that many times slower on top."""
+    hosts = draw(st.integers(4, 8))
+    tasks = draw(st.integers(8, 30))
+    sizes = tuple(draw(st.lists(st.integers(10, 200), min_size=tasks, max_size=tasks)))
+    per = draw(st.sampled_from(["task", "host"]))
+    task_factor = tuple(draw(st.lists(noise, min_size=tasks, max_size=tasks)))
+    host_factor = list(draw(st.lists(noise, min_size=hosts, max_size=hosts)))
+    if per == "task":
+        host_factor = [1.0] * hosts
+    else:
+        task_factor = (1.0,) * tasks
+    if slow_factor is not None:
+        host_factor[0] = slow_factor * (1.0 if per == "task" else host_factor[0])
+    return Job(
+        host_factor=tuple(host_factor),
+        task_bytes=tuple(s * MB for s in sizes),
+        task_factor=task_factor,
+        ms_per_mb=300.0,
+        slots=draw(st.integers(1, 2)),
+    )
+
+
+@EXAMPLES
+@given(noisy_jobs())
+def test_noise_within_30_percent_never_finds_or_blocks_a_host(job: Job) -> None:
+    run = run_job(job)
+    assert [f.slow_hosts for f in run.findings if f.slow_hosts] == []
+    assert run.blocked() == set()
+
+
+@EXAMPLES
+@given(st.data(), st.floats(5.0, 8.0))
+def test_a_uniformly_slow_host_is_found_by_its_third_report_and_alone(
+    data: st.DataObject, factor: float
+) -> None:
+    job = data.draw(noisy_jobs(slow_factor=factor))
+    job = dataclasses.replace(job, slots=1)
+    run = run_job(job)
+    found = run.found("h0")
+    assert found and found[0] <= run.first_report["h0"] + 2 * INTERVAL_MS
+    assert {h for f in run.findings for h in f.slow_hosts} == {"h0"}
+    assert run.blocked() == {"h0"}
+
+
+def _finished_only(peer_factors: list[float], factor: float) -> list[r.Record]:
+    """Peers' attempts finish at their factor's time per byte, then h0's at `factor`; no
+    progress is reported (tasks shorter than a report interval)."""
+    detector = SlowTaskDetector(Settings())
+    ev = JobEvents()
+    n = len(peer_factors) + 1
+    out: list[r.Record] = []
+    events: list[r.Event] = [
+        ev.submitted((source("v", (10 * MB,) * n),)),
+        *(ev.node(f"h{i}") for i in range(n)),
+        ev.initialized("v", one_split_each(n)),
+        *(ev.deploying("v", s, 0, f"h{s}") for s in range(n)),
+    ]
+    ends = [(round(2000 * f), s) for s, f in enumerate([factor, *peer_factors])]
+    for end, s in sorted(ends, key=lambda e: (e[1] == 0, e)):
+        events.append(ev.finished("v", s, end, f"h{s}", input_bytes=10 * MB))
+    events.append(ev.tick(max(end for end, _ in ends)))
+    for event in events:
+        out.extend(detector.handle(event))
+    return out
+
+
+@EXAMPLES
+@given(st.lists(noise, min_size=3, max_size=10), st.floats(5.0, 10.0))
+def test_a_finished_attempt_far_above_its_peers_finds_its_host(
+    peers: list[float], factor: float
+) -> None:
+    out = _finished_only(peers, factor)
+    assert [f.slow_hosts for f in out if isinstance(f, r.SlowTasksDetected)] == [("h0",)]
+
+
+@EXAMPLES
+@given(st.lists(noise, min_size=3, max_size=10), noise)
+def test_a_finished_attempt_within_the_noise_finds_nothing(
+    peers: list[float], factor: float
+) -> None:
+    assert _finished_only(peers, factor) == []
+
+
+def _log(run: Run) -> list[Recorded]:
+    return (
+        [Recorded(r.EVENTS_TOPIC, e) for e in run.events]
+        + [Recorded(r.FINDINGS_TOPIC, f) for f in run.findings]
+        + [Recorded(r.COMMANDS_TOPIC, c) for c in run.commands]
+    )
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.data(), st.sampled_from([None, 5.0]))
+def test_replay_reproduces_every_verdict_and_its_commands(
+    data: st.DataObject, factor: float | None
+) -> None:
+    run = run_job(data.draw(noisy_jobs(slow_factor=factor)))
+    report = replay(_log(run), Settings())
+    # The three cores the history ran through (the decider and failover read the same events
+    # live, but their commands are not in this log).
+    by_name = {s.service: s for s in report.services}
+    for name in ("detector", "speculator"):
+        assert by_name[name].differences == [], by_name[name].line()
+    # The fleet core replays its block-expired tombstones (FleetBlock, kept off the archive)
+    # even with its published view off: a known replay gap, not a decision of this rule.
+    others = [
+        d
+        for d in by_name["blocklist"].differences
+        if not (d.recorded is None and isinstance(d.replayed, FleetBlock))
+    ]
+    assert others == [], by_name["blocklist"].line()
+    assert by_name["detector"].reproduced == len(run.findings)
+    assert by_name["blocklist"].reproduced == len(
+        [c for c in run.commands if not isinstance(c, r.LaunchSpeculativeAttempts)]
+    )
+
+
+def test_the_noise_band_is_what_keeps_it_quiet():
+    # The extremes of the band: one host at 1.3, the rest at 0.7 (a slowdown of 1.86). Under
+    # 2.5 nothing; with the threshold lowered to 1.5 the same noise would block a host, so the
+    # property above is a property of the threshold, not of a rule that never speaks.
+    job = Job(
+        host_factor=(1.3, 0.7, 0.7, 0.7, 0.7),
+        task_bytes=(10 * MB,) * 20,
+        task_factor=(1.0,) * 20,
+        ms_per_mb=300.0,
+    )
+    assert run_job(job).blocked() == set()
+    assert run_job(job, {"slow-task-detector.slow-host.slowdown": "1.5"}).blocked() == {"h0"}
