@@ -31,11 +31,11 @@ def __getattr__(name: str) -> Any:
 
         return observe
     if name == "attach":
-        from tailguard.attach import attach
+        from tailguard.attacher import attach
 
         return attach
     if name == "spark_conf":
-        from tailguard.attach import spark_conf
+        from tailguard.attacher import spark_conf
 
         return spark_conf
     raise AttributeError(f"module 'tailguard' has no attribute {name!r}")

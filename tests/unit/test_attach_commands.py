@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tailguard.attach import commands as ac
+from tailguard.attacher import commands as ac
 from tailguard.model import records as r
 from tailguard.model.fleet import FLEET_CAUSE_PREFIX
 from tailguard.observer.translate import RunningTask
@@ -44,7 +44,9 @@ class FakeApp:
 
 
 def task(task_id: int, host: str, launched: int = NOW - 5_000, index: int = 2) -> RunningTask:
-    return RunningTask(task_id, stage=1, stage_attempt=0, index=index, host=host, launched_ts=launched)
+    return RunningTask(
+        task_id, stage=1, stage_attempt=0, index=index, host=host, launched_ts=launched
+    )
 
 
 def speculate(count: int = 1, subtask: int = 2) -> r.LaunchSpeculativeAttempts:

@@ -6,7 +6,7 @@ translator's picture of the application and the commands' outcomes stay in one o
 1. `received`: a command from Kafka, with what its signature said. Checked here as the owned
    driver checks it (`model.authority`: signature and who may send what; each id at most once,
    after that check so a forgery cannot use up a real decision's id), then by its guard
-   (`attach.commands`). A rejection is answered with `CommandRejected` at once; an action is
+   (`attacher.commands`). A rejection is answered with `CommandRejected` at once; an action is
    written to the JVM actuator, one line.
 2. `outcome`: the actuator's answer (`CO id OK` / `CO id NO reason`) becomes `CommandApplied`
    (with its effects: `NodeBlocked` in every running job, since Spark's exclusion list is the
@@ -25,7 +25,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import IO
 
-from tailguard.attach import commands as ac
+from tailguard.attacher import commands as ac
 from tailguard.model import records as r
 from tailguard.model.authority import Origin, authority_problem
 from tailguard.model.config import Settings

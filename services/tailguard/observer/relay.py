@@ -11,7 +11,7 @@ the jobs have reached the archive.
 Attach mode (`tailguard.attach`, docs/attach.md): when the listener has an actuator it says so
 (`ACT`, before the application line), and the relay then also acts. The services' commands about
 the application's jobs come back through the publisher's consumer, are checked and turned into
-actions (`attach/actuation.py`) on this thread, and written to the relay's standard output, which
+actions (`attacher/actuation.py`) on this thread, and written to the relay's standard output, which
 the JVM reads; its answers come back among the events (`CO`, `AV`). The relay's own output
 (logging, stray prints) goes to standard error, so nothing but actions reaches that pipe.
 
@@ -113,7 +113,7 @@ def relay(
     pending: queue.Queue[_Item] = queue.Queue()
     actuation = None
     if actuator and actions is not None and _attach_wanted(settings, mode):
-        from tailguard.attach.actuation import Actuation
+        from tailguard.attacher.actuation import Actuation
 
         actuation = Actuation(translator, settings, actions)
         actuation.probe()

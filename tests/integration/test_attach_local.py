@@ -1,0 +1,190 @@
+"""`tailguard.attach` on the plugin's local[2] session and broker: commands written to
+`tailguard.commands` for an attached application's running Spark job reach Spark's scheduler
+through the relay and the JVM actuator, and each is answered in the application's archive.
+
+`local[2]` is one host, so a copy or a block has nowhere to go there and must be refused with
+that reason; a restart kills the running attempt and Spark re-runs it; a FailJob cancels the
+Spark job with its reason. The multi-host behaviour is the cluster test's (test_attach_cluster)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+import tailguard
+from tailguard.codec import codec_for
+from tailguard.log.archive import ArchiveReader
+from tailguard.model import records as r
+from tailguard.model.config import Settings
+from tailguard.observer.translate import observed_job_id, stage_vertex
+
+pytestmark = [pytest.mark.spark]
+
+
+def _settings(tmp_path: Path, bootstrap: str) -> dict[str, str]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "tailguard.archive-dir": str(tmp_path / "archive"),
+        "tailguard.work-dir": str(tmp_path / "work"),
+    }
+
+
+def _wait_for(condition: Callable[[], Any], what: str, timeout_s: float = 60.0) -> Any:
+    # Spark's status tracker has no notification to wait on: it is polled, as Spark's UI does.
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class RunningJob:
+    """A Spark job in a thread of its own, its tasks waiting `task_s` each; each task marks its
+    start with a file in `marks`."""
+
+    def __init__(self, spark: Any, group: str, partitions: int, task_s: float, marks: Path) -> None:
+        self.sc = spark.sparkContext
+        self.group = group
+        self.marks = marks
+        marks.mkdir(parents=True)
+        self.result: list[int] | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(partitions, task_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, partitions: int, task_s: float) -> None:
+        marks = str(self.marks)
+
+        def work(index: int, rows: Iterator[int]) -> Iterator[int]:
+            Path(marks, f"started-{index}").touch()
+            time.sleep(task_s)  # the task's work: a wait, as I/O-bound work is
+            yield sum(rows)
+
+        self.sc.setJobGroup(self.group, self.group)
+        try:
+            rdd = self.sc.parallelize(range(100), partitions)
+            self.result = rdd.mapPartitionsWithIndex(work).collect()
+        except BaseException as err:
+            self.error = err
+        finally:
+            if self.sc._jsc is not None:  # the session is shared: leave no group behind
+                self.sc.setLocalProperty("spark.jobGroup.id", None)
+                self.sc.setLocalProperty("spark.job.description", None)
+
+    def spark_job(self) -> int:
+        return int(
+            _wait_for(lambda: self.sc.statusTracker().getJobIdsForGroup(self.group), "job")[0]
+        )
+
+    def running_stage(self, tasks: int) -> int:
+        """The job's one stage, once `tasks` of its tasks have started."""
+        _wait_for(lambda: len(list(self.marks.iterdir())) >= tasks, "the tasks to start")
+        info = self.sc.statusTracker().getJobInfo(self.spark_job())
+        return int(info.stageIds[0])
+
+    def join(self, timeout_s: float = 120.0) -> None:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the job did not end"
+
+
+def _send(bootstrap: str, settings: Settings, *commands: r.Command) -> None:
+    codec = codec_for(settings)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for command in commands:
+        producer.produce(r.COMMANDS_TOPIC, codec.encode(command), command.job_id.encode())
+    assert producer.flush(10) == 0
+
+
+def _archived(tmp_path: Path, app_id: str) -> list[r.Record]:
+    return [e.record for e in ArchiveReader(tmp_path / "archive" / f"{app_id}.avro")]
+
+
+def _outcomes(records: list[r.Record]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for x in records:
+        if isinstance(x, r.CommandApplied):
+            out[x.command_id] = "applied"
+        elif isinstance(x, r.CommandRejected):
+            out[x.command_id] = x.reason
+    return out
+
+
+def test_commands_for_a_running_job_are_applied_or_refused_with_their_reason(
+    tailguard_local_spark: Any, tailguard_broker: Any, tmp_path: Path
+) -> None:
+    spark = tailguard_local_spark
+    settings = _settings(tmp_path, tailguard_broker.bootstrap)
+    attachment = tailguard.attach(spark, settings)
+    try:
+        job = RunningJob(spark, "attach-fail", 2, task_s=120, marks=tmp_path / "marks")
+        spark_job, stage = job.spark_job(), job.running_stage(tasks=2)
+        job_id = observed_job_id(attachment.app_id, spark_job)
+        now = int(time.time() * 1000)
+        executors = spark.sparkContext._jsc.sc().statusStore().executorList(True)
+        host = executors.apply(0).hostPort().rsplit(":", 1)[0]  # local[N]: the driver's
+        copy = r.LaunchSpeculativeAttempts(
+            job_id=job_id,
+            ts=now,
+            id="speculator-t1",
+            vertex=stage_vertex(stage),
+            subtask=0,
+            count=1,
+        )
+        every_host = r.BlockNodes(
+            job_id=job_id, ts=now, id="blocklist-t1", hosts=(host,), until_ts=now + 60_000
+        )
+        fail = r.FailJob(job_id=job_id, ts=now, id="failover-t1", reason="too many restarts")
+        _send(tailguard_broker.bootstrap, Settings(settings), copy, every_host, fail)
+        job.join()
+    finally:
+        assert attachment.close() == 0
+
+    assert job.error is not None and "tailguard FailJob failover-t1" in str(job.error)
+    outcomes = _outcomes(_archived(tmp_path, attachment.app_id))
+    assert outcomes["failover-t1"] == "applied"
+    assert "can run a copy" in outcomes["speculator-t1"]
+    assert "would block the last usable hosts" in outcomes["blocklist-t1"]
+
+
+def test_a_restart_kills_the_attempt_and_spark_runs_it_again(
+    tailguard_local_spark: Any, tailguard_broker: Any, tmp_path: Path
+) -> None:
+    spark = tailguard_local_spark
+    settings = _settings(tmp_path, tailguard_broker.bootstrap)
+    attachment = tailguard.attach(spark, settings)
+    try:
+        job = RunningJob(spark, "attach-restart", 2, task_s=6, marks=tmp_path / "marks")
+        spark_job, stage = job.spark_job(), job.running_stage(tasks=2)
+        job_id = observed_job_id(attachment.app_id, spark_job)
+        restart = r.RestartTasks(
+            job_id=job_id,
+            ts=int(time.time() * 1000),
+            id="failover-t2",
+            tasks=(r.TaskRef(stage_vertex(stage), 0),),
+            reason="its input was lost",
+            not_before_ts=0,
+        )
+        _send(tailguard_broker.bootstrap, Settings(settings), restart)
+        job.join()
+    finally:
+        assert attachment.close() == 0
+
+    assert job.error is None and job.result == [sum(range(50)), sum(range(50, 100))]
+    records = _archived(tmp_path, attachment.app_id)
+    assert _outcomes(records)["failover-t2"] == "applied"
+    attempts = [
+        (x.subtask, x.attempt)
+        for x in records
+        if isinstance(x, r.AttemptDeploying) and x.job_id == job_id
+    ]
+    assert (0, 1) in attempts, attempts  # the killed attempt ran again
+    canceled = [x for x in records if isinstance(x, r.AttemptCanceled) and x.job_id == job_id]
+    assert [(x.subtask, x.attempt) for x in canceled] == [(0, 0)]
