@@ -12,23 +12,21 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tailguard.log.broker import EmbeddedBroker
 from tailguard.shell import supervisor
+from tailguard.testing import Broker
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def work(tmp_path: Path) -> Iterator[Path]:
-    broker = EmbeddedBroker(tmp_path)
-    broker.start()
-    yield tmp_path
-    broker.stop()
+def work(tmp_path: Path, tailguard_broker: Broker, monkeypatch: pytest.MonkeyPatch) -> Path:
+    # The session's broker, as a container is pointed at its cluster: by the environment.
+    monkeypatch.setenv("TAILGUARD_BOOTSTRAP_SERVERS", tailguard_broker.bootstrap)
+    return tmp_path
 
 
 def tailguard(*argv: str) -> list[str]:

@@ -21,8 +21,9 @@ def test_lost_within_counts_a_loss_not_the_start() -> None:
 
 
 def test_a_broker_replaced_faster_than_a_probe_counts_as_lost(tmp_path) -> None:
-    """An embedded broker killed and restarted on its port between two probes looks reachable
-    throughout; its new cluster id is what says its log is new (the chaos suite's broker case:
+    """A mock broker killed and restarted on its port between two probes looks reachable
+    throughout; its new cluster id is what says its log is new (Apache Kafka's keeps its id and
+    its log) (the chaos suite's broker case:
     no service noticed, none started again, and every decision after the restart was missing)."""
     import os
     import signal
@@ -30,7 +31,7 @@ def test_a_broker_replaced_faster_than_a_probe_counts_as_lost(tmp_path) -> None:
     from tailguard.cluster import procs
     from tailguard.log.broker import EmbeddedBroker
 
-    broker = EmbeddedBroker(tmp_path)
+    broker = EmbeddedBroker(tmp_path, mock=True)
     bootstrap = broker.start()
     try:
         watch = BrokerWatch({"bootstrap.servers": bootstrap}, timeout_s=5.0)
