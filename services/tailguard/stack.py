@@ -22,7 +22,9 @@ def _quiet(_message: str) -> None:
 def broker(work_dir: Path, say: Report = _quiet) -> Iterator[str]:
     from tailguard.log.broker import EmbeddedBroker
 
-    embedded = EmbeddedBroker(work_dir)
+    # Apache Kafka's broker: its first start resolves its jars and formats its storage, and
+    # every start waits for it to answer; `say` shows each step.
+    embedded = EmbeddedBroker(work_dir, report=say)
     bootstrap = embedded.start()
     say(f"broker at {bootstrap} ({'started' if embedded.started_here else 'already running'})")
     try:

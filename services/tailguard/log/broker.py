@@ -151,9 +151,7 @@ class EmbeddedBroker:
 
         try:
             with (self.work_dir / LOG_FILE).open("ab") as log:
-                process, address = kafka_server.launch(
-                    self.work_dir, self.listen, log, self.report
-                )
+                process, address = kafka_server.launch(self.work_dir, self.listen, log, self.report)
         except (kafka_server.KafkaServerError, ValueError, RuntimeError) as err:
             raise BrokerError(str(err)) from None
         # Written before it is ready: a starter killed now leaves a broker the next one finds.

@@ -3,9 +3,10 @@
 Key: the host (UTF-8). Value: a `FleetBlock` in Avro single-object encoding (`C3 01`, the
 schema's CRC-64-AVRO fingerprint, the body: the records' `SingleObjectCodec`; schema
 `schemas/blocklist/FleetBlock.avsc`), or no value at all (a tombstone) once the host is no
-longer blocked. With `cleanup.policy=compact` Kafka keeps the last value per host; the embedded
-broker does not compact, so readers fold the whole topic the same way (last value per key wins,
-a tombstone deletes), which is what a compacted topic gives them anyway.
+longer blocked. With `cleanup.policy=compact` Kafka keeps the last value per host (the embedded
+Kafka broker creates the topic so, `log/topics.py`); compaction runs only now and then, and the
+mock broker does not compact, so readers fold the whole topic the same way (last value per key
+wins, a tombstone deletes), which is what a compacted topic gives them anyway.
 
 Every value is signed like the services' other outputs (`log/signing.py`): by `blocklist` for
 the service's decisions, by `operator` for `tailguard blocklist add|remove`. With signing on, a

@@ -85,7 +85,7 @@ def client_config(
     }
 
 
-# librdkafka's mock cluster, which is the embedded broker, names itself "mockCluster<hex>"
+# librdkafka's mock cluster (`tailguard broker up --mock`) names itself "mockCluster<hex>"
 # (rd_kafka_mock_cluster_new in rdkafka_mock.c); a Kafka cluster's id is a base64 UUID.
 EMBEDDED_CLUSTER_PREFIX = "mockCluster"
 FETCH_WAIT_KEY = "fetch.wait.max.ms"
@@ -122,17 +122,17 @@ class FetchWait(NamedTuple):
 
 def fetch_wait(settings: Mapping[str, str], cluster_id: str | None, embedded_ms: int) -> FetchWait:
     """How long a consumer's fetch may wait for data: the configured wait if there is one; else
-    `embedded_ms` on the embedded broker, which answers a fetch with no data only when the wait
+    `embedded_ms` on the mock broker, which answers a fetch with no data only when the wait
     expires, even if data arrives meanwhile (every hop pays up to it), and Kafka's default on
     Kafka. A cluster not reached yet (`cluster_id` None) gets `embedded_ms`: a short wait on
-    Kafka costs only idle requests, a long one on the embedded broker costs every decision."""
+    Kafka costs only idle requests, a long one on the mock broker costs every decision."""
     configured = configured_fetch_wait_ms(settings)
     if configured is not None:
         return FetchWait(configured, f"{PREFIX}consumer.{FETCH_WAIT_KEY} is set")
     if cluster_id is None:
-        return FetchWait(embedded_ms, "no broker answered yet: the embedded broker's wait")
+        return FetchWait(embedded_ms, "no broker answered yet: the mock broker's wait")
     if is_embedded_cluster(cluster_id):
-        return FetchWait(embedded_ms, f"cluster {cluster_id} is the embedded broker")
+        return FetchWait(embedded_ms, f"cluster {cluster_id} is the mock broker")
     return FetchWait(KAFKA_FETCH_WAIT_MS, f"cluster {cluster_id} is Kafka")
 
 

@@ -184,9 +184,9 @@ def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-def launch(work_dir: Path, listen: str | None, log: IO[bytes], report: Report) -> tuple[
-    subprocess.Popen[bytes], Address
-]:
+def launch(
+    work_dir: Path, listen: str | None, log: IO[bytes], report: Report
+) -> tuple[subprocess.Popen[bytes], Address]:
     """Start the broker process (formatting its storage first if new); not yet ready."""
     libs = kafka_classpath(report)
     java = _java()

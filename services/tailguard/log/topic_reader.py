@@ -7,7 +7,7 @@ commit and fetch offsets. That also sidesteps two behaviours of librdkafka's moc
 3 s delay before the first rebalance of a group, and a stalled rebalance when a subscription's
 topic appears after the consumer joined (seen with librdkafka 2.16).
 
-Topics need not exist yet (the embedded broker creates a topic on its first produce): a missing
+Topics need not exist yet (the mock broker creates a topic on its first produce): a missing
 topic is looked up again every `discovery_interval_s` while polling, and assigned from its
 committed offsets (or the beginning/end, or `start_at_ms`) as soon as it appears. A broker that
 cannot be reached meanwhile only delays that: the lookup is tried again, the reader goes on.
@@ -47,7 +47,7 @@ READER_DEFAULTS: Mapping[str, Any] = {
     "allow.auto.create.topics": False,
     "log_level": 3,
 }
-# The fetch wait on the embedded broker, which answers a fetch with no data only when the wait
+# The fetch wait on the mock broker, which answers a fetch with no data only when the wait
 # expires (kafka_config.fetch_wait): short, since an agent's commands wait on it, and cheap,
 # since librdkafka's empty fetches cost no Python work. On Kafka a reader switches to Kafka's
 # own default at its first look at the cluster.
@@ -180,7 +180,7 @@ class TopicReader:
         ]
         # "None stamped that late" is also what a broker without a time index says (librdkafka's
         # mock cluster): where the partition's last record says otherwise, read it from its
-        # beginning (the embedded broker keeps ~5 MB per partition: a bounded read).
+        # beginning (the mock broker keeps ~5 MB per partition: a bounded read).
         late = self._stamped_since(unanswered, start_at_ms)
         for tp in found:
             where = (tp.topic, tp.partition)
@@ -240,7 +240,7 @@ class TopicReader:
         return messages
 
     def _follow_cluster(self) -> None:
-        """Read a new cluster's log from its start. An embedded broker restarted empty numbers
+        """Read a new cluster's log from its start. A mock broker restarted empty numbers
         its log from 0 again; a reader whose position is at or below the new log's end is not
         out of range, so librdkafka's reset never fires and it would skip every record below
         its old position (the chaos suite's broker case lost a speculative launch this way).
@@ -276,7 +276,7 @@ class TopicReader:
         self._cluster_id = cluster_id
 
     def _fit_fetch_wait(self, cluster_id: str) -> None:
-        """On Kafka, Kafka's default fetch wait: with the embedded broker's short one, an idle
+        """On Kafka, Kafka's default fetch wait: with the mock broker's short one, an idle
         reader would ask the broker 200 times a second, and every job's agent has one."""
         if not self._wait_follows_cluster:
             return
@@ -307,7 +307,7 @@ class TopicReader:
         if first > committed:
             log.warning(
                 "%s[%d]: records %d..%d were gone from the broker when %s resumed "
-                "(the embedded broker keeps only the newest ~5 MB per partition)",
+                "(the mock broker keeps only the newest ~5 MB per partition)",
                 *where, committed, first - 1, self.group_id,
             )  # fmt: skip
 

@@ -8,9 +8,9 @@ nobody's offsets and joins no group.
 The ends are read before the first fetch (the high watermarks, or offsets the caller gives,
 such as a group's committed offsets), so records published meanwhile do not make the read
 longer, and a read that stops getting records raises `TopicReadStalled` naming the topic and
-what was left, instead of waiting for ever. A start below what the broker still holds (the
-embedded broker keeps only the newest ~5 MiB of each partition; real Kafka deletes by
-retention) reads from the oldest record it has: a range entirely gone is read as empty.
+what was left, instead of waiting for ever. A start below what the broker still holds (Kafka
+deletes by retention; the mock broker keeps only the newest ~5 MiB of each partition) reads
+from the oldest record it has: a range entirely gone is read as empty.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def read_only_consumer(
 
 def watermarks(consumer: Consumer, topic: str, timeout_s: float) -> dict[int, tuple[int, int]]:
     """partition -> (oldest offset held, next offset to be written); empty when the topic does
-    not exist (the embedded broker creates a topic at its first record)."""
+    not exist (the mock broker creates a topic at its first record)."""
     meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
     if meta is None or meta.error is not None:
         return {}

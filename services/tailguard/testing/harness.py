@@ -278,7 +278,7 @@ class Harness:
 
             mock = self.defaults.broker == "mock"
             embedded = EmbeddedBroker(self.root / "broker", mock=mock)
-            what = "mock broker" if mock else "Kafka broker"
+            what = "embedded broker (mock)" if mock else "embedded broker (Apache Kafka)"
             bootstrap = self._timed(what, embedded.start)
             state = embedded.status()
             if state is None:
