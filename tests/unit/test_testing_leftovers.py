@@ -6,6 +6,7 @@ can have.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +16,15 @@ from pathlib import Path
 import pytest
 
 from tailguard.cluster.local import WORKER_CLASS, ClusterState, WorkerState
-from tailguard.testing.leftovers import Ledger, LedgerFile, Started, reap
+from tailguard.testing.leftovers import (
+    MARK_ENV,
+    Ledger,
+    LedgerFile,
+    Started,
+    marked,
+    reap,
+    reap_session,
+)
 from tailguard.testing.plugin import Terminated, signals_interrupt
 
 
@@ -51,6 +60,29 @@ def test_a_dead_sessions_process_is_stopped_and_its_ledger_deleted(
     assert stopped == [f"service decider (pid {sleeper.pid}), started by pytest session 999999999"]
     assert lines == [f"tailguard harness: stopped {stopped[0]}"]
     assert not ledger.exists()
+
+
+def test_a_dead_sessions_marked_process_is_stopped_though_no_ledger_line_names_it(
+    tmp_path: Path,
+) -> None:
+    mark = "0123abcd"
+    env = {**os.environ, MARK_ENV: mark}
+    marked_one = subprocess.Popen(["sleep", "300"], env=env)
+    other = subprocess.Popen(["sleep", "300"], env={**os.environ, MARK_ENV: "another-session"})
+    try:
+        assert marked(mark) == [marked_one.pid]
+        tmp_path.mkdir(exist_ok=True)
+        ledger = tmp_path / "session-999999999-1.json"
+        ledger.write_text(LedgerFile(_dead_session(), mark=mark).to_json())
+        stopped = reap_session(ledger, report=lambda _: None)
+        assert marked_one.wait(timeout=15) is not None
+        assert stopped == [f"sleep 300 (pid {marked_one.pid}), marked by pytest session 999999999"]
+        assert other.poll() is None, "another session's process was stopped"
+        assert not ledger.exists()
+    finally:
+        for process in (marked_one, other):
+            process.kill()
+            process.wait()
 
 
 def test_a_reused_pid_is_not_signalled(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:

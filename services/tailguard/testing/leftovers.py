@@ -9,12 +9,21 @@ process by pid *and* create time (`procs.create_time`), because a pid alone may 
 another process by the time anyone reads the file. A local cluster is also named by its state
 directory before it starts, since a run killed while the cluster starts has no pids to record yet.
 
-The next session that uses the harness reads every ledger whose session is dead and stops what
-is still running of it, with the process trees below (a Spark worker's executors and Python
-workers), then deletes the ledger. It stops nothing else: a process is stopped only if a ledger
-names it with the same create time, and a cluster only through its own state file (whose pids
-are checked against the Spark class names). SIGTERM is the plugin's business: it makes teardown
-run (`tailguard.testing.plugin`); this is the SIGKILL path.
+Whatever starts them, the session's processes also carry its **mark**: the plugin puts a random
+token in the session's environment (`TAILGUARD_HARNESS_SESSION`), which every process started
+from it inherits - the broker's JVM, the Spark daemons, the services, what they start in turn -
+so a dead session's processes are found by it even where no ledger line names them (a kind of
+process the harness learns to start later, one started by a test). Jenkins finds a build's
+leftovers the same way (its ProcessTreeKiller's cookie).
+
+A dead session is cleaned up twice over: by its **watchdog** (tailguard.testing.watchdog), a
+process started with the ledger that outlives the session and acts the moment it ends, and by
+the next session that uses the harness, which reads every ledger whose session is dead. Either
+stops what is still running of it, with the process trees below (a Spark worker's executors and
+Python workers), then deletes the ledger. It stops nothing else: a process is stopped only if a
+ledger names it with the same create time or it carries the dead session's mark, and a cluster
+only through its own state file (whose pids are checked against the Spark class names). SIGTERM
+is the plugin's business: it makes teardown run (`tailguard.testing.plugin`).
 
     python -m tailguard.testing.leftovers [DIR]   # reap now (a CI job's cleanup step)
 """
@@ -24,11 +33,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import psutil
 
 from tailguard.cluster import procs
 
@@ -36,6 +48,8 @@ log = logging.getLogger("tailguard.testing")
 
 # Overrides the per-user default directory (so does the `tailguard_ledger_dir` option).
 LEDGER_DIR_ENV = "TAILGUARD_HARNESS_LEDGERS"
+# The session's mark, inherited by every process started from it.
+MARK_ENV = "TAILGUARD_HARNESS_SESSION"
 # A stopped process gets this long after SIGTERM before SIGKILL: the services write their last
 # snapshot on SIGTERM, the JVMs stop their children.
 STOP_GRACE_S = 10.0
@@ -77,6 +91,8 @@ class LedgerFile:
     session: Started
     processes: list[Started] = field(default_factory=list)
     clusters: list[str] = field(default_factory=list)  # local clusters' state directories
+    mark: str = ""  # the session's MARK_ENV value ("" in an older release's ledger)
+    watchdog: Started | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -84,10 +100,13 @@ class LedgerFile:
     @classmethod
     def from_json(cls, text: str) -> LedgerFile:
         raw = json.loads(text)
+        watchdog = raw.get("watchdog")
         return cls(
             Started(**raw["session"]),
             [Started(**p) for p in raw["processes"]],
             [str(c) for c in raw["clusters"]],
+            str(raw.get("mark", "")),
+            Started(**watchdog) if watchdog else None,
         )
 
 
@@ -99,8 +118,20 @@ class Ledger:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         me = Started.of(os.getpid(), "pytest session")
         assert me is not None  # this process runs
-        self._file = LedgerFile(me)
+        self._file = LedgerFile(me, mark=secrets.token_hex(12))
         self.path = self.directory / f"session-{me.pid}-{int(me.created * 1000)}.json"
+        # Written at once: a session that is gone while its ledger is still there did not end
+        # cleanly, whatever it had recorded (its marked processes are to be stopped).
+        self._write()
+
+    @property
+    def mark(self) -> str:
+        """The session's mark: set it as `MARK_ENV` in the session's environment."""
+        return self._file.mark
+
+    def record_watchdog(self, pid: int) -> None:
+        self._file.watchdog = Started.of(pid, "harness watchdog")
+        self._write()
 
     def record(self, pid: int, what: str) -> None:
         """Write down a process this session started (before anything else can go wrong)."""
@@ -125,7 +156,9 @@ class Ledger:
         """At the session's end, after the harness stopped what it started: stop whatever it
         recorded that still runs (a stop that failed, a process started while a signal
         interrupted the harness), then delete the ledger. What was stopped, described."""
-        stopped = _stop(self._file, report)
+        # Not by its mark: this session runs, and so do its own marked processes (its Spark
+        # driver's JVM, for one) until it ends.
+        stopped = _stop(self._file, report, by_mark=False)
         self.path.unlink(missing_ok=True)
         return stopped
 
@@ -137,22 +170,42 @@ def reap(directory: Path, report: Callable[[str], None] = log.warning) -> list[s
     if not directory.is_dir():
         return stopped
     for path in sorted(directory.glob("session-*.json")):
-        try:
-            ledger = LedgerFile.from_json(path.read_text())
-        except FileNotFoundError:
-            continue  # another session reaped it meanwhile
-        except (ValueError, KeyError, TypeError) as err:
-            report(f"tailguard harness: unreadable ledger {path} removed ({err})")
-            path.unlink(missing_ok=True)
-            continue
-        if ledger.session.running():
-            continue  # a session still at work (this one, or a concurrent run)
-        stopped += _stop(ledger, report)
-        path.unlink(missing_ok=True)
+        stopped += reap_session(path, report)
     return stopped
 
 
-def _stop(ledger: LedgerFile, report: Callable[[str], None]) -> list[str]:
+def reap_session(path: Path, report: Callable[[str], None] = log.warning) -> list[str]:
+    """`reap` for one ledger: if its session is dead, stop what it left and delete the ledger
+    (a clean end deleted it already: nothing to do). What was stopped, described."""
+    try:
+        ledger = LedgerFile.from_json(path.read_text())
+    except FileNotFoundError:
+        return []  # ended cleanly, or another session (or the watchdog) reaped it meanwhile
+    except (ValueError, KeyError, TypeError) as err:
+        report(f"tailguard harness: unreadable ledger {path} removed ({err})")
+        path.unlink(missing_ok=True)
+        return []
+    if ledger.session.running():
+        return []  # a session still at work (this one, or a concurrent run)
+    stopped = _stop(ledger, report, by_mark=True)
+    path.unlink(missing_ok=True)
+    return stopped
+
+
+def marked(mark: str) -> list[int]:
+    """The live processes that carry `mark` in their environment (other users' processes,
+    which psutil may not read, carry none of ours)."""
+    if not mark:
+        return []
+    found = []
+    for proc in psutil.process_iter(["environ"]):
+        environ = proc.info["environ"] or {}
+        if environ.get(MARK_ENV) == mark and proc.pid != os.getpid():
+            found.append(proc.pid)
+    return found
+
+
+def _stop(ledger: LedgerFile, report: Callable[[str], None], *, by_mark: bool) -> list[str]:
     session = f"pytest session {ledger.session.pid}"
     alive = [p for p in ledger.processes if p.running()]
     stopped = [f"{p.what} (pid {p.pid}), started by {session}" for p in alive]
@@ -160,6 +213,11 @@ def _stop(ledger: LedgerFile, report: Callable[[str], None]) -> list[str]:
     procs.terminate_trees([p.pid for p in reversed(alive)], STOP_GRACE_S)
     for state_dir in ledger.clusters:
         stopped += _stop_cluster(Path(state_dir), session)
+    if by_mark:
+        # Whatever else the session started (and its trees): nothing a ledger line names.
+        rest = marked(ledger.mark)
+        stopped += [f"{procs.cmdline(pid)[:120]} (pid {pid}), marked by {session}" for pid in rest]
+        procs.terminate_trees(rest, STOP_GRACE_S)
     for line in stopped:
         report(f"tailguard harness: stopped {line}")
     return stopped

@@ -19,15 +19,18 @@ resources, shaped by the closest `tailguard_cluster`, `tailguard_spark` and
 your own gets the same from the harness: `tailguard_harness.spark_of(request.node)`.
 
 A run stopped from outside still stops what it started: SIGTERM (and SIGHUP) is turned into an
-interrupt, as Ctrl-C's SIGINT is, so pytest runs every fixture's teardown; a run killed with
-SIGKILL is cleaned up by the next session that uses the harness, from its ledger
-(tailguard.testing.leftovers).
+interrupt, as Ctrl-C's SIGINT is, so pytest runs every fixture's teardown (for at most
+`TEARDOWN_LIMIT_S`); a run killed with SIGKILL is cleaned up by its watchdog as it ends
+(tailguard.testing.watchdog), and by the next session that uses the harness, from its ledger
+and its mark (tailguard.testing.leftovers).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from tailguard.testing import leftovers
+from tailguard.testing import leftovers, watchdog
 from tailguard.testing.harness import Broker, Harness, Services
 from tailguard.testing.markers import Defaults, HarnessUsageError, read_defaults
 
@@ -70,6 +73,10 @@ HARNESS = pytest.StashKey[Harness]()
 REAPED = pytest.StashKey[list[str]]()
 # SIGTERM: what CI runners, timeouts and `kill` send; SIGHUP: a closed terminal or ssh session.
 INTERRUPTING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+# How long the teardown after such a signal may take before the process ends anyway (the
+# watchdog then stops what is left, within its own 10 s grace): whoever sent the signal expects
+# the run, and everything it started, gone within a minute.
+TEARDOWN_LIMIT_S = 40.0
 
 
 class Terminated(KeyboardInterrupt):
@@ -94,6 +101,9 @@ def signals_interrupt() -> Iterator[None]:
         for sig in ours:
             if signal.getsignal(sig) is interrupt:
                 signal.signal(sig, signal.SIG_DFL)
+        limit = threading.Timer(TEARDOWN_LIMIT_S, _end_now, (signal.Signals(signum).name,))
+        limit.daemon = True  # a teardown that finishes in time ends the process as usual
+        limit.start()
         raise Terminated(
             f"{signal.Signals(signum).name}: the tailguard harness stops what it started"
         )
@@ -106,6 +116,16 @@ def signals_interrupt() -> Iterator[None]:
         for sig in ours:
             if signal.getsignal(sig) is interrupt:
                 signal.signal(sig, signal.SIG_DFL)
+
+
+def _end_now(signal_name: str) -> None:
+    print(
+        f"\n{signal_name}: the teardown took over {TEARDOWN_LIMIT_S:.0f} s; ending now (the "
+        "harness's watchdog stops what is left)",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(2)
 
 
 DEFAULTS = pytest.StashKey[Defaults]()
@@ -156,6 +176,10 @@ def tailguard_harness(
     # Before anything starts: what a killed run left would hold ports and memory.
     config.stash[REAPED] = leftovers.reap(ledger_dir)
     ledger = leftovers.Ledger(ledger_dir)
+    watchdog.start(ledger)
+    # Every process started from here on carries the session's mark, whoever starts it.
+    outer_mark = os.environ.get(leftovers.MARK_ENV)
+    os.environ[leftovers.MARK_ENV] = ledger.mark
     harness = Harness(root, config.stash[DEFAULTS], java_missing=pytest.skip, ledger=ledger)
     config.stash[HARNESS] = harness
     with signals_interrupt():
@@ -163,6 +187,10 @@ def tailguard_harness(
             yield harness
         finally:
             harness.close()
+            if outer_mark is None:
+                os.environ.pop(leftovers.MARK_ENV, None)
+            else:
+                os.environ[leftovers.MARK_ENV] = outer_mark
 
 
 @pytest.fixture(scope="session")
