@@ -870,6 +870,7 @@ class JobDriver:
                                 if a.outcome is not None and not a.outcome.ok
                                 else None
                             ),
+                            spilled_bytes=a.outcome.spilled_bytes if a.outcome is not None else 0,
                         )
                     )
         return RunResult(

@@ -17,6 +17,8 @@ class AttemptSummary:
     duration_ms: int
     cancel_reason: str | None = None
     error: str | None = None
+    # Bytes its operators spilled to local files (group assembly, a join's build side).
+    spilled_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,10 @@ class RunResult:
         ]
         for vertex, (p, by) in self.parallelism.items():
             lines.append(f"  {vertex}: parallelism {p} decided by {by}")
+        spilled = [a for a in self.attempts if a.spilled_bytes]
+        if spilled:
+            total = sum(a.spilled_bytes for a in spilled) / 2**20
+            lines.append(f"spilled to local disk: {total:.1f} MiB by {len(spilled)} attempts")
         if self.dispatch_ms:
             ordered = sorted(self.dispatch_ms)
             p50 = ordered[len(ordered) // 2]

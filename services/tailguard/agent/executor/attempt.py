@@ -139,6 +139,8 @@ class AttemptOutcome:
     cancelled: bool = False
     # The error recurs wherever the attempt runs (see `recurs_anywhere`).
     non_recoverable: bool = False
+    # Bytes its operators wrote to local spill files (group assembly, a join's build side).
+    spilled_bytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -322,7 +324,7 @@ def _run_chain(
             spec.batch_rows,
         )
         control.check()
-        return _succeeded(
+        outcome = _succeeded(
             host,
             started,
             _input_bytes(spec, control),
@@ -331,16 +333,19 @@ def _run_chain(
             (staged.checksum,),
             staged,
         )
-    assert spec.output is not None, "a chain without a sink needs an output plan"
-    written = _write_partition(spec, spec.output, output)
-    return _succeeded(
-        host,
-        started,
-        _input_bytes(spec, control),
-        written.records,
-        written.bytes_per_subpartition,
-        written.checksums,
-    )
+    else:
+        assert spec.output is not None, "a chain without a sink needs an output plan"
+        written = _write_partition(spec, spec.output, output)
+        outcome = _succeeded(
+            host,
+            started,
+            _input_bytes(spec, control),
+            written.records,
+            written.bytes_per_subpartition,
+            written.checksums,
+        )
+    outcome.spilled_bytes = context.spill.bytes
+    return outcome
 
 
 def _input_bytes(spec: TaskSpec, control: AttemptControl) -> int:

@@ -7,7 +7,8 @@ hash join partitions its build side:
 1. The stream is buffered up to a budget (`GROUP_BUDGET_BATCHES` batches' worth of rows). If it
    ends within the budget, its groups come straight from memory.
 2. Otherwise every batch is split by a hash of its keys into `SPILL_FANOUT` buckets, each an
-   Arrow IPC stream in a local spill file, so a bucket holds whole groups.
+   Arrow IPC stream in a local spill file, so a bucket holds whole groups (`spill.py`, shared
+   with the join's build side).
 3. Buckets are taken one at a time: one within the budget is read, sorted by key and cut into
    groups; a larger one is split again with the next level's hash (a group larger than the
    budget alone is read whole after `MAX_SPILL_LEVELS`: it must fit, as in PySpark).
@@ -18,8 +19,6 @@ order within a group), so an attempt re-run over the same input writes the same 
 
 from __future__ import annotations
 
-import contextlib
-import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -29,12 +28,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tailguard.agent.executor.batches import SchemaConformer
-from tailguard.agent.executor.exchange import key_hashes, remix
+from tailguard.agent.executor.spill import (
+    MAX_SPILL_LEVELS,
+    Bucket,
+    SpillStats,
+    read_bucket,
+    spill_by_key,
+    split_further,
+)
 
 # Rows grouped in memory at once, in batches: a bucket above it is split again.
 GROUP_BUDGET_BATCHES = 2
-SPILL_FANOUT = 32
-MAX_SPILL_LEVELS = 4
 
 Key = tuple[Any, ...]
 
@@ -45,9 +49,11 @@ def key_groups(
     batch_rows: int,
     spill_dir: str,
     check: Callable[[], None],
+    stats: SpillStats | None = None,
 ) -> Iterator[tuple[Key, pa.Table]]:
     """(key values, the group's rows) for every key group of `batches`, holding about
-    `GROUP_BUDGET_BATCHES` × `batch_rows` rows plus the largest group."""
+    `GROUP_BUDGET_BATCHES` × `batch_rows` rows plus the largest group; what is spilled is
+    counted in `stats`."""
     if not keys:
         raise ValueError("key groups need at least one key column")
     budget = GROUP_BUDGET_BATCHES * batch_rows
@@ -70,9 +76,11 @@ def key_groups(
         return
     with tempfile.TemporaryDirectory(prefix="groups-", dir=spill_dir) as directory:
         rest = (conformer.conform(b) for b in stream)
-        buckets = _spill(_chain(held, rest), keys, 0, directory, check)
+        buckets = spill_by_key(
+            _chain(held, rest), keys, 0, directory, check, stats, rows_at_once=batch_rows
+        )
         del held
-        yield from _groups_of_buckets(buckets, keys, budget, 0, directory, check)
+        yield from _groups_of_buckets(buckets.values(), keys, budget, directory, check, stats)
 
 
 def _chain(first: list[pa.RecordBatch], rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -87,66 +95,22 @@ def _require_keys(schema: pa.Schema, keys: Sequence[str]) -> None:
         raise ValueError(f"group key(s) {missing} not in the input's columns {schema.names}")
 
 
-def _bucket_of(batch: pa.RecordBatch, keys: Sequence[str], level: int) -> np.ndarray:
-    hashes, _ = key_hashes(pa.Table.from_batches([batch]), keys)
-    # Another mix per level: the exchange already sent this subtask the rows of one residue of
-    # the plain hash, and a bucket split again must spread over new buckets.
-    return (remix(hashes, level + 1) % np.uint64(SPILL_FANOUT)).astype(np.int64)
-
-
-def _spill(
-    batches: Iterable[pa.RecordBatch],
-    keys: Sequence[str],
-    level: int,
-    directory: str,
-    check: Callable[[], None],
-) -> list[tuple[str, int]]:
-    """Split `batches` into bucket files by key hash; (path, rows) per bucket."""
-    into = tempfile.mkdtemp(prefix=f"level{level}-", dir=directory)
-    paths = [os.path.join(into, f"{b}.arrow") for b in range(SPILL_FANOUT)]
-    rows = [0] * SPILL_FANOUT
-    with contextlib.ExitStack() as stack:
-        writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
-        for batch in batches:
-            check()
-            if not batch.num_rows:
-                continue
-            buckets = _bucket_of(batch, keys, level)
-            order = np.argsort(buckets, kind="stable")
-            counts = np.bincount(buckets, minlength=SPILL_FANOUT)
-            grouped = batch.take(pa.array(order))
-            start = 0
-            for bucket, count in enumerate(counts.tolist()):
-                if not count:
-                    continue
-                if bucket not in writers:
-                    sink = stack.enter_context(pa.OSFile(paths[bucket], "wb"))
-                    writers[bucket] = stack.enter_context(pa.ipc.new_stream(sink, batch.schema))
-                writers[bucket].write_batch(grouped.slice(start, count))
-                rows[bucket] += count
-                start += count
-    return [(paths[b], rows[b]) for b in range(SPILL_FANOUT) if rows[b]]
-
-
 def _groups_of_buckets(
-    buckets: list[tuple[str, int]],
+    buckets: Iterable[Bucket],
     keys: Sequence[str],
     budget: int,
-    level: int,
     directory: str,
     check: Callable[[], None],
+    stats: SpillStats | None,
 ) -> Iterator[tuple[Key, pa.Table]]:
-    for path, rows in buckets:
-        if rows <= budget or level + 1 >= MAX_SPILL_LEVELS:
-            with pa.OSFile(path, "rb") as source:
-                table = pa.ipc.open_stream(source).read_all()
-            os.remove(path)
-            yield from _groups_in_memory(table, keys, check)
+    for bucket in buckets:
+        if bucket.rows <= budget or bucket.level + 1 >= MAX_SPILL_LEVELS:
+            yield from _groups_in_memory(read_bucket(bucket), keys, check)
             continue
-        with pa.OSFile(path, "rb") as source:
-            finer = _spill(pa.ipc.open_stream(source), keys, level + 1, directory, check)
-        os.remove(path)
-        yield from _groups_of_buckets(finer, keys, budget, level + 1, directory, check)
+        finer = split_further(
+            bucket, keys, directory, check, stats, rows_at_once=budget // GROUP_BUDGET_BATCHES
+        )
+        yield from _groups_of_buckets(finer.values(), keys, budget, directory, check, stats)
 
 
 def _groups_in_memory(

@@ -12,15 +12,17 @@ its input (docs/agent.md, "Operators"; docs/data-plane.md, "Streamed execution")
   `applyInPandas`; holds one group and a bounded buffer (`groups.py`).
 - `aggregate`: no function; sums, counts, min, max and mean per batch, combined
   (`aggregation.py`); holds one row per key.
-- `arrow` / `pandas` (`map`, `map_pandas`, `join`, `combine`): the whole input, one table per
-  input; holds the whole input.
+- `join`: no function; two inputs joined on key columns as `df.join(other, on, how)`
+  (`joins.py`); holds its build side up to a bound, spilling beyond it.
+- `arrow` / `pandas` (`map`, `map_pandas`, `join(other, fn)`, `combine`): the whole input, one
+  table per input; holds the whole input.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -35,6 +37,8 @@ from tailguard.agent.executor.batches import (
     with_schema_batch,
 )
 from tailguard.agent.executor.groups import key_groups
+from tailguard.agent.executor.joins import JoinSpec, hash_join
+from tailguard.agent.executor.spill import SpillStats
 
 StepStyle = Literal[
     "arrow",
@@ -47,12 +51,15 @@ StepStyle = Literal[
     "apply_in_arrow",
     "apply_in_pandas",
     "aggregate",
+    "join",
 ]
 
-# Styles whose function gets its whole input at once; only these may read several inputs.
+# Styles whose function gets its whole input at once: they read any number of inputs.
 WHOLE_INPUT_STYLES: frozenset[str] = frozenset({"arrow", "pandas"})
 # Styles that declare no function: what they do is in the step's own fields.
-BUILT_IN_STYLES: frozenset[str] = frozenset({"filter", "select", "aggregate"})
+BUILT_IN_STYLES: frozenset[str] = frozenset({"filter", "select", "aggregate", "join"})
+# How many inputs a style reads when it is not one (the whole-input styles read any number).
+INPUTS: dict[str, int] = {"join": 2}
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,8 @@ class OperatorStep:
     projections: tuple[tuple[str, Any], ...] = ()
     # aggregate: what to compute per key.
     aggregations: tuple[Aggregation, ...] = ()
+    # join: keys, join type, which side is held in memory and its bound.
+    join: JoinSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,8 @@ class StepContext:
     spill_dir: str
     # The cooperative cancellation check, called per batch and per group.
     check: Callable[[], None]
+    # What the steps spilled to `spill_dir` (reported with the attempt's outcome).
+    spill: SpillStats = field(default_factory=SpillStats)
 
 
 Stream = Iterator[pa.RecordBatch]
@@ -104,10 +115,11 @@ def run_chain(steps: Iterable[OperatorStep], inputs: list[Stream], context: Step
 
 
 def run_step(step: OperatorStep, inputs: list[Stream], context: StepContext) -> Stream:
-    if len(inputs) != 1 and step.style not in WHOLE_INPUT_STYLES:
+    expected = INPUTS.get(step.style, 1)
+    if len(inputs) != expected and step.style not in WHOLE_INPUT_STYLES:
         raise ValueError(
-            f"operator {step.name!r} ({step.style}) reads one input, got {len(inputs)}: "
-            f"combine several inputs with join() or Job.combine()"
+            f"operator {step.name!r} ({step.style}) reads {expected} input(s), got "
+            f"{len(inputs)}: combine several inputs with join() or Job.combine()"
         )
     output = _RUNNERS[step.style](step, inputs, context)
     what = f"operator {step.name!r}"
@@ -199,7 +211,7 @@ def _apply_in_groups(step: OperatorStep, inputs: list[Stream], context: StepCont
     with_key = takes_key(fn)
     pandas = step.style == "apply_in_pandas"
     for key, group in key_groups(
-        inputs[0], step.keys, context.batch_rows, context.spill_dir, context.check
+        inputs[0], step.keys, context.batch_rows, context.spill_dir, context.check, context.spill
     ):
         data: Any = group.to_pandas() if pandas else group
         result = fn(key, data) if with_key else fn(data)
@@ -209,6 +221,15 @@ def _apply_in_groups(step: OperatorStep, inputs: list[Stream], context: StepCont
 def _aggregate(step: OperatorStep, inputs: list[Stream], context: StepContext) -> Stream:
     return aggregate_batches(
         inputs[0], step.keys, step.aggregations, context.batch_rows, f"operator {step.name!r}"
+    )
+
+
+def _join(step: OperatorStep, inputs: list[Stream], context: StepContext) -> Stream:
+    if step.join is None:
+        raise ValueError(f"operator {step.name!r} (join) has no join specification")
+    left, right = inputs
+    return hash_join(
+        left, right, step.join, context.batch_rows, context.spill_dir, context.check, context.spill
     )
 
 
@@ -223,6 +244,7 @@ _RUNNERS: dict[str, Callable[[OperatorStep, list[Stream], StepContext], Stream]]
     "apply_in_arrow": _apply_in_groups,
     "apply_in_pandas": _apply_in_groups,
     "aggregate": _aggregate,
+    "join": _join,
 }
 
 

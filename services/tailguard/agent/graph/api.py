@@ -14,11 +14,12 @@ record batch), `map_in_arrow` / `map_in_pandas` (an iterator of batches in, an i
 `mapInArrow` / `mapInPandas`), `filter` / `select` (pyarrow compute expressions), and after
 `partition_by(keys)`: `apply_in_pandas` / `apply_in_arrow` (one call per key group, as
 `groupBy().applyInPandas`) and `aggregate` (sum, count, min, max, mean). They stream: an attempt
-holds a few record batches per operator, not its input. `map` / `map_pandas` get the whole input
-of a subtask as one table or frame (memory grows with it; for what needs all rows at once), and a
-vertex with several inputs (a join) is built with `join` or `Job.combine`, whose function gets
-one whole table per input. Every vertex is adaptive (the decider chooses its parallelism from the
-data) unless given `parallelism=`.
+holds a few record batches per operator, not its input. `a.join(b, on=..., how=...)` is PySpark's
+relational join (a hash join that streams one side and holds the other up to a bound, spilling
+beyond it). `map` / `map_pandas` get the whole input of a subtask as one table or frame (memory
+grows with it; for what needs all rows at once), as do `join(b, fn)` and `Job.combine`, whose
+function gets one whole table per input. Every vertex is adaptive (the decider chooses its
+parallelism from the data) unless given `parallelism=`.
 
 Before it runs, the graph is cut into chains (`tailguard.agent.graph.chaining`): consecutive
 operators joined by a FORWARD edge with the same parallelism run in one task, with no result
@@ -38,9 +39,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tailguard.agent.executor.aggregation import ALL_ROWS, FUNCTIONS, Aggregation
+from tailguard.agent.executor.joins import (
+    BROADCASTABLE,
+    DEFAULT_MEMORY_BYTES,
+    JoinSpec,
+    default_build,
+    join_how,
+)
 from tailguard.agent.executor.sinks import SinkDef
 from tailguard.agent.executor.sources import SourceDef, SourceFormat
 from tailguard.agent.executor.steps import OperatorStep, takes_key
+from tailguard.model.config import ConfigError, parse_size_bytes
 from tailguard.model.records import (
     Distribution,
     Exchange,
@@ -149,7 +158,8 @@ class Job:
         pandas: bool = False,
         **vertex_options: Any,
     ) -> Dataset:
-        """A vertex reading several inputs; `fn` gets one table per input, in order."""
+        """A vertex reading several inputs; `fn` gets one whole table per input, in order (the
+        subtask's whole inputs are held in memory; `Dataset.join(other, on=, how=)` streams)."""
         if not inputs:
             raise JobDefinitionError("combine needs at least one input")
         defs = [_as_exchanged(i).input_def() for i in inputs]
@@ -370,6 +380,52 @@ class _Operators:
     def _add_step(self, step: OperatorStep, name: str | None, options: dict[str, Any]) -> Dataset:
         edge = self._edge()
         return edge.dataset.job._step([edge.input_def()], step, name, options)
+
+    # ------------------------------------------------------------ streamed, per batch
+
+    # ------------------------------------------------------------ two inputs
+
+    def join(
+        self,
+        other: Dataset | Exchanged,
+        on: str | Sequence[str] | Callable[..., Any] | None = None,
+        how: str | None = None,
+        *,
+        fn: Callable[..., Any] | None = None,
+        memory: int | str | None = None,
+        name: str | None = None,
+        pandas: bool = False,
+        **options: Any,
+    ) -> Dataset:
+        """PySpark's `df.join(other, on, how)`: rows of both sides whose `on` columns are equal,
+        `how` one of inner (the default), left, right, full, semi, anti (or PySpark's spellings:
+        outer, left_outer, leftsemi, ...). A null key never matches, as in Spark. The output
+        has the keys once, then this side's other columns, then `other`'s.
+
+        Both sides are hash-partitioned on `on` (a plain dataset gets `partition_by(*on)`),
+        unless one side is `broadcast()`, when the other is read as it is, with no shuffle.
+        Each subtask holds its build side (the right one; the left one for a right join; a
+        broadcast side) in memory up to `memory` bytes (an int or a size such as "256 MiB";
+        default 64 MiB) and spills beyond it; the other side streams.
+
+        `join(other, fn)` (or `fn=`) instead calls fn(this_table, other_table) per subtask
+        with both whole inputs (`pandas=True`: frames), as `Job.combine` does."""
+        edge = self._edge()
+        if callable(on) or fn is not None:
+            function = on if callable(on) else fn
+            if how is not None or (callable(on) and fn is not None) or memory is not None:
+                raise JobDefinitionError(
+                    "join(other, fn) takes a function of both whole inputs; give either a "
+                    "function or on=/how=/memory=, not both"
+                )
+            assert function is not None
+            job = edge.dataset.job
+            return job.combine([edge, other], function, name=name, pandas=pandas, **options)
+        if pandas:
+            raise JobDefinitionError("join: pandas=True applies to join(other, fn) only")
+        left, right, spec = _join_inputs(edge, _as_exchanged(other), on, how, memory)
+        step = OperatorStep("", None, "join", join=spec)
+        return edge.dataset.job._step([left, right], step, name, options)
 
     # ------------------------------------------------------------ streamed, per batch
 
@@ -602,19 +658,6 @@ class Dataset(_Operators):
     def pipelined(self) -> Exchanged:
         return self._edge().pipelined()
 
-    def join(
-        self,
-        other: Dataset | Exchanged,
-        fn: Callable[..., Any],
-        *,
-        name: str | None = None,
-        pandas: bool = False,
-        **options: Any,
-    ) -> Dataset:
-        """fn(this_table, other_table) per subtask, with both whole inputs. Co-partition both
-        sides with partition_by on the join keys, or broadcast the small side."""
-        return self.job.combine([self, other], fn, name=name, pandas=pandas, **options)
-
     # vertex options, Spark-style chaining on the vertex just built
     def _vertex(self) -> VertexDef:
         return self.job.vertices[self.name]
@@ -735,6 +778,86 @@ def _aggregations(specs: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[Aggr
             raise JobDefinitionError(f"aggregate: {output}: column '*' works only with count")
         result.append(Aggregation(output, column, function))
     return tuple(result)
+
+
+def _join_inputs(
+    left: Exchanged,
+    right: Exchanged,
+    on: str | Sequence[str] | None,
+    how: str | None,
+    memory: int | str | None,
+) -> tuple[InputDef, InputDef, JoinSpec]:
+    """Both sides' edges and the join's specification, checked: co-partitioned on `on`
+    (a plain dataset gets the exchange), or one side broadcast where the join type allows it."""
+    if left.dataset.job is not right.dataset.job:
+        raise JobDefinitionError("join: both sides must belong to one job")
+    keys = _join_keys(on)
+    try:
+        kind = join_how("inner" if how is None else how)
+    except ValueError as err:
+        raise JobDefinitionError(str(err)) from None
+    sides = {"left": left, "right": right}
+    broadcast = [s for s, e in sides.items() if e.distribution is Distribution.BROADCAST]
+    if len(broadcast) == 2:
+        raise JobDefinitionError("join: broadcast one side at most")
+    if broadcast:
+        (build,) = broadcast
+        if build not in BROADCASTABLE[kind]:
+            allowed = " or ".join(sorted(BROADCASTABLE[kind])) or "neither side"
+            raise JobDefinitionError(
+                f"join how={kind!r}: its {build} side cannot be broadcast, since every subtask "
+                f"would emit that side's unmatched rows; for a {kind} join broadcast {allowed}"
+            )
+        defs = [e.input_def() for e in sides.values()]
+    else:
+        build = default_build(kind)
+        defs = [_co_partitioned(s, e, keys) for s, e in sides.items()]
+    try:
+        spec = JoinSpec(keys, kind, "left" if build == "left" else "right", _memory_bytes(memory))
+    except ValueError as err:
+        raise JobDefinitionError(f"join: {err}") from None
+    return defs[0], defs[1], spec
+
+
+def _join_keys(on: str | Sequence[str] | None) -> tuple[str, ...]:
+    keys = (on,) if isinstance(on, str) else tuple(on) if on is not None else ()
+    if not keys or not all(isinstance(k, str) and k for k in keys):
+        raise JobDefinitionError(
+            f"join: on= names the key column(s), e.g. on='customer_id' or on=['a', 'b'], got "
+            f"{on!r} (a join condition as an expression is not supported)"
+        )
+    if len(set(keys)) != len(keys):
+        raise JobDefinitionError(f"join: on={list(keys)} names a column twice")
+    return keys
+
+
+def _co_partitioned(side: str, edge: Exchanged, keys: tuple[str, ...]) -> InputDef:
+    """The side's edge, hash-partitioned on the join keys."""
+    if edge.distribution is Distribution.FORWARD:
+        return InputDef(edge.dataset.name, Distribution.ALL_TO_ALL, keys, edge.exchange)
+    if edge.distribution is Distribution.ALL_TO_ALL and edge.keys == keys:
+        return edge.input_def()
+    if edge.keys:
+        given = f"partition_by({', '.join(map(repr, edge.keys))})"
+    else:
+        given = "rescale()" if edge.distribution is Distribution.POINTWISE else "rebalance()"
+    raise JobDefinitionError(
+        f"join on {list(keys)}: the {side} side is read through {given}; partition both sides "
+        f"by the join keys in order (or pass the dataset itself), or broadcast one side"
+    )
+
+
+def _memory_bytes(memory: int | str | None) -> int:
+    if memory is None:
+        return DEFAULT_MEMORY_BYTES
+    if isinstance(memory, str):
+        try:
+            return parse_size_bytes(memory)
+        except ConfigError as err:
+            raise JobDefinitionError(f"join memory={memory!r}: {err}") from None
+    if isinstance(memory, bool) or not isinstance(memory, int):
+        raise JobDefinitionError(f"join memory= is a number of bytes or a size, got {memory!r}")
+    return memory
 
 
 def _as_exchanged(value: Dataset | Exchanged) -> Exchanged:
