@@ -13,6 +13,9 @@ translator's picture of the application and the commands' outcomes stay in one o
    application's) or `CommandRejected`.
 3. `job_started` and `tick`: a job that starts under a block is told so, and a block that has
    run out is lifted in the events as Spark lifts it in its scheduler.
+4. `fleet`: the cluster-wide blocklist (`tailguard.blocklist`), read when the relay starts and
+   again every `FLEET_REFRESH_S`, and applied to each host of the application as it joins
+   (the per-application cap, `blocklist.max-blocked-fraction`, as a job applies it).
 
 The JVM says at start which command kinds this Spark build cannot apply (`available`); those are
 rejected here with its reason, after one warning each.
@@ -25,14 +28,22 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from tailguard.agent.fleet_blocks import blocks_to_apply
 from tailguard.attacher import commands as ac
 from tailguard.model import records as r
 from tailguard.model.authority import Origin, authority_problem
 from tailguard.model.config import Settings
-from tailguard.model.fleet import FLEET_SETTING
+from tailguard.model.fleet import FLEET_SETTING, FleetBlock
 from tailguard.observer.translate import RunningTask, SparkEventTranslator
 
 log = logging.getLogger("tailguard.attach")
+
+# How often the relay reads the fleet list again: a host listed while the application runs is
+# blocked in it within this time.
+FLEET_REFRESH_S = 10.0
+# The id of the action that applies a fleet entry (not a command: nothing answers it on the
+# topics; its NodeBlocked events name the entry's id).
+_FLEET_ACTION = "fleet:"
 
 # The commands each actuator kind serves (the JVM names kinds by the command they apply).
 _KIND = {
@@ -53,8 +64,9 @@ class _Block:
 
 @dataclass(frozen=True)
 class _Pending:
-    command: r.Command
+    command: r.Command | None  # None: a fleet entry
     action: ac.SparkAction
+    entry_id: str = ""
 
 
 class Actuation(ac.AppView):
@@ -72,6 +84,7 @@ class Actuation(ac.AppView):
         self._pending: dict[str, _Pending] = {}
         self._unavailable: dict[str, str] = {}
         self._probed = False
+        self._fleet_changes: list[FleetBlock] = []
         self.applied = 0
         self.rejected = 0
 
@@ -155,6 +168,8 @@ class Actuation(ac.AppView):
         if pending is None:
             log.error("attach: an outcome for no pending command: %r", list(fields))
             return []
+        if pending.command is None:
+            return self._fleet_outcome(pending, fields, now)
         if fields[2] == "OK":
             return self._applied_events(pending.command, pending.action, now)
         reason = fields[3] if len(fields) > 3 else "refused by Spark"
@@ -194,6 +209,46 @@ class Actuation(ac.AppView):
             for host in action.hosts:
                 if self._blocks.pop(host, None) is not None:
                     out += self._to_running_jobs(now, host, None, command.id)
+        return out
+
+    # ------------------------------------------------------------------ the fleet list
+
+    def fleet(self, changes: list[FleetBlock] | None, now: int) -> None:
+        """Apply the fleet list's blocks in force on the application's hosts (`changes`: the
+        list as just read; None: as last read, for a host that has just joined)."""
+        if changes is not None:
+            self._fleet_changes = changes
+        if not self._fleet or "BlockNodes" in self._unavailable:
+            return
+        held = set(self._blocks) | {
+            h
+            for p in self._pending.values()
+            if isinstance(p.action, ac.Exclude)
+            for h in p.action.hosts
+        }
+        for entry in blocks_to_apply(
+            self._fleet_changes, self.hosts, held, self._max_fraction, now
+        ):
+            if entry.host in held or entry.until_ts is None:
+                continue
+            action = ac.Exclude((entry.host,), entry.until_ts, entry.fleet_cause())
+            action_id = f"{_FLEET_ACTION}{entry.id}:{entry.host}"
+            self._pending[action_id] = _Pending(None, action, entry.id)
+            self._write(ac.action_line(action_id, action))
+            held.add(entry.host)
+
+    def _fleet_outcome(self, pending: _Pending, fields: Sequence[str], now: int) -> list[r.Event]:
+        assert isinstance(pending.action, ac.Exclude)
+        if fields[2] != "OK":
+            reason = fields[3] if len(fields) > 3 else "refused by Spark"
+            log.warning("attach: fleet block on %s not applied: %s", pending.action.hosts, reason)
+            return []
+        out: list[r.Event] = []
+        for host in pending.action.hosts:
+            log.info("attach: %s blocked from the fleet list (%s)", host, pending.entry_id)
+            block = _Block(pending.action.until_ts, pending.action.cause, pending.entry_id)
+            self._blocks[host] = block
+            out += self._to_running_jobs(now, host, block)
         return out
 
     # ------------------------------------------------------------------ blocks over time

@@ -37,6 +37,7 @@ from typing import IO
 from tailguard.model import records as r
 from tailguard.model.authority import Origin
 from tailguard.model.config import SERVICES_KEY, Settings, recorded_config
+from tailguard.model.fleet import FleetBlock
 from tailguard.observer.translate import ObserveError, SparkEventTranslator
 
 log = logging.getLogger("tailguard.observer")
@@ -57,6 +58,13 @@ class _Received:
     origin: Origin
 
 
+@dataclass(frozen=True)
+class _FleetList:
+    """The fleet blocklist's changes, as just read (from the fleet reader's thread)."""
+
+    changes: list[FleetBlock]
+
+
 def _lines(stream: IO[bytes]) -> Iterator[list[str]]:
     for raw in stream:
         line = raw.decode("utf-8", "replace").rstrip("\n")
@@ -64,7 +72,7 @@ def _lines(stream: IO[bytes]) -> Iterator[list[str]]:
             yield line.split("\t")
 
 
-_Item = list[str] | _Received | None
+_Item = list[str] | _Received | _FleetList | None
 
 
 def _reader(lines: Iterable[list[str]], into: queue.Queue[_Item]) -> None:
@@ -136,12 +144,20 @@ def relay(
         target=_reader, args=(lines, pending), name="tg-observe-in", daemon=True
     )
     reader.start()
+    stop_fleet = threading.Event()
+    if actuation is not None:
+        threading.Thread(
+            target=_read_fleet,
+            args=(settings, pending, stop_fleet),
+            name="tg-attach-fleet",
+            daemon=True,
+        ).start()
     bad = 0
 
     def now() -> int:
         return int(time.time() * 1000)
 
-    def feed(item: list[str] | _Received) -> None:
+    def feed(item: list[str] | _Received | _FleetList) -> None:
         nonlocal bad
         try:
             for event in _events(item):
@@ -150,9 +166,13 @@ def relay(
             bad += 1
             log.error("observe: %s", exc)
 
-    def _events(item: list[str] | _Received) -> list[r.Event]:
+    def _events(item: list[str] | _Received | _FleetList) -> list[r.Event]:
         if isinstance(item, _Received):
             return actuation.received(item.command, item.origin, now()) if actuation else []
+        if isinstance(item, _FleetList):
+            if actuation is not None:
+                actuation.fleet(item.changes, now())
+            return []
         if item[0] in _ACTUATOR_LINES:
             if actuation is None:
                 return []
@@ -166,6 +186,8 @@ def relay(
             for event in list(events):
                 if isinstance(event, r.JobSubmitted):
                     events += actuation.job_started(event.job_id, event.ts)
+            if item[0] == "X":  # a host may have joined: is it on the fleet list?
+                actuation.fleet(None, now())
         return events
 
     next_tick = time.monotonic()
@@ -188,6 +210,7 @@ def relay(
                     publisher.publish(lifted)
                 next_tick = time.monotonic() + interval_ms / 1000.0
     finally:
+        stop_fleet.set()
         publisher.close()
     reader.join()
     # What observing cost the machine: the relay's own CPU (start-up included), for the
@@ -209,6 +232,22 @@ def relay(
             actuation.rejected,
         )
     return 0
+
+
+def _read_fleet(settings: Settings, into: queue.Queue[_Item], stop: threading.Event) -> None:
+    """The fleet list, read now and every `FLEET_REFRESH_S` until `stop`."""
+    from tailguard.attacher.actuation import FLEET_REFRESH_S
+    from tailguard.log.fleet_topic import read_changes
+
+    warned = False
+    while not stop.is_set():
+        try:
+            into.put(_FleetList(read_changes(settings)))
+        except Exception as err:  # the list helps; the application must not miss it loudly
+            if not warned:
+                log.warning("attach: the fleet blocklist cannot be read: %s", err)
+                warned = True
+        stop.wait(FLEET_REFRESH_S)
 
 
 def _attach_wanted(settings: Settings, mode: str) -> bool:
