@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 VENV35  := .venv-spark35
 STAMP35 := $(VENV35)/.installed
 
-.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe bench-observe-within test-observe test-fleet bench-load bench-restart chaos clean
+.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe bench-observe-within test-observe test-attach test-fleet bench-load bench-restart chaos clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
@@ -14,7 +14,7 @@ help:
 	@echo "make test-spark35   every Spark integration and e2e test, in $(VENV35) (PySpark 3.5; make test runs a core subset)"
 	@echo "make test-packaging a fresh venv: '.[services]' pulls no pyspark and its services come up"
 	@echo "make chaos  the fault-injection suite: kills, garbage, lost partitions, storage down (minutes; not in make test)"
-	@echo "make test-fleet / test-observe  the fleet blocklist and observe mode end to end (minutes; not in make test)"
+	@echo "make test-fleet / test-observe / test-attach  the fleet blocklist, observe and attach mode end to end (minutes; not in make test)"
 	@echo "make test-multihost the multi-host test (network namespaces, root; minutes, not in make test)"
 	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim, bench-memory, bench-fleet, bench-observe, bench-observe-within, bench-load, bench-restart)"
 
@@ -86,6 +86,11 @@ test-fleet: $(STAMP)
 # the services, and the spark-submit form (docs/observe.md).
 test-observe: $(STAMP)
 	TAILGUARD_OBSERVE_E2E=1 $(BIN)/python -m pytest -q tests/e2e/test_observe_e2e.py
+
+# Attach mode end to end (minutes on 2 cores): an unmodified DataFrame job on the 3-worker
+# cluster with a slow host and the services, its commands applied inside Spark (docs/attach.md).
+test-attach: $(STAMP)
+	TAILGUARD_ATTACH_E2E=1 $(BIN)/python -m pytest -q tests/e2e/test_attach_e2e.py
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
