@@ -10,6 +10,9 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,3 +198,36 @@ def test_a_cluster_killed_while_starting_is_stopped_through_its_state_file(
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_a_teardown_after_sigterm_is_cut_off_and_the_limit_ends_with_the_block() -> None:
+    # A teardown that hangs (here: sleeps in the block after the interrupt) ends the process
+    # with 2 once the limit is up, so the watchdog can stop what is left.
+    hung = textwrap.dedent(
+        """
+        import signal, time
+        from tailguard.testing import plugin
+        plugin.TEARDOWN_LIMIT_S = 1.0
+        with plugin.signals_interrupt():
+            try:
+                signal.raise_signal(signal.SIGTERM)
+            except plugin.Terminated:
+                time.sleep(60)
+        """
+    )
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", hung], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert time.monotonic() - began < 30
+    assert "the teardown took over 1 s; ending now" in done.stderr
+    # A block that ends in time takes its limit with it: the process goes on.
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with signals_interrupt(), pytest.raises(Terminated):
+            signal.raise_signal(signal.SIGTERM)
+        limits = [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
+        assert not [t for t in limits if t.is_alive() and not t.finished.is_set()]
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

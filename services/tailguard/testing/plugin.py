@@ -94,6 +94,7 @@ def signals_interrupt() -> Iterator[None]:
         yield  # signal handlers can only be set from the main thread
         return
     ours = [sig for sig in INTERRUPTING_SIGNALS if signal.getsignal(sig) == signal.SIG_DFL]
+    limits: list[threading.Timer] = []
 
     def interrupt(signum: int, _frame: object) -> None:
         # A second signal ends the run at once: the next session reaps what is left. Only the
@@ -101,8 +102,11 @@ def signals_interrupt() -> Iterator[None]:
         for sig in ours:
             if signal.getsignal(sig) is interrupt:
                 signal.signal(sig, signal.SIG_DFL)
+        # Until the harness has stopped what it started (the end of this block, after its
+        # teardown): the process may go on after that (a test of this very handler does).
         limit = threading.Timer(TEARDOWN_LIMIT_S, _end_now, (signal.Signals(signum).name,))
-        limit.daemon = True  # a teardown that finishes in time ends the process as usual
+        limit.daemon = True
+        limits.append(limit)
         limit.start()
         raise Terminated(
             f"{signal.Signals(signum).name}: the tailguard harness stops what it started"
@@ -113,6 +117,8 @@ def signals_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
+        for limit in limits:
+            limit.cancel()
         for sig in ours:
             if signal.getsignal(sig) is interrupt:
                 signal.signal(sig, signal.SIG_DFL)
