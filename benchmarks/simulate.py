@@ -7,11 +7,12 @@ the distributions printed at the top of the output. The same scenario runs under
 - none: no speculation;
 - tailguard's real detector, speculator and blocklist cores, fed the agent's events at
   simulated time, their commands applied as the agent would (`sim/tailguard_driver.py`), in
-  four contenders: tailguard-flip168 (Flink's rule, FLIP-168's every-slow-attempt blocklist),
-  tailguard (Flink's rule, the evidence-based blocklist: the defaults), tailguard-progress
-  (the progress-rate rule, the evidence-based blocklist) and tailguard-progress-lpt (the same,
-  with the agent starting each stage's largest subtasks first:
-  scheduler.subtask-order=largest-input-first);
+  five contenders: tailguard-flip168 (FLIP-168's rules exactly: Flink's rule, the
+  every-slow-attempt blocklist), tailguard (the defaults: Flink's rule and the slow-host rule,
+  the evidence-based blocklist), tailguard-flink (Flink's rule and the evidence-based
+  blocklist: the defaults before issue 24), tailguard-progress (the progress-rate rule on top)
+  and tailguard-progress-lpt (the same, with the agent starting each stage's largest subtasks
+  first: scheduler.subtask-order=largest-input-first);
 - spark: Spark's speculation rule (quantile 0.75, multiplier 1.5, minTaskRuntime, interval);
 - LATE: Zaharia et al., OSDI 2008 (SlowTaskThreshold, SlowNodeThreshold, SpeculativeCap);
 - LATE-oracle (a diagnostic, only when named): LATE never copying a task that is only skewed;
@@ -21,6 +22,8 @@ Same seed, same table. Progress goes to stderr.
 
     .venv/bin/python benchmarks/simulate.py            # 1,000 hosts, 100,000 tasks
     .venv/bin/python benchmarks/simulate.py --quick    # 100 hosts, 10,000 tasks
+    .venv/bin/python benchmarks/simulate.py --quick --shapes --seeds 3
+        # one row per host-slowness shape and contender (sim/shapes.py)
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from sim.baselines import (
 from sim.engine import Outcome, Policy, Simulation
 from sim.report import LEGEND, row, seeds_summary, speed, table, trace, trace_lines
 from sim.scenario import ScenarioParams, build, describe
+from sim.shapes import SHAPE_POLICIES, run_shapes, shapes, shapes_table
 from sim.tailguard_driver import SIMULATION_SETTINGS, VARIANTS, TailguardPolicy
 
 # The contenders of a default run, in the table's order.
@@ -151,6 +155,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, ScenarioParams]:
     parser.add_argument("--quick", action="store_true", help="100 hosts, 10,000 tasks")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument(
+        "--shapes",
+        action="store_true",
+        help="one scenario per host-slowness shape (5x, 1.5x, 5x from mid-job, 5x for I/O"
+        f" only, none), contenders {', '.join(SHAPE_POLICIES)}, over --seeds seeds",
+    )
+    parser.add_argument(
         "--trace",
         action="store_true",
         help="also print what ended each stage and how long slow-host attempts ran before"
@@ -180,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--set needs KEY=VALUE, got {malformed}", file=sys.stderr)
         return 2
     settings = dict(item.split("=", 1) for item in args.set)
+    if args.shapes:
+        return _main_shapes(args, params, settings)
     print("scale simulation: speculation policies on one seeded scenario")
     for line in describe(params):
         print(f"  {line}")
@@ -223,6 +235,44 @@ def main(argv: list[str] | None = None) -> int:
         print(f"over seeds {params.seed}..{params.seed + args.seeds - 1}:")
         print("\n".join(seeds_summary(runs)))
         results["seeds"] = {str(seed): seed_rows for seed, seed_rows in runs.items()}
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _main_shapes(args: argparse.Namespace, params: ScenarioParams, settings: dict[str, str]) -> int:
+    print("scale simulation: host-slowness shapes, the same contenders on each")
+    for name, scenario in shapes(params).items():
+        print(f"  {name}: {describe(scenario)[-1].removeprefix('slow      ')}")
+    for line in describe(params)[:-1]:
+        print(f"  {line}")
+    print(f"  {TailguardPolicy(settings, variant='tailguard').describe()}")
+    print(f"  {SparkConfig().describe()}")
+    print(f"  {LateConfig().describe()}")
+    print(
+        f"reproduce: {sys.executable} benchmarks/simulate.py --shapes --hosts {params.hosts}"
+        f" --tasks {params.tasks} --slots {params.slots} --seed {params.seed}"
+        f" --seeds {args.seeds} --slow-fraction {params.slow_fraction:g}"
+        f" --skew-fraction {params.skew_fraction:g}",
+        flush=True,
+    )
+    started = time.perf_counter()
+
+    def runner(scenario: ScenarioParams, policies: list[str]) -> list[dict[str, Any]]:
+        if not args.quiet:
+            print(f"  … seed {scenario.seed}", file=sys.stderr, flush=True)
+        rows: list[dict[str, Any]] = run(scenario, policies, tailguard_settings=settings)["rows"]
+        return rows
+
+    results = run_shapes(params, args.seeds, runner)
+    print()
+    print("\n".join(shapes_table(results)))
+    print(
+        f"means over seeds {params.seed}..{params.seed + args.seeds - 1}; healthy hosts blocked:"
+        " the most on any one seed; extra work: simulated seconds run by speculative attempts"
+    )
+    print(f"wall time {time.perf_counter() - started:,.0f} s")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {args.json}")

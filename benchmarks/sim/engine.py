@@ -289,7 +289,7 @@ class Simulation:
         stage = scenario.stages[task.stage]
         seconds = (
             stage.intrinsic_ms[task.subtask]
-            * scenario.host_factor[host]
+            * scenario.host_time_factor(host, task.stage, self.now)
             * scenario.attempt_noise(task.index, number)
         )
         attempt = Attempt(

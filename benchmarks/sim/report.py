@@ -75,13 +75,20 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                 blocked,
             ]
         )
-    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
+    return render(cells)
+
+
+def render(cells: list[list[str]], text_columns: int = 1) -> list[str]:
+    """A Markdown table of `cells` (the first row is the header): the first `text_columns`
+    columns left-aligned, the figures right-aligned."""
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
     lines = []
     for index, c in enumerate(cells):
         lines.append(
             "| "
             + " | ".join(
-                c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i]) for i in range(len(c))
+                c[i].ljust(widths[i]) if i < text_columns else c[i].rjust(widths[i])
+                for i in range(len(c))
             )
             + " |"
         )

@@ -9,6 +9,9 @@ results always comes with the exact assumptions behind it:
 - skewed tasks: a fraction of each stage gets uniform(skew_min, skew_max) × the bytes, and so
   proportionally more time;
 - slow hosts: a fraction of the hosts runs everything uniform(slow_min, slow_max) × slower;
+  from `slow_onset_ms` on only (attempts started earlier run at full speed: a node that turns
+  slow mid-job), and with `io_shares` only the I/O share of each stage's task time (a node slow
+  only for I/O: a stage that is mostly I/O is slowed almost fully, a CPU-bound one little);
 - each attempt: × lognormal(0, attempt σ), drawn per (task, attempt number), so attempt 0 of a
   task takes the same time under every policy and a mirror attempt has its own luck.
 """
@@ -43,6 +46,11 @@ class ScenarioParams:
     skew_fraction: float = 0.01
     skew_min: float = 5.0
     skew_max: float = 10.0
+    # Slow hosts are slow for attempts that start at or after this simulated ms (0: always).
+    slow_onset_ms: int = 0
+    # Per stage (the last repeats), the share of a task's time that is I/O, the only share a
+    # slow host slows; empty: a slow host slows all of it.
+    io_shares: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.slots < 1 or self.tasks < len(self.stage_shares):
@@ -51,6 +59,8 @@ class ScenarioParams:
             raise ValueError(f"stage shares must not increase: {self.stage_shares}")
         if not 0 <= self.slow_fraction <= 1 or not 0 <= self.skew_fraction <= 1:
             raise ValueError("fractions must be within [0, 1]")
+        if any(not 0 <= share <= 1 for share in self.io_shares):
+            raise ValueError(f"I/O shares must be within [0, 1]: {self.io_shares}")
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -87,6 +97,17 @@ class Scenario:
     @property
     def slow_hosts(self) -> frozenset[int]:
         return frozenset(h for h, f in enumerate(self.host_factor) if f > 1.0)
+
+    def host_time_factor(self, host: int, stage: int, now: int) -> float:
+        """How many times longer an attempt of `stage` started at `now` on `host` takes."""
+        factor = self.host_factor[host]
+        params = self.params
+        if factor == 1.0 or now < params.slow_onset_ms:
+            return 1.0
+        if not params.io_shares:
+            return factor
+        io = params.io_shares[min(stage, len(params.io_shares) - 1)]
+        return 1 - io + io * factor
 
     def attempt_noise(self, task_index: int, attempt: int) -> float:
         """Per-attempt luck; keyed by (seed, task, attempt) so it is policy independent."""
@@ -197,6 +218,14 @@ def describe(params: ScenarioParams) -> list[str]:
         f" each attempt x lognormal(0, {params.attempt_sigma:g})",
         f"skew      {params.skew_fraction:.1%} of each stage's tasks:"
         f" input x uniform({params.skew_min:g}, {params.skew_max:g}), time proportional",
-        f"slow      {params.slow_fraction:.1%} of hosts: every attempt x"
-        f" uniform({params.slow_min:g}, {params.slow_max:g}) (drawn per host)",
+        "slow      no slow host"
+        if params.slow_fraction == 0
+        else f"slow      {params.slow_fraction:.1%} of hosts: every attempt x"
+        f" uniform({params.slow_min:g}, {params.slow_max:g}) (drawn per host)"
+        + (f", from {params.slow_onset_ms / 1000:g} s on" if params.slow_onset_ms else "")
+        + (
+            f", only the I/O share of the task time (per stage: {params.io_shares})"
+            if params.io_shares
+            else ""
+        ),
     ]

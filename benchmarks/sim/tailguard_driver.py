@@ -22,7 +22,7 @@ from sim.scenario import consumer_ranges
 from tailguard.agent.driver.ordering import subtask_order
 from tailguard.blocklist.policy import BlocklistTracker
 from tailguard.detector.policy import SlowTaskDetector
-from tailguard.model.config import Settings
+from tailguard.model.config import FLIP_168, Settings
 from tailguard.model.ids import event_id
 from tailguard.model.records import (
     SPLITS_INPUT,
@@ -83,14 +83,12 @@ class _Launch:
 # The contenders built on tailguard's cores, by name: their settings on top of
 # SIMULATION_SETTINGS (a `--set` applies to all of them).
 VARIANTS: dict[str, dict[str, str]] = {
-    # Flink's rule with FLIP-168's blocklist: every slow attempt's host (tailguard before the
-    # evidence rule).
-    "tailguard-flip168": {
-        "blocklist.min-slow-attempts": "1",
-        "blocklist.evidence-window": "0 ms",
-    },
-    # Flink's rule with the evidence-based blocklist (the defaults).
+    # FLIP-168's rules exactly: Flink's detector, every slow attempt's host blocked.
+    "tailguard-flip168": dict(FLIP_168),
+    # tailguard's defaults: Flink's rule and the slow-host rule, the evidence-based blocklist.
     "tailguard": {},
+    # Flink's rule with the evidence-based blocklist (tailguard's defaults before issue 24).
+    "tailguard-flink": {"slow-task-detector.slow-host.enabled": "false"},
     # The progress-rate rule on top, with the evidence-based blocklist.
     "tailguard-progress": {"slow-task-detector.progress-rate.enabled": "true"},
     # ...with the agent starting each stage's largest subtasks first (LPT by input bytes).
@@ -100,9 +98,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     },
 }
 
-# How often the simulated slot runners report progress. The agent reports at least every check
-# interval; the simulator reports every 5 s to stay fast (detection can only be later for it),
-# and only for attempts past the rule's minimum elapsed time (earlier reports are never read).
+# How often the simulated slot runners report progress for the progress-rate rule alone. The
+# agent reports at least every check interval; for that rule the simulator reports every 5 s to
+# stay fast (detection can only be later for it), and only for attempts past the rule's minimum
+# elapsed time (earlier reports are never read). The slow-host rule counts reports, so with it
+# every running attempt reports every check interval, as the agent's runners do.
 PROGRESS_INTERVAL_MS = 5_000
 
 
@@ -125,6 +125,11 @@ class TailguardPolicy(Policy):
         self.min_elapsed_ms = self.settings.duration_ms(
             "slow-task-detector.progress-rate.min-elapsed"
         )
+        self.report_every_ms = PROGRESS_INTERVAL_MS
+        if self.settings.flag("slow-task-detector.slow-host.enabled"):
+            self.reports_progress = True
+            self.report_every_ms = self.interval_ms
+            self.min_elapsed_ms = 0
         self._next_report = 0
         self.detector = SlowTaskDetector(self.settings)
         self.speculator = SpeculationStrategy(self.settings)
@@ -301,7 +306,7 @@ class TailguardPolicy(Policy):
             self.sim.unpark(host)
             self._emit(NodeUnblocked(**self._ids(), host=self._names[host]))  # type: ignore[arg-type]
         if self.reports_progress and now >= self._next_report:
-            self._next_report = now + PROGRESS_INTERVAL_MS
+            self._next_report = now + self.report_every_ms
             self._report_progress(now)
         self._emit(Tick(**self._ids()))  # type: ignore[arg-type]
 

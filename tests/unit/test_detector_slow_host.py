@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 from slow_host_histories import INTERVAL_MS, MB, Job, run_job
@@ -72,7 +73,10 @@ def test_on_a_one_slot_host_such_a_task_is_taken_for_a_slow_host():
     assert run.blocked() == {"h2"}
 
 
-def test_a_finished_attempt_far_above_its_peers_is_evidence_against_its_host():
+def h3_slow_then(*later: Callable[[JobEvents], Record]) -> list[tuple[int, tuple[str, ...]]]:
+    """Four attempts on h0-h3 and no progress report at all (tasks shorter than a report
+    interval), so finished attempts are the only evidence: three peers finish at 2 s, h3's at
+    10 s; then `later` (each given the job's event maker). When findings named a slow host."""
     detector = SlowTaskDetector(Settings())
     ev = JobEvents()
     out: list[Record] = []
@@ -81,38 +85,29 @@ def test_a_finished_attempt_far_above_its_peers_is_evidence_against_its_host():
         *(ev.node(f"h{i}") for i in range(5)),
         ev.initialized("v", one_split_each(8)),
         *(ev.deploying("v", s, 0, f"h{s}") for s in range(4)),
-        # No progress reports at all (tasks shorter than a report interval): the finished
-        # attempts are the only evidence. Three peers at 2 s, then h3's at 10 s.
         *(ev.finished("v", s, 2000, f"h{s}", input_bytes=10 * MB) for s in range(3)),
         ev.finished("v", 3, 10_000, "h3", input_bytes=10 * MB),
-        ev.tick(10_000),
-        # Past the memory (1 min) the finished attempt no longer counts.
-        ev.tick(70_001),
+        *(make(ev) for make in later),
     ):
         out.extend(detector.handle(record))
-    named = [(f.ts, f.slow_hosts) for f in out if getattr(f, "slow_hosts", ())]
+    return [(f.ts, f.slow_hosts) for f in out if getattr(f, "slow_hosts", ())]
+
+
+def test_a_finished_attempt_far_above_its_peers_is_evidence_against_its_host():
+    # Found at the next Tick; past the memory (1 min) the finished attempt no longer counts.
+    named = h3_slow_then(lambda ev: ev.tick(10_000), lambda ev: ev.tick(70_001))
     assert named == [(10_000, ("h3",))]
 
 
-def test_an_attempt_at_par_on_a_host_clears_its_earlier_slow_one():
-    detector = SlowTaskDetector(Settings())
-    ev = JobEvents()
-    out: list[Record] = []
-    for record in (
-        ev.submitted((source("v", (10 * MB,) * 8),)),
-        *(ev.node(f"h{i}") for i in range(5)),
-        ev.initialized("v", one_split_each(8)),
-        *(ev.deploying("v", s, 0, f"h{s}") for s in range(4)),
-        *(ev.finished("v", s, 2000, f"h{s}", input_bytes=10 * MB) for s in range(3)),
-        ev.finished("v", 3, 10_000, "h3", input_bytes=10 * MB),
-        ev.deploying("v", 4, 10_000, "h3"),
-        ev.finished("v", 4, 12_000, "h3", input_bytes=10 * MB),
-        ev.deploying("v", 5, 12_000, "h3"),
-        ev.finished("v", 5, 14_000, "h3", input_bytes=10 * MB),
-        ev.tick(14_000),
-    ):
-        out.extend(detector.handle(record))
-    assert all(not getattr(f, "slow_hosts", ()) for f in out)
+def test_attempts_at_par_on_a_host_outvote_its_earlier_slow_one():
+    named = h3_slow_then(
+        lambda ev: ev.deploying("v", 4, 10_000, "h3"),
+        lambda ev: ev.finished("v", 4, 12_000, "h3", input_bytes=10 * MB),
+        lambda ev: ev.deploying("v", 5, 12_000, "h3"),
+        lambda ev: ev.finished("v", 5, 14_000, "h3", input_bytes=10 * MB),
+        lambda ev: ev.tick(14_000),
+    )
+    assert named == []
 
 
 def test_a_node_that_turns_slow_mid_job_is_found_within_three_reports_of_its_slow_attempt():

@@ -181,11 +181,51 @@ def test_progress_rule_finds_stragglers_of_a_single_wave_stage() -> None:
         seed=7, hosts=50, tasks=100, stage_shares=(1.0,), slow_fraction=0.1, skew_fraction=0.0
     )
     result = {
-        r["policy"]: r for r in simulate.run(params, ["tailguard", "tailguard-progress"])["rows"]
+        r["policy"]: r
+        for r in simulate.run(params, ["tailguard-flink", "tailguard-progress"])["rows"]
     }
-    progress, flink = result["tailguard-progress"], result["tailguard"]
+    progress, flink = result["tailguard-progress"], result["tailguard-flink"]
     assert progress["speculative_wins"] > 0
     assert progress["completion_s"] < 0.8 * flink["completion_s"], result
+
+
+def test_slow_host_rule_copies_a_slow_hosts_attempts_within_seconds() -> None:
+    """The same single-wave stage under the defaults: the slow-host rule finds each slow host
+    at its attempts' third progress report (1 s apart), blocks it, and copies its attempts."""
+    params = ScenarioParams(
+        seed=7, hosts=50, tasks=100, stage_shares=(1.0,), slow_fraction=0.1, skew_fraction=0.0
+    )
+    scenario = build(params)
+    flink = Simulation(scenario, TailguardPolicy(variant="tailguard-flink")).run()
+    default = Simulation(scenario, TailguardPolicy(variant="tailguard")).run()
+    assert default.slow_host_ask_delays_ms and max(default.slow_host_ask_delays_ms) <= 4_000
+    assert default.slow_hosts_blocked == len(scenario.slow_hosts)
+    assert len(default.hosts_blocked) == default.slow_hosts_blocked
+    assert default.completion_ms < 0.8 * flink.completion_ms, (default, flink)
+
+
+def test_shapes_change_only_the_slow_hosts() -> None:
+    from sim.shapes import onset_ms, shapes
+
+    params = ScenarioParams(**SMALL)
+    by_name = shapes(params)
+    assert list(by_name) == [
+        "5x node",
+        "1.5x node",
+        "5x from mid-job",
+        "5x for I/O only",
+        "no slow node",
+    ]
+    io = build(by_name["5x for I/O only"])
+    (slow, *_) = sorted(io.slow_hosts)
+    assert io.host_time_factor(slow, 0, 0) == 0.2 + 0.8 * 5
+    assert io.host_time_factor(slow, 3, 0) == 0.8 + 0.2 * 5
+    late = build(by_name["5x from mid-job"])
+    onset = onset_ms(params)
+    assert late.host_time_factor(slow, 0, onset - 1) == 1.0
+    assert late.host_time_factor(slow, 0, onset) == 5.0
+    assert build(by_name["no slow node"]).slow_hosts == frozenset()
+    assert build(by_name["5x node"]).stages == build(params).stages
 
 
 def test_evidence_blocklist_blocks_fewer_healthy_hosts_than_flip168() -> None:
