@@ -153,30 +153,15 @@ def _ledger(tmp_path: Path) -> LedgerFile:
 def _marked_run(tmp_path: Path, test: str) -> tuple[subprocess.Popen[str], str, list[Started]]:
     """The inner run holding `test`'s fixtures, its session's mark and the processes it named,
     each checked to carry the mark (so finding none by the mark later means something)."""
-    (tmp_path / "test_hold.py").write_text(textwrap.dedent(HOLDING_TEST))
-    run = subprocess.Popen(
-        _pytest_args(tmp_path, f"test_hold.py::{test}", "--tailguard-broker=mock"),
-        cwd=tmp_path,
-        env=_environ(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    run, line = _holding(tmp_path, test, "MARK ", "--tailguard-broker=mock")
+    _, mark, *pids = line.split()
+    named = [Started.of(int(pid), "held") for pid in pids]
+    assert all(named), f"a fixture's process is not running: {line}"
+    carrying = set(leftovers.marked(mark))
+    assert {p.pid for p in named if p} <= carrying, (
+        f"not every process the harness started carries its mark: {line}"
     )
-    assert run.stdout is not None
-    seen = []
-    for line in run.stdout:
-        seen.append(line)
-        if line.startswith("MARK "):
-            _, mark, *pids = line.split()
-            named = [Started.of(int(pid), "held") for pid in pids]
-            assert all(named), f"a fixture's process is not running: {line}"
-            carrying = set(leftovers.marked(mark))
-            assert {p.pid for p in named if p} <= carrying, (
-                f"not every process the harness started carries its mark: {line}"
-            )
-            return run, mark, [p for p in named if p is not None]
-    run.wait()
-    raise AssertionError("the inner pytest ended before its test ran:\n" + "".join(seen))
+    return run, mark, [p for p in named if p is not None]
 
 
 def _left_after(mark: str, named: list[Started], deadline: float) -> list[str]:
