@@ -9,6 +9,8 @@ is blocked; the output is exact; the replay of the application's archive shows n
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tailguard
+from tailguard.log.archive import ArchiveReader
 from tailguard.model import records as r
 from tailguard.replay.engine import replay
 from tailguard.replay.inputs import read_archive
@@ -156,3 +159,57 @@ def test_an_unmodified_job_gets_a_winning_copy_and_its_slow_host_blocked(
 
     report = replay(read_archive(archive, services.settings), services.settings)
     assert report.differences == 0, [s.line() for s in report.services] + report.notes(10)
+
+
+SUBMITTED_JOB = """
+from pyspark.sql import SparkSession, functions as F
+
+spark = SparkSession.builder.appName("plain-job").getOrCreate()
+spark.range(0, 100_000).withColumn("k", F.col("id") % 7).groupBy("k").agg(F.sum("id")).collect()
+spark.stop()
+"""
+
+
+def test_the_spark_submit_form_attaches_with_no_code_in_the_job(
+    tailguard_broker: Any, tmp_path: Path
+) -> None:
+    """`--jars` + `spark.plugins` + `spark.tailguard.*` settings (what `tailguard.spark_conf()`
+    returns): the plugin attaches the application from its start, the actuator answers the
+    relay through the pipe, and everything is archived when spark-submit returns."""
+    job = tmp_path / "job.py"
+    job.write_text(SUBMITTED_JOB)
+    conf = tailguard.spark_conf(
+        {
+            "bootstrap.servers": tailguard_broker.bootstrap,
+            "tailguard.archive-dir": str(tmp_path / "archive"),
+            "tailguard.work-dir": str(tmp_path / "work"),
+        }
+    )
+    jars = conf.pop("spark.jars")
+    args = [a for k, v in conf.items() for a in ("--conf", f"{k}={v}")]
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "spark-submit"),
+            "--master", "local[2]",
+            "--jars", jars,
+            "--conf", "spark.ui.enabled=false",
+            *args,
+            str(job),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (
+        "attach: the actuator applies BlockNodes, FailJob, LaunchSpeculativeAttempts, "
+        "RestartTasks" in done.stderr
+    ), done.stderr[-3000:]
+    [archive] = (tmp_path / "archive").glob("*.avro")
+    records = [e.record for e in ArchiveReader(archive)]
+    submitted = [x for x in records if isinstance(x, r.JobSubmitted)]
+    assert submitted and all(x.name.startswith("plain-job (Spark job") for x in submitted)
+    assert len([x for x in records if isinstance(x, r.JobFinished)]) == len(submitted)

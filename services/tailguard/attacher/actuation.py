@@ -126,6 +126,8 @@ class Actuation(ac.AppView):
         kind, reason = (fields[1], fields[2]) if len(fields) >= 3 else ("", "")
         if not kind:
             self._probed = True
+            kinds = sorted(set(_KIND.values()) - set(self._unavailable))
+            log.info("attach: the actuator applies %s", ", ".join(kinds) or "nothing")
             return
         self._unavailable[kind] = reason
         log.warning("attach: %s commands are off: %s", kind, reason)
