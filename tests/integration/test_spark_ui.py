@@ -1,5 +1,7 @@
 """Spark's UI is on, and a tailguard job's Spark jobs show there under readable names; its
-typed archive reads with the JVM's Avro library (the one spark-avro and avro-tools are built on).
+typed archive reads with the JVM's Avro library (the one spark-avro and avro-tools are built on)
+and with `spark.read.format("avro")` (spark-avro, resolved from Maven Central by Spark's own
+`spark.jars.packages`).
 
 One local-mode job (no services), then what Spark itself says about it: the status tracker's
 job group, the UI's REST API (the data the UI's pages show), the caller's thread left as it
@@ -10,7 +12,9 @@ was. Sessions of parallel tests take the next free UI port, so the address comes
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,13 +24,43 @@ from tailguard.examples import sales_by_region
 from tailguard.model.config import Settings
 from tailguard.testing import Harness
 
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
+
+
+def spark_avro_package() -> str:
+    """spark-avro's Maven coordinates for the installed PySpark: its Scala line and version from
+    the name of the wheel's spark-core jar (spark-core_2.13-4.3.0.jar). Where Maven Central has
+    no spark-avro of that version, the newest release of the same major line before it (Maven
+    Central's newest Spark here is 4.2.0, the wheel's 4.3.0)."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    [core] = [
+        m
+        for j in jars.glob("spark-core_*.jar")
+        if (m := re.match(r"spark-core_(.+)-(.+)\.jar", j.name))
+    ]
+    scala, version = core.groups()
+    artifact = f"org/apache/spark/spark-avro_{scala}"
+    with urllib.request.urlopen(f"{MAVEN_CENTRAL}/{artifact}/maven-metadata.xml", timeout=30) as f:
+        published = re.findall(r"<version>([0-9.]+)</version>", f.read().decode())
+
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in v.split("."))
+
+    same_line = [v for v in published if v.split(".")[0] == version.split(".")[0]]
+    chosen = max(v for v in same_line if key(v) <= key(version))
+    return f"org.apache.spark:spark-avro_{scala}:{chosen}"
+
+
 pytestmark = SPARK
 
 
 @pytest.fixture(scope="module")
 def spark(tailguard_harness: Harness, request: pytest.FixtureRequest) -> Any:
-    """The pytest plugin's local[2] session (PySpark allows one per process)."""
-    return tailguard_harness.local_spark_of(request.node)
+    """The pytest plugin's local[2] session (PySpark allows one per process), with spark-avro,
+    which Spark's own `spark.jars.packages` resolves from Maven Central (once: ~/.ivy2*)."""
+    return tailguard_harness.spark(None, [("spark.jars.packages", spark_avro_package())])
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +125,7 @@ def test_the_callers_thread_keeps_its_own_job_group(spark: Any, finished: Any) -
 
 
 def test_the_jvms_avro_library_reads_the_typed_archive(spark: Any, finished: Any) -> None:
-    """spark-avro needs a package from Maven (no network here): `spark.read.format("avro")`
-    is not available; the JVM's Avro, which it builds on, reads the records."""
+    """The JVM's Avro, which spark-avro and avro-tools build on, reads the records."""
     _, result = finished
     jvm = spark.sparkContext._jvm
     reader = jvm.org.apache.avro.file.DataFileReader(
@@ -112,18 +145,11 @@ def test_the_jvms_avro_library_reads_the_typed_archive(spark: Any, finished: Any
     assert {"JobSubmitted", "AttemptDeploying", "AttemptFinished", "JobFinished"} <= kinds
 
 
-def test_spark_reads_the_typed_archive_where_spark_avro_is_installed(
-    spark: Any, finished: Any
-) -> None:
+def test_spark_reads_the_typed_archive_with_spark_avro(spark: Any, finished: Any) -> None:
     from tailguard.codec.record_union import current_union
 
     _, result = finished
-    try:
-        frame = spark.read.format("avro").load(str(result.archive))
-    except Exception as err:  # AnalysisException: the data source is a separate package
-        if "avro" not in str(err).lower():
-            raise
-        pytest.skip(f"spark-avro is not installed (a Maven package; no network here): {err}")
+    frame = spark.read.format("avro").load(str(result.archive))
     member = [s.record_type.__name__ for s in current_union()].index("JobSubmitted")
     rows = frame.where("type = 'JobSubmitted'").select(f"record.member{member}.name").collect()
     assert [row[0] for row in rows] == [finished[0].name]
