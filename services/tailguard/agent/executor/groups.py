@@ -31,10 +31,9 @@ from tailguard.agent.executor.batches import SchemaConformer
 from tailguard.agent.executor.spill import (
     MAX_SPILL_LEVELS,
     Bucket,
+    Spiller,
     SpillStats,
     read_bucket,
-    spill_by_key,
-    split_further,
 )
 
 # Rows grouped in memory at once, in batches: a bucket above it is split again.
@@ -76,11 +75,10 @@ def key_groups(
         return
     with tempfile.TemporaryDirectory(prefix="groups-", dir=spill_dir) as directory:
         rest = (conformer.conform(b) for b in stream)
-        buckets = spill_by_key(
-            _chain(held, rest), keys, 0, directory, check, stats, rows_at_once=batch_rows
-        )
+        spiller = Spiller(tuple(keys), directory, check, stats, rows_at_once=batch_rows)
+        buckets = spiller.spill(_chain(held, rest))
         del held
-        yield from _groups_of_buckets(buckets.values(), keys, budget, directory, check, stats)
+        yield from _groups_of_buckets(buckets.values(), budget, spiller)
 
 
 def _chain(first: list[pa.RecordBatch], rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -96,21 +94,13 @@ def _require_keys(schema: pa.Schema, keys: Sequence[str]) -> None:
 
 
 def _groups_of_buckets(
-    buckets: Iterable[Bucket],
-    keys: Sequence[str],
-    budget: int,
-    directory: str,
-    check: Callable[[], None],
-    stats: SpillStats | None,
+    buckets: Iterable[Bucket], budget: int, spiller: Spiller
 ) -> Iterator[tuple[Key, pa.Table]]:
     for bucket in buckets:
         if bucket.rows <= budget or bucket.level + 1 >= MAX_SPILL_LEVELS:
-            yield from _groups_in_memory(read_bucket(bucket), keys, check)
+            yield from _groups_in_memory(read_bucket(bucket), spiller.keys, spiller.check)
             continue
-        finer = split_further(
-            bucket, keys, directory, check, stats, rows_at_once=budget // GROUP_BUDGET_BATCHES
-        )
-        yield from _groups_of_buckets(finer.values(), keys, budget, directory, check, stats)
+        yield from _groups_of_buckets(spiller.split(bucket).values(), budget, spiller)
 
 
 def _groups_in_memory(

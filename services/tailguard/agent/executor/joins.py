@@ -40,11 +40,10 @@ import pyarrow.compute as pc
 from tailguard.agent.executor.spill import (
     MAX_SPILL_LEVELS,
     Bucket,
+    Spiller,
     SpillStats,
     bucket_batches,
     discard_bucket,
-    spill_by_key,
-    split_further,
 )
 
 JoinHow = Literal["inner", "left", "right", "full", "semi", "anti"]
@@ -169,49 +168,38 @@ def hash_join(
         "left": layout.prepared("left", chain([first_left], lefts)),
         "right": layout.prepared("right", chain([first_right], rights)),
     }
-    yield from _joined(
-        streams[spec.build], streams[spec.probe], layout, batch_rows, spill_dir, check, stats
-    )
+    builds, probes = streams[spec.build], streams[spec.probe]
+    held, held_bytes = _held(builds, spec.memory_bytes, check)
+    if held_bytes <= spec.memory_bytes:  # the whole build side: it fits
+        build = _one_chunk(held, layout.schema(spec.build))
+        yield from _join_resident(build, probes, layout, batch_rows, check)
+    else:
+        with tempfile.TemporaryDirectory(prefix="join-", dir=spill_dir) as directory:
+            # Rows split at once: a quarter of the bound's worth, but never fewer than a batch.
+            row_bytes = max(1, held_bytes // max(1, sum(b.num_rows for b in held)))
+            at_once = max(batch_rows, spec.memory_bytes // 4 // row_bytes)
+            spiller = Spiller(spec.on, directory, check, stats, True, at_once)
+            build_buckets = spiller.spill(_drain(held, builds))
+            probe_buckets = spiller.spill(probes)
+            yield from _join_buckets(build_buckets, probe_buckets, layout, batch_rows, spiller)
     # Tells the output's columns when no row was joined (a stream's rule, `batches.py`).
     yield pa.RecordBatch.from_pylist([], schema=layout.output)
 
 
-def _joined(
-    builds: Iterator[pa.RecordBatch],
-    probes: Iterator[pa.RecordBatch],
-    layout: _Layout,
-    batch_rows: int,
-    spill_dir: str,
-    check: Callable[[], None],
-    stats: SpillStats | None,
-) -> Iterator[pa.RecordBatch]:
-    spec = layout.spec
+def _held(
+    builds: Iterator[pa.RecordBatch], bound: int, check: Callable[[], None]
+) -> tuple[list[pa.RecordBatch], int]:
+    """The build side's batches up to the first that takes it over `bound`, and what they
+    cost held (`resident_bytes`): at most `bound` when that was all of them."""
     held: list[pa.RecordBatch] = []
     held_bytes = 0
     for batch in builds:
         check()
         held.append(batch)
         held_bytes += resident_bytes(batch.nbytes, batch.num_rows)
-        if held_bytes > spec.memory_bytes:
+        if held_bytes > bound:
             break
-    else:
-        build = _one_chunk(held, layout.schema(spec.build))
-        yield from _join_resident(build, probes, layout, batch_rows, check)
-        return
-    with tempfile.TemporaryDirectory(prefix="join-", dir=spill_dir) as directory:
-        # Rows split at once: a quarter of the bound's worth, but never fewer than a batch.
-        row_bytes = max(1, held_bytes // max(1, sum(b.num_rows for b in held)))
-        at_once = max(batch_rows, spec.memory_bytes // 4 // row_bytes)
-
-        def spilled(batches: Iterable[pa.RecordBatch]) -> dict[int, Bucket]:
-            return spill_by_key(batches, spec.on, 0, directory, check, stats, True, at_once)
-
-        build_buckets = spilled(_drain(held, builds))
-        del held
-        probe_buckets = spilled(probes)
-        yield from _join_buckets(
-            build_buckets, probe_buckets, layout, batch_rows, at_once, directory, check, stats
-        )
+    return held, held_bytes
 
 
 def _drain(first: list[pa.RecordBatch], rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -368,10 +356,7 @@ def _join_buckets(
     probes: dict[int, Bucket],
     layout: _Layout,
     batch_rows: int,
-    at_once: int,
-    directory: str,
-    check: Callable[[], None],
-    stats: SpillStats | None,
+    spiller: Spiller,
 ) -> Iterator[pa.RecordBatch]:
     """Buckets of equal index from both sides, joined pair by pair (keys never cross
     buckets)."""
@@ -390,14 +375,9 @@ def _join_buckets(
             and resident_bytes(build.bytes, build.rows) > spec.memory_bytes
             and build.level + 1 < MAX_SPILL_LEVELS
         ):
-            finer_builds = split_further(build, spec.on, directory, check, stats, True, at_once)
-            finer_probes = (
-                split_further(probe, spec.on, directory, check, stats, True, at_once)
-                if probe is not None
-                else {}
-            )
+            finer_probes = spiller.split(probe) if probe is not None else {}
             yield from _join_buckets(
-                finer_builds, finer_probes, layout, batch_rows, at_once, directory, check, stats
+                spiller.split(build), finer_probes, layout, batch_rows, spiller
             )
             continue
         schema = layout.schema(spec.build)
@@ -407,7 +387,7 @@ def _join_buckets(
             else schema.empty_table()
         )
         batches = bucket_batches(probe) if probe is not None else iter(())
-        yield from _join_resident(table, batches, layout, batch_rows, check)
+        yield from _join_resident(table, batches, layout, batch_rows, spiller.check)
 
 
 def _join_resident(

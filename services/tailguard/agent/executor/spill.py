@@ -73,60 +73,70 @@ def bucket_of(
     return buckets, nulls
 
 
-def spill_by_key(
-    batches: Iterable[pa.RecordBatch],
-    keys: Sequence[str],
-    level: int,
-    directory: str,
-    check: Callable[[], None],
-    stats: SpillStats | None = None,
-    nulls_anywhere: bool = False,
-    rows_at_once: int = 1,
-) -> dict[int, Bucket]:
-    """Split `batches` into bucket files by key hash (`bucket_of`): bucket index -> its file,
-    for the buckets that got rows. The files are removed by whoever reads them (`read_bucket`,
-    `bucket_batches`, `discard_bucket`) or with `directory`.
+@dataclass(frozen=True)
+class Spiller:
+    """How one operator spills: by which keys, where, and what it tells its attempt."""
 
-    Batches are joined into batches of `rows_at_once` rows (at most `MAX_ROWS_AT_ONCE`) before
-    they are split, as far as the caller's memory allows: a batch split writes one piece per
-    bucket, so small batches make tiny IPC messages, and a bucket read back in pieces of a few
-    rows and split again costs a Python round per piece (a 4M-row join side split twice, from
-    10,000-row batches: 64 s; from 32,768-row ones: 10 s)."""
-    into = tempfile.mkdtemp(prefix=f"level{level}-", dir=directory)
-    paths = [os.path.join(into, f"{b}.arrow") for b in range(SPILL_FANOUT)]
-    rows = [0] * SPILL_FANOUT
-    nulls = 0
-    with contextlib.ExitStack() as stack:
-        writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
-        for batch in rebatch(batches, max(1, min(rows_at_once, MAX_ROWS_AT_ONCE))):
-            check()
-            if not batch.num_rows:
-                continue
-            buckets, batch_nulls = bucket_of(batch, keys, level, nulls_anywhere, nulls)
-            nulls += batch_nulls
-            order = np.argsort(buckets, kind="stable")
-            counts = np.bincount(buckets, minlength=SPILL_FANOUT)
-            grouped = batch.take(pa.array(order))
-            start = 0
-            for bucket, count in enumerate(counts.tolist()):
-                if not count:
+    keys: tuple[str, ...]
+    # A directory removed with the operator (or the attempt).
+    directory: str
+    check: Callable[[], None]
+    stats: SpillStats | None = None
+    # Rows with a null key dealt round the buckets (`bucket_of`): for a join, never a group.
+    nulls_anywhere: bool = False
+    # Batches are joined into batches of this many rows (at most `MAX_ROWS_AT_ONCE`) before
+    # they are split, as far as the caller's memory allows: a batch split writes one piece per
+    # bucket, so small batches make tiny IPC messages, and a bucket read back in pieces of a
+    # few rows and split again costs a Python round per piece (a 4M-row join side split twice,
+    # from 10,000-row batches: 64 s; from 32,768-row ones: 10 s).
+    rows_at_once: int = 1
+
+    def spill(self, batches: Iterable[pa.RecordBatch], level: int = 0) -> dict[int, Bucket]:
+        """Split `batches` into bucket files by key hash: bucket index -> its file, for the
+        buckets that got rows. The files are removed by whoever reads them (`read_bucket`,
+        `bucket_batches`, `discard_bucket`) or with the directory."""
+        into = tempfile.mkdtemp(prefix=f"level{level}-", dir=self.directory)
+        paths = [os.path.join(into, f"{b}.arrow") for b in range(SPILL_FANOUT)]
+        rows = [0] * SPILL_FANOUT
+        nulls = 0
+        at_once = max(1, min(self.rows_at_once, MAX_ROWS_AT_ONCE))
+        with contextlib.ExitStack() as stack:
+            writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+            for batch in rebatch(batches, at_once):
+                self.check()
+                if not batch.num_rows:
                     continue
-                if bucket not in writers:
-                    sink = stack.enter_context(pa.OSFile(paths[bucket], "wb"))
-                    writers[bucket] = stack.enter_context(pa.ipc.new_stream(sink, batch.schema))
-                writers[bucket].write_batch(grouped.slice(start, count))
-                rows[bucket] += count
-                start += count
-    spilled = {
-        b: Bucket(paths[b], rows[b], os.path.getsize(paths[b]), level)
-        for b in range(SPILL_FANOUT)
-        if rows[b]
-    }
-    if stats is not None:
-        stats.files += len(spilled)
-        stats.bytes += sum(b.bytes for b in spilled.values())
-        stats.rows += sum(b.rows for b in spilled.values())
-    return spilled
+                buckets, batch_nulls = bucket_of(
+                    batch, self.keys, level, self.nulls_anywhere, nulls
+                )
+                nulls += batch_nulls
+                order = np.argsort(buckets, kind="stable")
+                counts = np.bincount(buckets, minlength=SPILL_FANOUT)
+                grouped = batch.take(pa.array(order))
+                start = 0
+                for bucket, count in enumerate(counts.tolist()):
+                    if not count:
+                        continue
+                    if bucket not in writers:
+                        sink = stack.enter_context(pa.OSFile(paths[bucket], "wb"))
+                        writers[bucket] = stack.enter_context(pa.ipc.new_stream(sink, batch.schema))
+                    writers[bucket].write_batch(grouped.slice(start, count))
+                    rows[bucket] += count
+                    start += count
+        spilled = {
+            b: Bucket(paths[b], rows[b], os.path.getsize(paths[b]), level)
+            for b in range(SPILL_FANOUT)
+            if rows[b]
+        }
+        if self.stats is not None:
+            self.stats.files += len(spilled)
+            self.stats.bytes += sum(b.bytes for b in spilled.values())
+            self.stats.rows += sum(b.rows for b in spilled.values())
+        return spilled
+
+    def split(self, bucket: Bucket) -> dict[int, Bucket]:
+        """A bucket too large to take whole, split at the next level; its file is removed."""
+        return self.spill(bucket_batches(bucket), bucket.level + 1)
 
 
 def read_bucket(bucket: Bucket) -> pa.Table:
@@ -147,25 +157,3 @@ def bucket_batches(bucket: Bucket) -> Iterator[pa.RecordBatch]:
 def discard_bucket(bucket: Bucket) -> None:
     """Remove a bucket nobody needs to read."""
     os.remove(bucket.path)
-
-
-def split_further(
-    bucket: Bucket,
-    keys: Sequence[str],
-    directory: str,
-    check: Callable[[], None],
-    stats: SpillStats | None = None,
-    nulls_anywhere: bool = False,
-    rows_at_once: int = 1,
-) -> dict[int, Bucket]:
-    """A bucket too large to take whole, split at the next level; its file is removed."""
-    return spill_by_key(
-        bucket_batches(bucket),
-        keys,
-        bucket.level + 1,
-        directory,
-        check,
-        stats,
-        nulls_anywhere,
-        rows_at_once,
-    )
