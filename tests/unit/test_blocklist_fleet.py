@@ -310,3 +310,21 @@ def test_a_job_that_opted_out_refuses_the_fleets_blocks_during_its_run() -> None
     assert guard_block(to_b, Settings()) is None
     own = dataclasses.replace(to_b, cause="slow attempts on h1")
     assert guard_block(own, opted_out) is None  # its own evidence still blocks
+
+
+def test_without_its_published_view_the_fleet_emits_no_tombstone_either() -> None:
+    # Replay runs the core without the view (FleetBlock entries are not archived): an expiring
+    # block used to still emit its tombstone there, a difference in every replay of a job that
+    # outlived a fleet block.
+    findings = [
+        slow_finding(slow_on(0, "h1"), job_id="a", ts=1000, hosts=HOSTS, finding_id="f1"),
+        slow_finding(slow_on(3, "h1"), job_id="a", ts=2000, hosts=HOSTS, finding_id="f2"),
+        slow_finding(job_id="a", ts=2000 + MIN + 1, hosts=HOSTS, finding_id="f3"),
+    ]
+    for publish in (True, False):
+        fleet = FleetBlocklist(Settings(), publish_view=publish)
+        out = [o for f in findings for o in fleet.handle(f)]
+        assert sent(out) == {"a": (("h1",), 2000 + MIN)}
+        tombstones = [e.host for e in entries(out) if e.until_ts is None]
+        assert tombstones == (["h1"] if publish else [])
+        assert fleet.view() == {}

@@ -152,7 +152,9 @@ class FleetBlocklist:
             elif isinstance(command, UnblockNodes):
                 for host in command.hosts:
                     job.holds.pop(host, None)
-        out.extend(self._expire(record))
+        expired = self._expire(record)
+        if self._publish_view:  # tombstones are the view's changes too: not for a replay
+            out.extend(expired)
         changed = self._update_blocks(record, self._record_evidence(record))
         out.extend(self._tell_jobs(record, changed))
         return out

@@ -474,10 +474,17 @@ class SlowTaskDetector:
                 by_host.setdefault(host, []).append(per_byte)
                 oldest[host] = min(started, oldest.get(host, started))
             finished = vertex.finished_per_byte
+            finished_count, finished_median = len(finished), finished.median()
             for host, own in by_host.items():
                 peers = len(values) - len(own)
-                if len(finished) > peers:
-                    reference, peers = finished.median(), len(finished)
+                if finished_count > peers:
+                    reference, peers = finished_median, finished_count
+                elif max(own) < rule.slowdown * values[max(0, (len(values) - 1) // 2 - len(own))]:
+                    # Without its own k values the median is at least the value k places below
+                    # the middle, so no attempt of the host can reach the slowdown: the median
+                    # of all serves (every ratio stays under the threshold, all the verdict
+                    # reads), and the exact one is computed only for hosts that may be slow.
+                    reference = middle
                 else:
                     own.sort()
                     reference = median_without(values, own)
