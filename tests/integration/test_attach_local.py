@@ -8,6 +8,7 @@ Spark job with its reason. The multi-host behaviour is the cluster test's (test_
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -188,3 +189,26 @@ def test_a_restart_kills_the_attempt_and_spark_runs_it_again(
     assert (0, 1) in attempts, attempts  # the killed attempt ran again
     canceled = [x for x in records if isinstance(x, r.AttemptCanceled) and x.job_id == job_id]
     assert [(x.subtask, x.attempt) for x in canceled] == [(0, 0)]
+
+
+def test_with_no_broker_the_application_runs_as_if_unattached_with_one_warning(
+    tailguard_local_spark: Any, tmp_path: Path
+) -> None:
+    spark = tailguard_local_spark
+    # The relay is the JVM's child and writes to the JVM's stderr: keep its own apart.
+    relay_log = tmp_path / "relay.log"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@" 2>>{relay_log}\n')
+    python.chmod(0o755)
+    attachment = tailguard.attach(spark, _settings(tmp_path, "127.0.0.1:9"), python=str(python))
+    try:
+        rows = spark.sparkContext.parallelize(range(1_000), 8).map(lambda x: x % 3).countByValue()
+    finally:
+        assert attachment.close() == 0
+    assert dict(rows) == {0: 334, 1: 333, 2: 333}
+    said = relay_log.read_text()
+    warnings = [line for line in said.splitlines() if "no broker answered within" in line]
+    assert len(warnings) == 1 and "runs as if unattached" in warnings[0], said
+    assert "rdkafka" not in said  # no reconnect noise either
+    records = _archived(tmp_path, attachment.app_id)  # the audit log is kept all the same
+    assert any(isinstance(x, r.AttemptFinished) for x in records)

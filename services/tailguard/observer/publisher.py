@@ -19,7 +19,7 @@ from tailguard.agent.adapters.kafka import ArchivePublisher, DecisionReader
 from tailguard.codec import codec_for
 from tailguard.log.archive import ArchiveWriter
 from tailguard.log.consumer import Consumed, RecordConsumer
-from tailguard.log.producer import RecordProducer
+from tailguard.log.producer import DeliveryError, RecordProducer
 from tailguard.log.signing import signer_for, verifier_for
 from tailguard.model import records as r
 from tailguard.model.authority import AGENT, Origin, received_archive_topic
@@ -96,7 +96,12 @@ class ObservedAppPublisher(ArchivePublisher):
         """Flush, then listen until the services have gone quiet about the application's last
         events, so their decisions reach the archive; then close it."""
         try:
-            self._producer.flush(10.0)
+            try:
+                self._producer.flush(10.0)
+            except DeliveryError as err:  # the archive holds every record all the same
+                log.warning(
+                    "observe: Kafka did not take every event (%s); the archive has them", err
+                )
             self._reader.drain()
         finally:
             self._reader.stop()

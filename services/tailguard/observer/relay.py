@@ -118,6 +118,15 @@ def relay(
     if mode not in ("kafka", "archive"):
         log.error("observe: %s must be kafka or archive, not %r", LOG_MODE_KEY, mode)
         return 2
+    if mode == "kafka" and (problem := _broker_problem(settings)) is not None:
+        # One warning, then the application runs as if unattached: its events still go to the
+        # archive, and nothing waits for a broker.
+        log.warning(
+            "observe: %s; application %s runs as if unattached (its events: the archive only)",
+            problem,
+            translator.app_id,
+        )
+        mode, actuator = "archive", False
     pending: queue.Queue[_Item] = queue.Queue()
     actuation = None
     if actuator and actions is not None and _attach_wanted(settings, mode):
@@ -232,6 +241,24 @@ def relay(
             actuation.rejected,
         )
     return 0
+
+
+BROKER_PROBE_S = 5.0
+
+
+def _broker_problem(settings: Settings) -> str | None:
+    """Why no broker can take the application's events (None: one answered)."""
+    from confluent_kafka import KafkaException, Producer
+
+    from tailguard.log.kafka_config import client_config
+
+    # librdkafka would log every reconnect attempt; the one warning above says it all.
+    client = Producer(client_config(settings, "producer", {"log_level": 0}))
+    try:
+        client.list_topics(timeout=BROKER_PROBE_S)
+    except KafkaException as err:
+        return f"no broker answered within {BROKER_PROBE_S:g} s ({err.args[0].str()})"
+    return None
 
 
 def _read_fleet(settings: Settings, into: queue.Queue[_Item], stop: threading.Event) -> None:
