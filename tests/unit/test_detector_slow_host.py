@@ -40,6 +40,26 @@ def test_a_uniformly_slow_host_is_found_on_its_third_report_blocked_and_its_atte
     assert [(c.subtask, c.avoid_hosts) for c in copies] == [(5, ("h5",))]
 
 
+def test_a_slow_host_that_read_its_input_at_once_is_found_once_it_runs_past_its_peers():
+    # One batch per task (issue 24's I/O job): every report says "all read", so no rate shows;
+    # but an attempt still running has a time per byte of at least (now - start) / total. At
+    # 2.5x the finished attempts' 2 s it is as slow as a finished attempt could show: found at
+    # 5 s, where it would finish at 10 s and Flink's rule would wait for 27 of 36 tasks.
+    run = run_job(dataclasses.replace(FIVE_X, front_loaded=True))
+    assert run.found("h5")[0] == 5_000
+    assert {h for f in run.findings for h in f.slow_hosts} == {"h5"}
+    assert "h5" in run.blocked()
+
+
+def test_noise_in_a_job_that_reads_its_input_at_once_finds_nothing():
+    noise = tuple(0.7 + 0.6 * ((7 * t) % 11) / 10 for t in range(36))  # 0.7 .. 1.3
+    job = Job(
+        host_factor=(1,) * 6, task_bytes=(10 * MB,) * 36, task_factor=noise, front_loaded=True
+    )
+    run = run_job(job)
+    assert run.findings == [] and run.commands == []
+
+
 def test_under_flip_168_the_same_host_is_not_found_before_three_quarters_finish():
     run = run_job(FIVE_X, FLIP_168)
     assert run.found("h5") == []

@@ -456,13 +456,31 @@ class SlowTaskDetector:
             if not vertex.reporting:
                 continue
             judged: list[tuple[str, float, int]] = []
+            drained: list[tuple[str, float, int]] = []
             for (subtask, _), live in vertex.reporting.items():
                 p = live.progress
-                if p is None or live.reports < rule.min_reports or subtask in vertex.done:
+                if p is None or subtask in vertex.done:
                     continue
-                per_byte = (p.ts - live.deploying_ts) / p.bytes_read
-                judged.append((live.host, per_byte, live.deploying_ts))
+                if p.bytes_total is not None and p.bytes_read >= p.bytes_total:
+                    # All its input read, still running (the rest is processing, which reads
+                    # nothing): its rate says nothing any more, but its time per byte can only
+                    # grow from (now - deploying) / total, as good a lower bound as a finished
+                    # attempt's exact figure. No peer is judged by it.
+                    per_byte = (now - live.deploying_ts) / max(p.bytes_total, 1)
+                    drained.append((live.host, per_byte, live.deploying_ts))
+                elif live.reports >= rule.min_reports:
+                    per_byte = (p.ts - live.deploying_ts) / p.bytes_read
+                    judged.append((live.host, per_byte, live.deploying_ts))
             self._attempts_examined += len(vertex.reporting)
+            finished = vertex.finished_per_byte
+            finished_count, finished_median = len(finished), finished.median()
+            if finished_count >= rule.min_peers and finished_median is not None:
+                for host, per_byte, started in drained:
+                    ratio = slowdown(per_byte, finished_median)
+                    if ratio is not None:
+                        evidence.setdefault(host, []).append(ratio)
+                        where[host] = name
+                        oldest[host] = min(started, oldest.get(host, started))
             if not judged:
                 continue
             values = sorted(per_byte for _, per_byte, _ in judged)
@@ -473,8 +491,6 @@ class SlowTaskDetector:
             for host, per_byte, started in judged:
                 by_host.setdefault(host, []).append(per_byte)
                 oldest[host] = min(started, oldest.get(host, started))
-            finished = vertex.finished_per_byte
-            finished_count, finished_median = len(finished), finished.median()
             for host, own in by_host.items():
                 peers = len(values) - len(own)
                 if finished_count > peers:

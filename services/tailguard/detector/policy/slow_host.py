@@ -16,6 +16,9 @@ keeps up with the hosts running the same vertex. This rule compares those rates.
   finished attempts when those are more numerous. Their **median** time per byte is the
   reference: the median does not move however slow a minority of peers (the slow host's other
   attempts, or several slow hosts) is. At least `…slow-host.min-peers` peers are needed.
+- **An attempt that has read all its input** and still runs (processing it) has no rate any
+  more; its time per byte is at least (now − deploying) / total, which over the vertex's
+  finished median is evidence like a finished attempt's. It is no peer.
 - **Its slowdown** = its time per byte / the reference. A finished attempt gets one too, when it
   finishes (its whole time over its input bytes, against the vertex's finished median, or the
   reference of the vertex's last check while fewer than `min-peers` have finished), and it stays
