@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +34,7 @@ from typing import Any, Literal
 
 from tailguard.cluster import procs, slowness
 from tailguard.cluster.netns import NetnsHost
+from tailguard.jdk import java_path
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -107,10 +107,7 @@ def spark_home() -> Path:
 
 def find_java() -> str:
     """Path of the `java` binary, or a ClusterError that says what to install."""
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").is_file():
-        return str(Path(java_home) / "bin" / "java")
-    found = shutil.which("java")
+    found = java_path()
     if found is None:
         raise ClusterError(
             "`java` not found: the local Spark cluster needs a JDK 17 (for example "

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -31,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from tailguard.jdk import java_path
 from tailguard.log.broker_state import KAFKA_MAIN_CLASS, KAFKA_PROPERTIES_FILE
 from tailguard.log.kafka_jars import kafka_classpath
 from tailguard.log.topics import TopicSpec, declared_topics
@@ -167,10 +167,7 @@ def server_properties(address: Address, data_dir: Path) -> str:
 
 
 def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    if home and (Path(home) / "bin" / "java").is_file():
-        return str(Path(home) / "bin" / "java")
-    found = shutil.which("java")
+    found = java_path()
     if found is None:
         raise KafkaServerError(
             "`java` not found: Apache Kafka's broker needs a JDK 17 (the one Spark needs), on "
