@@ -130,6 +130,23 @@ JE|2600|0|SUCCEEDED
     assert isinstance(events[-1], r.JobFinished) and events[-1].status is r.JobStatus.SUCCEEDED
 
 
+def test_a_heartbeat_reports_a_running_tasks_reads_as_progress() -> None:
+    events = translate(
+        HISTORY
+        + """
+TP|1500|13|40|4|-1|-1
+TP|1500|99|40|4|-1|-1
+TE|2110|13|0|0|Success|100|10|-1|-1|
+TP|2200|13|100|10|-1|-1
+"""
+    )
+    progress = [e for e in events if isinstance(e, r.AttemptProgress)]
+    # Task 99 never started under observation; task 13 had ended by the last heartbeat.
+    assert [(e.vertex, e.subtask, e.attempt, e.host, e.bytes_read, e.records_read) for e in
+            progress] == [("stage-0", 3, 0, "b", 40, 4)]  # fmt: skip
+    assert progress[0].bytes_total is None and progress[0].ts == 1500
+
+
 def test_ticks_go_to_running_jobs_only_and_never_back_in_time() -> None:
     translator = SparkEventTranslator()
     translate(HISTORY, translator)

@@ -15,7 +15,9 @@ The mapping:
 - a task (its partition): a subtask; a task attempt (`TaskInfo`): an attempt, numbered per
   subtask in launch order, speculative as Spark says;
 - an executor's host: a node;
-- a task's end: `AttemptFinished` (success), `AttemptCanceled` (killed), `AttemptFailed`.
+- a task's end: `AttemptFinished` (success), `AttemptCanceled` (killed), `AttemptFailed`;
+- a running task's reads so far, from its executor's heartbeat: `AttemptProgress` (bytes and
+  records of input plus shuffle reads; the total it will read is unknown).
 
 Why a Spark job and not the application as the tailguard job: a tailguard job declares its whole
 graph in `JobSubmitted`, and an application's stages are only known job by job (adaptive query
@@ -344,6 +346,28 @@ class SparkEventTranslator:
             )
         ]
 
+    def _task_progress(self, f: Sequence[str]) -> list[r.Event]:
+        ts, task_id = int(f[0]), int(f[1])
+        task = self._tasks.get(task_id)
+        if task is None:
+            return []  # ended since the heartbeat, or not started under observation
+        read = [int(x) for x in (f[2], f[4]) if int(x) >= 0]
+        return [
+            r.AttemptProgress(
+                job_id=task.job.job_id,
+                ts=ts,
+                id=task.job.next_id(),
+                vertex=task.vertex,
+                subtask=task.subtask,
+                attempt=task.attempt,
+                host=task.host,
+                records_read=sum(max(0, int(x)) for x in (f[3], f[5])),
+                bytes_read=sum(read),
+                # Spark does not say how much a running task will read.
+                bytes_total=None,
+            )
+        ]
+
     def _application_ended(self, f: Sequence[str]) -> list[r.Event]:
         ts = int(f[0])
         out: list[r.Event] = [
@@ -365,6 +389,7 @@ class SparkEventTranslator:
         "JE": _job_ended,
         "TS": _task_started,
         "TE": _task_ended,
+        "TP": _task_progress,
         "E": _application_ended,
     }
 

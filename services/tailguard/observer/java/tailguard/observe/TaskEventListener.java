@@ -18,7 +18,9 @@ import org.apache.spark.scheduler.JobSucceeded$;
 import org.apache.spark.scheduler.SparkListener;
 import org.apache.spark.scheduler.SparkListenerApplicationEnd;
 import org.apache.spark.scheduler.SparkListenerApplicationStart;
+import org.apache.spark.scheduler.AccumulableInfo;
 import org.apache.spark.scheduler.SparkListenerExecutorAdded;
+import org.apache.spark.scheduler.SparkListenerExecutorMetricsUpdate;
 import org.apache.spark.scheduler.SparkListenerExecutorRemoved;
 import org.apache.spark.scheduler.SparkListenerJobEnd;
 import org.apache.spark.scheduler.SparkListenerJobStart;
@@ -158,6 +160,41 @@ public class TaskEventListener extends SparkListener {
     @Override
     public void onExecutorRemoved(SparkListenerExecutorRemoved event) {
         write("XR", event.time(), event.executorId(), event.reason());
+    }
+
+    /**
+     * A running task's progress, from the executor's heartbeat (every
+     * spark.executor.heartbeatInterval, 10 s by default): what it has read so far. Spark gives
+     * nothing finer about a running task; a task without input or shuffle reads is not reported.
+     */
+    @Override
+    public void onExecutorMetricsUpdate(SparkListenerExecutorMetricsUpdate event) {
+        long now = System.currentTimeMillis();
+        // Scala 2.12's collection.Seq or 2.13's immutable.Seq: both are a collection.Seq.
+        scala.collection.Seq<?> updates = event.accumUpdates();
+        for (Object item : JavaConverters.seqAsJavaList(updates)) {
+            scala.Tuple4<?, ?, ?, ?> update = (scala.Tuple4<?, ?, ?, ?>) item;
+            long inBytes = -1, inRecords = -1, shuffleBytes = -1, shuffleRecords = -1;
+            for (Object a : JavaConverters.seqAsJavaList((scala.collection.Seq<?>) update._4())) {
+                AccumulableInfo info = (AccumulableInfo) a;
+                if (info.name().isEmpty() || info.update().isEmpty()) continue;
+                Object value = info.update().get();
+                if (!(value instanceof Long)) continue;
+                long v = (Long) value;
+                switch (info.name().get()) {
+                    case "internal.metrics.input.bytesRead": inBytes = v; break;
+                    case "internal.metrics.input.recordsRead": inRecords = v; break;
+                    case "internal.metrics.shuffle.read.remoteBytesRead":
+                    case "internal.metrics.shuffle.read.localBytesRead":
+                        shuffleBytes = Math.max(shuffleBytes, 0) + v; break;
+                    case "internal.metrics.shuffle.read.recordsRead": shuffleRecords = v; break;
+                    default: break;
+                }
+            }
+            if (inBytes >= 0 || shuffleBytes >= 0) {
+                write("TP", now, update._1(), inBytes, inRecords, shuffleBytes, shuffleRecords);
+            }
+        }
     }
 
     @Override
