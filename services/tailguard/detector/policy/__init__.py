@@ -461,12 +461,15 @@ class SlowTaskDetector:
                 p = live.progress
                 if p is None or subtask in vertex.done:
                     continue
-                if p.bytes_total is not None and p.bytes_read >= p.bytes_total:
+                total = p.bytes_total
+                if total is None:
+                    total = self._assigned(job, vertex, subtask)
+                if total is not None and p.bytes_read >= total:
                     # All its input read, still running (the rest is processing, which reads
                     # nothing): its rate says nothing any more, but its time per byte can only
                     # grow from (now - deploying) / total, as good a lower bound as a finished
                     # attempt's exact figure. No peer is judged by it.
-                    per_byte = (now - live.deploying_ts) / max(p.bytes_total, 1)
+                    per_byte = (now - live.deploying_ts) / max(total, 1)
                     drained.append((live.host, per_byte, live.deploying_ts))
                 elif live.reports >= rule.min_reports:
                     per_byte = (p.ts - live.deploying_ts) / p.bytes_read
