@@ -147,6 +147,27 @@ TP|2200|13|100|10|-1|-1
     assert progress[0].bytes_total is None and progress[0].ts == 1500
 
 
+def test_a_copy_still_running_at_the_jobs_end_lost_the_race() -> None:
+    # Spark posts the job's end, then kills the attempts it no longer needs.
+    events = translate(
+        HISTORY
+        + """
+TS|2000|14|0|0|3|3|1|1|a|1
+TE|2100|14|0|0|Success|100|10|-1|-1|
+TS|2200|15|1|0|0|0|0|2|b|0
+TS|2200|16|1|0|1|1|0|1|a|0
+TE|2300|15|1|0|Success|-1|-1|50|5|
+TE|2300|16|1|0|Success|-1|-1|50|5|
+JE|2600|0|SUCCEEDED
+TE|2610|13|0|0|TaskKilled|-1|-1|-1|-1|TaskKilled(another attempt succeeded)
+"""
+    )
+    ends = [e for e in events if isinstance(e, r.AttemptCanceled | r.JobFinished)]
+    assert [(type(e).__name__, getattr(e, "subtask", None), getattr(e, "reason", None))
+            for e in ends] == [("AttemptCanceled", 3, r.CancelReason.LOST_RACE),
+                               ("JobFinished", None, None)]  # fmt: skip
+
+
 def test_ticks_go_to_running_jobs_only_and_never_back_in_time() -> None:
     translator = SparkEventTranslator()
     translate(HISTORY, translator)

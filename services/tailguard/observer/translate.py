@@ -85,6 +85,9 @@ class _Job:
     submitted: bool = False
     sequence: int = 0
     last_tick: int = 0
+    # (vertex, subtask) with a finished attempt: an attempt of one still running at the job's
+    # end lost the race (Spark kills it after posting the job's end).
+    done: set[tuple[str, int]] = field(default_factory=set)
 
     def next_id(self) -> str:
         self.sequence += 1
@@ -267,7 +270,27 @@ class SparkEventTranslator:
         if job is None or not job.submitted:
             return []
         self._remember_ended(job)
-        return [self._finished(job, ts, result)]
+        # Every attempt ends in the job's record: Spark posts the job's end before the ends of
+        # the attempts it is still killing (a copy's loser, a task no longer needed).
+        out: list[r.Event] = []
+        for task_id, task in list(self._tasks.items()):
+            if task.job is not job:
+                continue
+            del self._tasks[task_id]
+            lost = (task.vertex, task.subtask) in job.done
+            out.append(
+                r.AttemptCanceled(
+                    job_id=job.job_id,
+                    ts=ts,
+                    id=job.next_id(),
+                    vertex=task.vertex,
+                    subtask=task.subtask,
+                    attempt=task.attempt,
+                    host=task.host,
+                    reason=r.CancelReason.LOST_RACE if lost else r.CancelReason.JOB_CANCELED,
+                )
+            )
+        return [*out, self._finished(job, ts, result)]
 
     def _task_started(self, f: Sequence[str]) -> list[r.Event]:
         ts, task, stage, stage_attempt = int(f[0]), int(f[1]), int(f[2]), int(f[3])
@@ -322,6 +345,7 @@ class SparkEventTranslator:
             "host": task.host,
         }
         if reason == "Success":
+            job.done.add((task.vertex, task.subtask))
             read = [int(x) for x in (f[5], f[7]) if int(x) >= 0]
             records = sum(max(0, int(x)) for x in (f[6], f[8]))
             return [
