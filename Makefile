@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 VENV35  := .venv-spark35
 STAMP35 := $(VENV35)/.installed
 
-.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe bench-observe-within test-observe test-attach test-fleet bench-load bench-restart chaos clean
+.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe bench-observe-within bench-attach test-observe test-attach test-fleet bench-load bench-restart chaos clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
@@ -16,7 +16,7 @@ help:
 	@echo "make chaos  the fault-injection suite: kills, garbage, lost partitions, storage down (minutes; not in make test)"
 	@echo "make test-fleet / test-observe / test-attach  the fleet blocklist, observe and attach mode end to end (minutes; not in make test)"
 	@echo "make test-multihost the multi-host test (network namespaces, root; minutes, not in make test)"
-	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim, bench-memory, bench-fleet, bench-observe, bench-observe-within, bench-load, bench-restart)"
+	@echo "make bench  the benchmarks (also bench-quick, bench-log, bench-policy, bench-agent, bench-sim, bench-memory, bench-fleet, bench-observe, bench-observe-within, bench-attach, bench-load, bench-restart)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -132,6 +132,12 @@ bench-load: $(STAMP)
 # A real service killed -9 and restarted with 1M events of history: start -> ready, -> decision.
 bench-restart: $(STAMP)
 	$(BIN)/python benchmarks/restart_ready.py
+
+# Attach mode against Spark's own speculation: the same unmodified I/O job, plain, with
+# speculation at Spark's defaults and at 1.5 / 0.75, and attached (docs/attach.md).
+bench-attach: $(STAMP)
+	$(BIN)/tailguard bench --scenarios io-healthy,io-slow \
+		--contenders 'pyspark,pyspark+speculation,pyspark+speculation(flink-like),pyspark+tailguard-attach'
 
 bench: $(STAMP)
 	$(BIN)/tailguard bench

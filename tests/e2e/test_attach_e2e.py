@@ -30,7 +30,7 @@ from tailguard.replay.inputs import read_archive
 from tailguard.testing import Harness, run_settings
 
 SLOW_HOST = "127.0.0.4"
-TASK_S = 2.0  # each scan task's I/O-bound work on a healthy host
+TASK_S = 4.0  # each scan task's I/O-bound work on a healthy host
 FILES = 12
 ATTACH_POLICY = {
     "slow-task-detector.check-interval": "250 ms",

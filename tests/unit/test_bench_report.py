@@ -7,6 +7,7 @@ import pytest
 
 from tailguard.bench import report, summary
 from tailguard.bench.scenarios import (
+    ATTACH_CONTENDERS,
     IO_QUICK,
     QUICK_CONTENDERS,
     SCENARIOS,
@@ -342,7 +343,10 @@ def test_contender_selection_keeps_the_standard_order() -> None:
     names = [c.name for c in select_contenders("pyspark, tailguard+services")]
     assert names == ["tailguard+services", "pyspark"]
     assert [c.name for c in select_contenders(None, QUICK_CONTENDERS)] == list(QUICK_CONTENDERS)
-    assert len(select_contenders(None)) == 5
+    assert len(select_contenders(None)) == 6
+    # make bench-attach: the unmodified job's contenders, attach mode last.
+    attach = select_contenders(",".join(ATTACH_CONTENDERS))
+    assert [c.name for c in attach] == list(ATTACH_CONTENDERS) and attach[-1].attach
     with pytest.raises(ValueError, match="unknown contender"):
         select_contenders("spark")
 

@@ -42,6 +42,8 @@ _log = logging.getLogger(__name__)
 PLUGINS_KEY = "spark.plugins"
 # Spark's conf prefix for tailguard settings (the listener reads them, prefix dropped).
 SETTINGS_PREFIX = "spark.tailguard."
+HEARTBEAT_KEY = "spark.executor.heartbeatInterval"
+HEARTBEAT = "2s"
 
 
 class Attachment(Observation):
@@ -131,6 +133,9 @@ def spark_conf(
         "spark.jars": str(listener_jar()),
         PLUGINS_KEY: PLUGIN_CLASS,
         f"{SETTINGS_PREFIX}observe.python": python or sys.executable,
+        # A running task's reads reach the detector with each executor heartbeat; the slow-host
+        # rule needs three of them, so Spark's 10 s would take half a minute to find a host.
+        HEARTBEAT_KEY: HEARTBEAT,
     }
     conf.update({f"{SETTINGS_PREFIX}{k}": str(v) for k, v in (settings or {}).items()})
     return conf

@@ -24,6 +24,7 @@ rejected here with its reason, after one warning each.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import IO
@@ -67,6 +68,7 @@ class _Pending:
     command: r.Command | None  # None: a fleet entry
     action: ac.SparkAction
     entry_id: str = ""
+    sent: float = 0.0  # time.monotonic() when the action went to the JVM
 
 
 class Actuation(ac.AppView):
@@ -85,6 +87,9 @@ class Actuation(ac.AppView):
         self._unavailable: dict[str, str] = {}
         self._probed = False
         self._fleet_changes: list[FleetBlock] = []
+        # Milliseconds from a command reaching the relay to the JVM's answer, per command
+        # answered by the JVM (what `make bench-attach` reports).
+        self.outcome_ms: list[float] = []
         self.applied = 0
         self.rejected = 0
 
@@ -140,6 +145,7 @@ class Actuation(ac.AppView):
 
     def received(self, command: r.Command, origin: Origin, now: int) -> list[r.Event]:
         """Events answering `command` now (a rejection), or none while the JVM applies it."""
+        arrived = time.monotonic()
         problem = authority_problem(command, origin)
         if problem is not None:
             log.warning("attach: rejected %s %s: %s", type(command).__name__, command.id, problem)
@@ -160,7 +166,7 @@ class Actuation(ac.AppView):
         if isinstance(action, ac.NoAction):
             log.info("attach: %s %s: %s", type(command).__name__, command.id, action.why)
             return self._applied_events(command, action, now)
-        self._pending[command.id] = _Pending(command, action)
+        self._pending[command.id] = _Pending(command, action, sent=arrived)
         self._write(ac.action_line(command.id, action))
         return []
 
@@ -172,6 +178,7 @@ class Actuation(ac.AppView):
             return []
         if pending.command is None:
             return self._fleet_outcome(pending, fields, now)
+        self.outcome_ms.append((time.monotonic() - pending.sent) * 1000)
         if fields[2] == "OK":
             return self._applied_events(pending.command, pending.action, now)
         reason = fields[3] if len(fields) > 3 else "refused by Spark"

@@ -7,6 +7,7 @@ interleaved within each round so drifts in machine load hit all of them alike.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -31,6 +32,7 @@ from tailguard.bench.scenarios import (
 )
 from tailguard.cluster import slowness
 from tailguard.examples import sales_by_region as example
+from tailguard.log.archive import ArchiveReader
 from tailguard.model import records as r
 
 Say = Callable[[str], None]
@@ -67,6 +69,10 @@ class RunRecord:
     # deploy -> outcome round trip minus the runner-measured run time, and deploy -> running.
     dispatch_ms: list[float] = field(default_factory=list)
     deploy_to_running_ms: list[float] = field(default_factory=list)
+    # Attach mode: per command, from reaching the relay to Spark's answer.
+    relay_to_outcome_ms: list[float] = field(default_factory=list)
+    commands_applied: int | None = None
+    commands_rejected: int | None = None
 
 
 @dataclass
@@ -273,16 +279,23 @@ class Bench:
             if contender.tailguard:
                 self._run_tailguard(spark, settings, scenario, contender, data, output, rec)
             else:
-                run = plain_spark.run_job(
-                    spark,
-                    scenario.shape,
-                    data[scenario.name],
-                    output,
-                    self.size.work,
-                    self.io.task_s,
-                    self.io.rows_per_split,
-                    self.io.stages,
-                )
+                attachment = _attach(spark, settings) if contender.attach else None
+                try:
+                    run = plain_spark.run_job(
+                        spark,
+                        scenario.shape,
+                        data[scenario.name],
+                        output,
+                        self.size.work,
+                        self.io.task_s,
+                        self.io.rows_per_split,
+                        self.io.stages,
+                    )
+                finally:
+                    if attachment is not None:
+                        attachment.close()
+                if attachment is not None:
+                    _from_attached(settings, attachment.app_id, rec)
                 rec.job_s = run.duration_s
                 rec.ok = True
                 rec.speculative_attempts = run.speculative_tasks
@@ -370,6 +383,29 @@ def _from_archive(path: Path, settings: Any, rec: RunRecord) -> None:
             "speculated": (SCORE_VERTEX, largest[0]) in speculated,
             "speculated_subtasks": sorted(s for v, s in speculated if v == SCORE_VERTEX),
         }
+
+
+def _attach(spark: Any, settings: Any) -> Any:
+    """`tailguard.attach` with the bench's settings (its broker and archive dir); the services
+    that serve the tailguard contender decide for the attached job too."""
+    import tailguard
+
+    return tailguard.attach(spark, settings.overrides())
+
+
+def _from_attached(settings: Any, app_id: str, rec: RunRecord) -> None:
+    """What the attached application's archive and the relay's summary say of the run."""
+    archive = Path(settings.get("tailguard.archive-dir") or "work/archive") / f"{app_id}.avro"
+    rec.archive = str(archive)
+    summary = Path(f"{archive}.attach.json")
+    if summary.exists():
+        said = json.loads(summary.read_text())
+        rec.relay_to_outcome_ms = [float(ms) for ms in said["relay_to_outcome_ms"]]
+        rec.commands_applied, rec.commands_rejected = said["applied"], said["rejected"]
+    if archive.exists():
+        events = [e.record for e in ArchiveReader(archive)]
+        rec.blocked_hosts = sorted({e.host for e in events if isinstance(e, r.NodeBlocked)})
+        rec.speculative_wins = sum(isinstance(e, r.SpeculativeAttemptWon) for e in events)
 
 
 def _check_slowness_reaches_tasks(sc: Any, cluster: Any) -> None:

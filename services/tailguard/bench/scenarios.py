@@ -84,6 +84,8 @@ class Contender:
     services: bool = False
     # Spark confs of the plain-PySpark contenders (empty: speculation off, Spark's defaults).
     spark_conf: tuple[tuple[str, str], ...] = ()
+    # The plain PySpark job, unchanged, under `tailguard.attach` with the services (attach mode).
+    attach: bool = False
 
 
 CONTENDERS: tuple[Contender, ...] = (
@@ -100,10 +102,18 @@ CONTENDERS: tuple[Contender, ...] = (
             ("spark.speculation.quantile", "0.75"),
         ),
     ),
+    Contender("pyspark+tailguard-attach", tailguard=False, services=True, attach=True),
 )
 SERVICES_CONTENDER = CONTENDERS[0].name
 TAILGUARD_CONTENDERS = tuple(c.name for c in CONTENDERS if c.tailguard)
 PLAIN_CONTENDERS = tuple(c.name for c in CONTENDERS if not c.tailguard)
+# `make bench-attach`: the unmodified job, plain, with Spark's speculation both ways, attached.
+ATTACH_CONTENDERS = (
+    "pyspark",
+    "pyspark+speculation",
+    "pyspark+speculation(flink-like)",
+    "pyspark+tailguard-attach",
+)
 
 
 @dataclass(frozen=True)

@@ -202,6 +202,9 @@ def latencies(runs: Sequence[Run]) -> dict[str, list[float]]:
         "last input AttemptFinished → VertexInitialized (decider)": [
             float(d["ms"]) for x in mine for d in x["decider_latency_ms"]
         ],
+        "attach: command at the relay → Spark's answer (applied or rejected)": [
+            float(ms) for x in runs if x["ok"] for ms in x.get("relay_to_outcome_ms") or ()
+        ],
     }
 
 

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 from tailguard.model import records as r
 from tailguard.model.authority import Origin
@@ -240,7 +240,28 @@ def relay(
             actuation.applied,
             actuation.rejected,
         )
+        _write_summary(publisher.archive_path, actuation)
     return 0
+
+
+def _write_summary(archive: str, actuation: Any) -> None:
+    """`<archive>.attach.json` beside a local archive: the commands' outcomes and how long each
+    took from reaching the relay to Spark's answer (`make bench-attach` reads it)."""
+    import json
+    from pathlib import Path
+
+    if "://" in archive and not archive.startswith("file://"):
+        return  # an object store: the archive itself is the record
+    path = Path(archive.removeprefix("file://") + ".attach.json")
+    summary = {
+        "applied": actuation.applied,
+        "rejected": actuation.rejected,
+        "relay_to_outcome_ms": [round(ms, 3) for ms in actuation.outcome_ms],
+    }
+    try:
+        path.write_text(json.dumps(summary))
+    except OSError as err:
+        log.warning("attach: no summary at %s: %s", path, err)
 
 
 BROKER_PROBE_S = 5.0
