@@ -104,6 +104,16 @@ def _send(bootstrap: str, settings: Settings, *commands: r.Command) -> None:
     assert producer.flush(10) == 0
 
 
+def _attached_job(
+    spark: Any, settings: dict[str, str], group: str, task_s: float, marks: Path
+) -> tuple[Any, RunningJob, str, int]:
+    """An attachment, and a job of two tasks running under it: its tailguard id and stage."""
+    attachment = tailguard.attach(spark, settings)
+    job = RunningJob(spark, group, 2, task_s=task_s, marks=marks)
+    spark_job, stage = job.spark_job(), job.running_stage(tasks=2)
+    return attachment, job, observed_job_id(attachment.app_id, spark_job), stage
+
+
 def _archived(tmp_path: Path, app_id: str) -> list[r.Record]:
     return [e.record for e in ArchiveReader(tmp_path / "archive" / f"{app_id}.avro")]
 
@@ -123,11 +133,10 @@ def test_commands_for_a_running_job_are_applied_or_refused_with_their_reason(
 ) -> None:
     spark = tailguard_local_spark
     settings = _settings(tmp_path, tailguard_broker.bootstrap)
-    attachment = tailguard.attach(spark, settings)
+    attachment, job, job_id, stage = _attached_job(
+        spark, settings, "attach-fail", 120, tmp_path / "marks"
+    )
     try:
-        job = RunningJob(spark, "attach-fail", 2, task_s=120, marks=tmp_path / "marks")
-        spark_job, stage = job.spark_job(), job.running_stage(tasks=2)
-        job_id = observed_job_id(attachment.app_id, spark_job)
         now = int(time.time() * 1000)
         executors = spark.sparkContext._jsc.sc().statusStore().executorList(True)
         host = executors.apply(0).hostPort().rsplit(":", 1)[0]  # local[N]: the driver's
@@ -160,11 +169,10 @@ def test_a_restart_kills_the_attempt_and_spark_runs_it_again(
 ) -> None:
     spark = tailguard_local_spark
     settings = _settings(tmp_path, tailguard_broker.bootstrap)
-    attachment = tailguard.attach(spark, settings)
+    attachment, job, job_id, stage = _attached_job(
+        spark, settings, "attach-restart", 6, tmp_path / "marks"
+    )
     try:
-        job = RunningJob(spark, "attach-restart", 2, task_s=6, marks=tmp_path / "marks")
-        spark_job, stage = job.spark_job(), job.running_stage(tasks=2)
-        job_id = observed_job_id(attachment.app_id, spark_job)
         restart = r.RestartTasks(
             job_id=job_id,
             ts=int(time.time() * 1000),

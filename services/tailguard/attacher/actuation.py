@@ -264,20 +264,19 @@ class Actuation(ac.AppView):
 
     def job_started(self, job_id: str, ts: int) -> list[r.Event]:
         """The blocks in force, for a job that has just been submitted."""
-        out: list[r.Event] = []
-        for host, block in self._blocks.items():
-            event = self._translator.job_event(
-                job_id,
-                r.NodeBlocked,
-                ts,
-                host=host,
-                until_ts=block.until_ts,
-                cause=block.cause,
-                command_id=block.command_id,
-            )
-            if event is not None:
-                out.append(event)
-        return out
+        events = (self._block_event(job_id, ts, h, b) for h, b in self._blocks.items())
+        return [e for e in events if e is not None]
+
+    def _block_event(self, job_id: str, ts: int, host: str, block: _Block) -> r.Event | None:
+        return self._translator.job_event(
+            job_id,
+            r.NodeBlocked,
+            ts,
+            host=host,
+            until_ts=block.until_ts,
+            cause=block.cause,
+            command_id=block.command_id,
+        )
 
     def tick(self, now: int) -> list[r.Event]:
         """Blocks whose time is up: Spark lifts them at its next offer; so do the events."""
@@ -298,15 +297,7 @@ class Actuation(ac.AppView):
         out: list[r.Event] = []
         for job_id in self._translator.running_jobs:
             if block is not None:
-                event: r.Event | None = self._translator.job_event(
-                    job_id,
-                    r.NodeBlocked,
-                    ts,
-                    host=host,
-                    until_ts=block.until_ts,
-                    cause=block.cause,
-                    command_id=block.command_id,
-                )
+                event = self._block_event(job_id, ts, host, block)
             else:
                 event = self._translator.job_event(
                     job_id, r.NodeUnblocked, ts, host=host, command_id=command_id
