@@ -13,7 +13,10 @@ fresh Python workers):
 - streamed: `map_batches(enrich).map_batches(flag)` with `python.fn-execution.arrow.batch.size`
   = `--batch-rows`: the attempt holds a few batches;
 - whole: `map(lambda t: flag(enrich(t)))`, today's whole-partition execution: the attempt
-  holds its whole input (and the operators' copies of it).
+  holds its whole input (and the operators' copies of it);
+- join: the input left-joined on `id` with a second read of it (`id` and `a` as `a2`), its
+  build side, the whole input, far above the join's `memory=` bound of batch x depth: the
+  build side spills (`spilled_bytes` is printed), the probe side streams.
 
 What is measured, per Python worker process of the Spark session (the children of the
 `pyspark.daemon`, found under this process in /proc): the kernel's exact peak resident set
@@ -21,9 +24,10 @@ What is measured, per Python worker process of the Spark session (the children o
 runs first in the same session; its peak is the worker's baseline (interpreter, pyarrow,
 pandas, the runner, a tiny attempt). Then the peak is reset (`5` to /proc/PID/clear_refs) and
 the measured job runs. The batch-size bound is the bytes of one input batch times the chain's
-depth (source, two operators, sink: 4). Printed per run: the worker's peak against
-(baseline + bound) — the claim checked, for the streamed run at the first input size, is
-peak ≤ 2 × (baseline + bound), the exit status says whether it holds — and the peak's growth
+depth (source, two operators, sink: 4); the join's `memory=` is the same bound. Printed per run:
+the worker's peak against (baseline + bound) — the claim checked, for the streamed and the join
+runs at the first input size, is peak ≤ 2 × (baseline + bound), the exit status says whether it
+holds — and the peak's growth
 over the baseline against the bound alone, the stricter reading. Two input sizes show what
 grows with the input and what does not. The machine's load
 is printed before and after (other processes share the cores; memory is not timing, so load
@@ -145,6 +149,7 @@ def reset_peak(pid: int) -> None:
 
 def measure(mode: str, data: Path, warm: Path, work: Path, batch_rows: int) -> dict[str, Any]:
     from tailguard.agent.adapters.spark import session_builder
+    from tailguard.agent.driver.result import RunResult
     from tailguard.agent.entry import run
     from tailguard.agent.graph.api import Job
     from tailguard.model.config import Settings
@@ -155,6 +160,11 @@ def measure(mode: str, data: Path, warm: Path, work: Path, batch_rows: int) -> d
         read = graph.read_parquet(str(source), name="source", parallelism=1)
         if mode == "streamed":
             done = read.map_batches(enrich, name="enrich").map_batches(flag, name="flag")
+        elif mode == "join":
+            dims = graph.read_parquet(str(source), name="dims", parallelism=1)
+            build = dims.select("id", ("a2", pc.field("a")), name="dim")
+            memory = _batch_bytes(source) * DEPTH
+            done = read.join(build, "id", "left", memory=memory, name="join", parallelism=1)
         else:
             done = read.map(whole, name="whole")
         done.write_parquet(str(out), name="sink")
@@ -170,7 +180,7 @@ def measure(mode: str, data: Path, warm: Path, work: Path, batch_rows: int) -> d
     spark = session_builder("local[1]", app_name=f"bench-memory-{mode}").getOrCreate()
     try:
 
-        def run_job(source: Path, name: str) -> None:
+        def run_job(source: Path, name: str) -> RunResult:
             result = run(
                 job(source, name),
                 spark,
@@ -180,13 +190,14 @@ def measure(mode: str, data: Path, warm: Path, work: Path, batch_rows: int) -> d
                 progress=False,
             )
             assert result.ok, result.summary()
+            return result
 
         run_job(warm, "warm-up")
         baseline = {pid: peak_bytes(pid) for pid in python_workers()}
         for pid in baseline:
             reset_peak(pid)
         started = time.monotonic()
-        run_job(data, "measured")
+        measured = run_job(data, "measured")
         seconds = time.monotonic() - started
         peaks = {pid: peak_bytes(pid) for pid in python_workers()}
     finally:
@@ -200,6 +211,7 @@ def measure(mode: str, data: Path, warm: Path, work: Path, batch_rows: int) -> d
         "baseline_bytes": baseline.get(pid, 0),
         "peak_bytes": peaks[pid],
         "seconds": round(seconds, 2),
+        "spilled_bytes": sum(a.spilled_bytes for a in measured.attempts if a.won),
     }
 
 
@@ -243,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         help="input sizes in batches, comma-separated; the first is the claim's (default 10,40)",
     )
     parser.add_argument("--work-dir", type=Path, default=Path("work") / "bench-memory")
-    parser.add_argument("--measure", choices=["streamed", "whole"], help=argparse.SUPPRESS)
+    parser.add_argument("--measure", choices=["streamed", "whole", "join"], help=argparse.SUPPRESS)
     parser.add_argument("--input-batches", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     work: Path = args.work_dir.resolve()
@@ -261,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     batch_bytes = 0
     for batches in sizes:
         batch_bytes = generate(work / "data" / f"input-{batches}.parquet", batches, args.batch_rows)
-        for mode in ("streamed", "whole"):
+        for mode in ("streamed", "whole", "join"):
             runs.append({"batches": batches, **_contender(mode, args, batches, work)})
     load_after = os.getloadavg()
     bound = batch_bytes * DEPTH
@@ -284,13 +296,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{run['peak_bytes'] / whole_bound:.2f} x (baseline + bound); growth over the "
             f"baseline {_mib(run['baseline_bytes'])}: {_mib(growth)} = "
             f"{growth / bound:.2f} x bound; job {run['seconds']} s"
+            + (f"; spilled {_mib(run['spilled_bytes'])}" if run["spilled_bytes"] else "")
         )
-    claim = next(r for r in runs if r["mode"] == "streamed" and r["batches"] == sizes[0])
-    within = claim["peak_bytes"] <= 2 * (claim["baseline_bytes"] + bound)
-    print(
-        f"streamed, input {sizes[0]} batches: peak RSS "
-        f"{'within' if within else 'NOT within'} 2x (baseline + batch x depth)"
-    )
+    within = True
+    for mode in ("streamed", "join"):
+        claim = next(r for r in runs if r["mode"] == mode and r["batches"] == sizes[0])
+        holds = claim["peak_bytes"] <= 2 * (claim["baseline_bytes"] + bound)
+        within = within and holds
+        print(
+            f"{mode}, input {sizes[0]} batches: peak RSS "
+            f"{'within' if holds else 'NOT within'} 2x (baseline + batch x depth)"
+        )
     results = work / "memory.json"
     results.write_text(
         json.dumps(
