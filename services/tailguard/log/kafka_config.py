@@ -96,7 +96,7 @@ KAFKA_FETCH_WAIT_MS = 500
 
 def is_embedded_cluster(cluster_id: str | None) -> bool:
     """Whether the broker that answered with `cluster_id` is librdkafka's mock cluster."""
-    return bool(cluster_id) and cluster_id.startswith(EMBEDDED_CLUSTER_PREFIX)
+    return cluster_id is not None and cluster_id.startswith(EMBEDDED_CLUSTER_PREFIX)
 
 
 def configured_fetch_wait_ms(settings: Mapping[str, str]) -> int | None:
