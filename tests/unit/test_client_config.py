@@ -444,7 +444,7 @@ def test_a_bad_fetch_wait_is_refused_naming_the_setting(value: str) -> None:
 
 
 def test_the_fetch_wait_says_why() -> None:
-    assert fetch_wait({}, "mockCluster1", 20).why == "cluster mockCluster1 is the embedded broker"
+    assert fetch_wait({}, "mockCluster1", 20).why == "cluster mockCluster1 is the mock broker"
     assert (
         fetch_wait({}, "7Hn2uXQwT3yLb0aZ1c9rKg", 20).why
         == "cluster 7Hn2uXQwT3yLb0aZ1c9rKg is Kafka"
