@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tailguard import filesystems
+from tailguard.agent.adapters.kafka import start_margin_ms
 from tailguard.agent.driver.driver import JobDriver, RunOptions, new_job_id
 from tailguard.agent.driver.ports import (
     AgentThreadFailed,
@@ -38,8 +39,6 @@ ARCHIVE_UPLOAD_INTERVAL = "tailguard.archive.upload-interval"
 DEFAULT_ARCHIVE_UPLOAD_INTERVAL = "10 s"
 # How far before its first fact a job's agent starts reading decisions: the most the clocks of
 # the services' hosts may lag the driver's (a command is stamped by the service that made it).
-START_MARGIN = "tailguard.agent.start-margin"
-DEFAULT_START_MARGIN = "60 s"
 
 
 class JobIdInUse(ValueError):
@@ -234,10 +233,6 @@ def refuse_used_job_id(archive_dir: str, job_id: str) -> None:
             f"under a new id, or take over the run whose driver died with "
             f"`tailguard run --recover {job_id}` (Python: tailguard.run(..., recover={job_id!r}))"
         )
-
-
-def start_margin_ms(settings: Settings) -> int:
-    return parse_duration_ms(settings.get(START_MARGIN) or DEFAULT_START_MARGIN)
 
 
 def _now_ms() -> int:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from tailguard import filesystems
-from tailguard.agent.adapters.kafka import ArchivePublisher, DecisionReader
+from tailguard.agent.adapters.kafka import ArchivePublisher, DecisionReader, start_margin_ms
 from tailguard.codec import codec_for
 from tailguard.log.archive import ArchiveWriter
 from tailguard.log.consumer import Consumed, RecordConsumer
@@ -42,6 +42,7 @@ class ObservedAppPublisher(ArchivePublisher):
         drain_quiet_ms: int = 750,
         drain_max_ms: int = 5000,
         on_command: Callable[[r.Command, Origin], None] | None = None,
+        start_at_ms: int | None = None,
     ) -> None:
         codec = codec_for(settings)
         self._on_command = on_command
@@ -55,9 +56,11 @@ class ObservedAppPublisher(ArchivePublisher):
             codec,
             [r.FINDINGS_TOPIC, r.COMMANDS_TOPIC],
             group_id=f"tailguard-observe-{app_id}",
-            # From the relay's start, not from the moment the consumer is assigned its
-            # partitions: a decision made in between (a command, in attach mode) is not missed.
-            start_at_ms=int(time.time() * 1000),
+            # From the application's attachment (less the clock margin the agent allows the
+            # services' hosts), not from the moment this consumer is assigned its partitions: a
+            # command sent in between (attach mode) is not missed.
+            start_at_ms=(int(time.time() * 1000) if start_at_ms is None else start_at_ms)
+            - start_margin_ms(settings),
         )
         self._reader = DecisionReader(
             self._consumer,
@@ -125,10 +128,14 @@ def publisher_for(
     *,
     kafka: bool = True,
     on_command: Callable[[r.Command, Origin], None] | None = None,
+    start_at_ms: int | None = None,
 ) -> ArchivePublisher:
     """Kafka and the archive, or the archive alone (no broker: a record of what was seen).
-    With `on_command`, every command about the application's jobs goes there too (attach)."""
+    With `on_command`, every command about the application's jobs goes there too (attach);
+    decisions are read from `start_at_ms` (the application's attachment) on."""
     archive = archive_for(settings, app_id)
     if kafka:
-        return ObservedAppPublisher(archive, settings, app_id, on_command=on_command)
+        return ObservedAppPublisher(
+            archive, settings, app_id, on_command=on_command, start_at_ms=start_at_ms
+        )
     return ArchivePublisher(archive, codec_for(settings))

@@ -139,6 +139,7 @@ def relay(
         translator.app_id,
         kafka=mode == "kafka",
         on_command=(lambda c, o: pending.put(_Received(c, o))) if actuation else None,
+        start_at_ms=int(app[1]),  # the attachment's time, as the listener stamped it
     )
     log.info(
         "observe: application %s (%s) -> %s",

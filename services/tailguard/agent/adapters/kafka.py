@@ -28,7 +28,7 @@ from tailguard.log.producer import DeliveryError, Headers, QueueFull
 from tailguard.log.signing import NoVerification, signer_for, verifier_for
 from tailguard.model import records as r
 from tailguard.model.authority import AGENT, received_archive_topic
-from tailguard.model.config import Settings
+from tailguard.model.config import Settings, parse_duration_ms
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,16 @@ CLOSE_FLUSH_S = 10.0
 # How long the job's end waits for the decision reader to stop (each of its broker lookups
 # gives up after 5 s while no broker answers).
 READER_STOP_S = 15.0
+
+
+START_MARGIN = "tailguard.agent.start-margin"
+DEFAULT_START_MARGIN = "60 s"
+
+
+def start_margin_ms(settings: Settings) -> int:
+    """How far before a job's (or an observed application's) first fact its decision reader
+    starts: the most the services' hosts' clocks may lag the driver's (docs/log.md)."""
+    return parse_duration_ms(settings.get(START_MARGIN) or DEFAULT_START_MARGIN)
 
 
 class DecisionReader:
