@@ -41,6 +41,8 @@ test: test-default test-spark35-core
 
 test-default: lint
 	$(BIN)/python -m pytest -q tests
+	# spark-avro must be on the JVM's classpath when it starts: in a process of its own.
+	$(BIN)/python -m pytest -q tests/integration/test_spark_ui.py -k spark_avro
 
 # A second venv with the oldest supported PySpark line; the project is installed editable, so
 # both venvs run the same source tree.
