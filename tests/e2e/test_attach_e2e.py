@@ -21,6 +21,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from tests.e2e.submitted_job import SUBMITTED_JOB
 
 import tailguard
 from tailguard.log.archive import ArchiveReader
@@ -159,15 +160,6 @@ def test_an_unmodified_job_gets_a_winning_copy_and_its_slow_host_blocked(
 
     report = replay(read_archive(archive, services.settings), services.settings)
     assert report.differences == 0, [s.line() for s in report.services] + report.notes(10)
-
-
-SUBMITTED_JOB = """
-from pyspark.sql import SparkSession, functions as F
-
-spark = SparkSession.builder.appName("plain-job").getOrCreate()
-spark.range(0, 100_000).withColumn("k", F.col("id") % 7).groupBy("k").agg(F.sum("id")).collect()
-spark.stop()
-"""
 
 
 def test_the_spark_submit_form_attaches_with_no_code_in_the_job(

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from tests.e2e.submitted_job import SUBMITTED_JOB
 
 import tailguard
 from tailguard.log import fleet_topic
@@ -127,15 +128,6 @@ def test_an_unmodified_job_has_its_stragglers_found_and_the_host_listed(
     detector = next(s for s in report.services if s.service == "detector")
     assert detector.recorded > 0 and detector.reproduced == detector.recorded
     assert report.differences == 0, [s.line() for s in report.services] + report.notes(10)
-
-
-SUBMITTED_JOB = """
-from pyspark.sql import SparkSession, functions as F
-
-spark = SparkSession.builder.appName("plain-job").getOrCreate()
-spark.range(0, 100_000).withColumn("k", F.col("id") % 7).groupBy("k").agg(F.sum("id")).collect()
-spark.stop()
-"""
 
 
 def test_the_spark_submit_form_needs_no_code_in_the_job(tmp_path: Path) -> None:
