@@ -40,7 +40,7 @@ lint: $(STAMP)
 test: test-default test-spark35-core
 
 test-default: lint
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests -k "not spark_avro"
 	# spark-avro must be on the JVM's classpath when it starts: in a process of its own.
 	$(BIN)/python -m pytest -q tests/integration/test_spark_ui.py -k spark_avro
 
@@ -54,14 +54,16 @@ $(STAMP35): pyproject.toml
 
 # The tests that start Spark (marker `spark`): the integration tests and the e2e test.
 test-spark35: $(STAMP35)
-	$(VENV35)/bin/python -m pytest -q -m spark tests/integration tests/e2e
+	$(VENV35)/bin/python -m pytest -q -m spark tests/integration tests/e2e -k "not spark_avro"
+	$(VENV35)/bin/python -m pytest -q tests/integration/test_spark_ui.py -k spark_avro
 
 SPARK35_CORE := tests/integration/test_agent_local.py tests/integration/test_streaming_local.py \
 	tests/integration/test_plain_spark.py tests/integration/test_executor_environment.py \
 	tests/integration/test_spark_ui.py tests/integration/test_agent_cluster.py
 
 test-spark35-core: $(STAMP35)
-	$(VENV35)/bin/python -m pytest -q -m spark $(SPARK35_CORE)
+	$(VENV35)/bin/python -m pytest -q -m spark $(SPARK35_CORE) -k "not spark_avro"
+	$(VENV35)/bin/python -m pytest -q tests/integration/test_spark_ui.py -k spark_avro
 
 # Slow (a fresh venv, a wheel build, an install): CI runs it after `make test`.
 test-packaging: $(STAMP)
