@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from tailguard.blocklist.export import ExportError, host_list, k8s, yarn
 from tailguard.detector.policy import SlowTaskDetector
 from tailguard.model import records as r
 from tailguard.model.config import Settings
-from tailguard.observer.export import ExportError, host_list, k8s, yarn
 from tailguard.observer.translate import ObserveError, SparkEventTranslator
 
 APP = "app-1"

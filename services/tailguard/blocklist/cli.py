@@ -3,7 +3,7 @@ see it.
 
 `list` reads the compacted topic `tailguard.blocklist` to its end and prints the blocks in
 force; `export --format yarn|k8s|hosts` prints them in a platform's form for the next
-submission (`tailguard.observer.export`). `add HOST --for DURATION --reason TEXT` drains a host:
+submission (`blocklist/export.py`). `add HOST --for DURATION --reason TEXT` drains a host:
 an entry signed by `operator` (`model/authority.py`), which every job that starts before it
 expires applies. `remove HOST` publishes a tombstone signed the same way. Both take effect for
 jobs that start afterwards; a running job keeps the blocks it holds until their time is up.
@@ -19,13 +19,13 @@ from datetime import UTC, datetime
 
 from confluent_kafka import KafkaException
 
+from tailguard.blocklist.export import FORMATS, export_hosts
 from tailguard.log import fleet_topic
 from tailguard.log.broker import BrokerError
 from tailguard.model.authority import OPERATOR
 from tailguard.model.config import ConfigError, parse_duration_ms
 from tailguard.model.fleet import FleetBlock, current_entries
 from tailguard.model.ids import derived_id
-from tailguard.observer.export import FORMATS, export_hosts
 from tailguard.settings_file import load_settings
 
 
@@ -41,7 +41,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     remove = verbs.add_parser("remove", help="take a host off the list")
     remove.add_argument("host")
     export = verbs.add_parser("export", help="the blocks in force, for the next submission")
-    export.add_argument("--format", required=True, choices=FORMATS, help="the target's form")
+    add_export_arguments(export)
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    """`export`'s arguments, which `python -m tailguard.observer export` shares (`--config` is
+    the caller's: `tailguard` takes it before the subcommand)."""
+    parser.add_argument("--format", required=True, choices=FORMATS, help="the target's form")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """`export` alone, for `python -m tailguard.observer export`."""
+    return run(argparse.Namespace(**{**vars(args), "verb": "export"}))
 
 
 def run(args: argparse.Namespace) -> int:

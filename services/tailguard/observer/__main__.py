@@ -1,12 +1,12 @@
 """`python -m tailguard.observer jar|export`: the listener's jar path (for `spark-submit --jars`),
-and the fleet blocklist in a platform's form (`export.py`)."""
+and the fleet blocklist in a platform's form (`tailguard blocklist export`: `blocklist/cli.py`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from tailguard.observer.export import add_export_arguments, run_export
+from tailguard.blocklist.cli import add_export_arguments, run_export
 from tailguard.observer.jar import JarBuildError, listener_jar
 
 
@@ -15,7 +15,9 @@ def main(argv: list[str]) -> int:
     verbs = parser.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
     verbs.add_parser("jar", help="build (once) and print the listener's jar")
-    add_export_arguments(verbs.add_parser("export", help="the fleet blocklist for submission"))
+    export = verbs.add_parser("export", help="the fleet blocklist for submission")
+    add_export_arguments(export)
+    export.add_argument("--config", help="tailguard settings file (default: tailguard.toml)")
     args = parser.parse_args(argv)
     if args.verb == "export":
         return run_export(args)
