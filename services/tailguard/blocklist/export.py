@@ -11,12 +11,13 @@ schedules them; docs/observe.md). What it can do is hand the list to the next su
 
 The formatters are pure; `tailguard blocklist export --format yarn|k8s|hosts` reads the
 compacted `tailguard.blocklist` topic (the blocks in force now: `blocklist/cli.py`, the one reader
-of the list) and prints one; `python -m tailguard.observer export` is the same command.
+of the list) and prints one; `python -m tailguard.observer export` is the same command. They live
+with the blocklist, below observe mode, which calls them (`blocklist/cli.py` imports this file,
+so this file imports nothing of tailguard's).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -87,15 +88,3 @@ def export_hosts(form: str, hosts: Sequence[str], command: str) -> int:
         print(f"{command}: {err}", file=sys.stderr)
         return 1
     return 0
-
-
-def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", required=True, choices=FORMATS, help="the target's form")
-    parser.add_argument("--config", help="tailguard settings file (default: tailguard.toml)")
-
-
-def run_export(args: argparse.Namespace) -> int:
-    """`tailguard blocklist export`, which reads the list."""
-    from tailguard.blocklist.cli import run
-
-    return run(argparse.Namespace(**{**vars(args), "verb": "export"}))
