@@ -175,8 +175,8 @@ def lab() -> Iterator[Lab]:
         pytest.skip(NETNS_MISSING)
     if LONG:
         pytest.skip("long (minutes): run it with `make test-multihost` (TAILGUARD_MULTIHOST=1)")
+    from tailguard.agent.packed_env import packed_environment
     from tailguard.cluster.local import LocalCluster, Node, spark_home
-    from tailguard.cluster.packed_env import packed_environment
     from tailguard.examples import sales_by_region as example
     from tailguard.log.broker import EmbeddedBroker
     from tailguard.settings_file import load_settings

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from tailguard.agent.executor.control import wait
 from tailguard.cluster.slowness import io_work
 from tailguard.examples import sales_by_region as example
 
@@ -19,7 +20,8 @@ from tailguard.examples import sales_by_region as example
 def waited(table: pa.Table, task_s: float, rows_per_split: int) -> pa.Table:
     """The table, after its rows' wait: the work of a stage before a further exchange."""
     if table.num_rows:
-        io_work(task_s * table.num_rows / rows_per_split)
+        # A cancelled tailguard attempt ends its wait at once; in plain Spark, a sleep.
+        io_work(task_s * table.num_rows / rows_per_split, wait=wait)
     return table
 
 

@@ -22,8 +22,9 @@ How the factor reaches the task:
 Task side: `host_factor()` (1.0 when not on a slowed host, or outside such a cluster) and
 `io_work(seconds)`, which does `seconds` of healthy-host work: it progresses at 1/factor of the
 wall clock, re-reading the factor every tick, so a factor change mid-task applies to the rest
-of the task only. It waits through `tailguard.agent.executor.control.wait`, which a cancelled
-tailguard attempt interrupts; elsewhere it is a plain sleep.
+of the task only. It waits with the `wait` it is given (a plain sleep by default): tailguard's
+own jobs pass `tailguard.agent.executor.control.wait`, which a cancelled attempt interrupts
+(`bench/io_job.py`). The cluster sits below the agent, so the agent's wait comes as an argument.
 
 Stdlib only: tasks import this module on the executors.
 """
@@ -96,14 +97,6 @@ def host_factor() -> float:
     return factor_of(Path(name) if name else None)
 
 
-def _interruptible_wait() -> Callable[[float], None]:
-    try:
-        from tailguard.agent.executor.control import wait
-    except ImportError:  # an agent without cooperative cancellation: a plain sleep
-        return time.sleep
-    return wait
-
-
 def io_work(
     seconds: float,
     *,
@@ -121,7 +114,7 @@ def io_work(
     """
     if seconds < 0:
         raise ValueError(f"seconds must be >= 0, got {seconds}")
-    pause = wait or _interruptible_wait()
+    pause = wait or time.sleep
     started = clock()
     left = float(seconds)  # healthy-host seconds still to do
     while left > 1e-6:

@@ -1,6 +1,8 @@
 """A packed Python environment for executors on other hosts: this tailguard and what its
 executor code needs, in a venv packed with `venv-pack`, for Spark to ship with `spark.archives`
-(docs/deploy.md has the recipe for a real cluster; this builds one for the namespace lab).
+(docs/deploy.md has the recipe for a real cluster; this builds one for the namespace lab). It
+lives with the agent, whose executor code it packs and whose build it names, not with the local
+cluster, which sits below the agent.
 
 Building is slow, so both steps are cached under `cache_dir`:
 
