@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from tailguard import filesystems
-from tailguard.agent.adapters.kafka import start_margin_ms
 from tailguard.agent.driver.driver import JobDriver, RunOptions, new_job_id
 from tailguard.agent.driver.ports import (
     AgentThreadFailed,
@@ -26,6 +25,7 @@ from tailguard.agent.executor import partitions
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
 from tailguard.log.archive import ArchiveWriter, archive_exists
+from tailguard.log.decision_reader import start_margin_ms
 from tailguard.logs import hide_secrets, job_context
 from tailguard.model import records as r
 from tailguard.model.authority import Unauthentic
@@ -175,7 +175,7 @@ def run(
                 on_failure=thread_failed,
             )
         else:
-            from tailguard.agent.adapters.kafka import ArchivePublisher
+            from tailguard.log.archive_publisher import ArchivePublisher
 
             publisher = ArchivePublisher(archive, codec)
         runtime = SparkRuntime(spark, settings, job_name=job.name)

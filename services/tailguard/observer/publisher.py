@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 
 from tailguard import filesystems
-from tailguard.agent.adapters.kafka import ArchivePublisher, DecisionReader, start_margin_ms
 from tailguard.codec import codec_for
 from tailguard.log.archive import ArchiveWriter
+from tailguard.log.archive_publisher import ArchivePublisher
 from tailguard.log.consumer import Consumed, RecordConsumer
+from tailguard.log.decision_reader import DecisionReader, start_margin_ms
 from tailguard.log.producer import DeliveryError, RecordProducer
 from tailguard.log.signing import signer_for, verifier_for
 from tailguard.model import records as r
