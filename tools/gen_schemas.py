@@ -75,6 +75,15 @@ TYPE_DOCS: dict[str, str] = {
     "SetParallelism": "The decider's parallelism and input ranges for a vertex (FLIP-187).",
     "RestartTasks": "Restart subtasks after a failure (FLIP-1 regions).",
     "FailJob": "End the job as failed (restart limits reached or unrecoverable error).",
+    "FindingSettings": (
+        "The detector's policy settings for a job: the speculator and the blocklist read the "
+        "job's own settings from it. Sent before the detector's first finding for the job, "
+        "which it decides under (schema v7)."
+    ),
+    "CommandSettings": (
+        "The policy settings a service sends commands for a job with: sent before its first "
+        "command for the job, which it decides under (schema v7)."
+    ),
 }
 
 # Field docs by field name; "Type.field" overrides for names whose meaning depends on the type.
@@ -184,6 +193,11 @@ FIELD_DOCS: dict[str, str] = {
     "loss": "Why the result is lost: a file missing, or bytes not matching its checksum.",
     "produced_again": "Whether its producer runs again (an unfinished consumer still reads it).",
     "commands_handled": "How many command ids the dead driver had applied or rejected.",
+    "service": "The service that decides with these settings.",
+    "version": "Digest of `settings` and `explicit`: the settings version outputs name.",
+    "settings": "Every policy key with the service's value (never a secret).",
+    "explicit": "Keys the service's configuration sets: they win over a job's config.",
+    "job_settings": "The job's own policy settings (its JobSubmitted.config), as received.",
     "bytes_total": (
         "Input bytes assigned to the attempt (its splits or subpartition ranges), when known."
     ),

@@ -173,6 +173,7 @@ RELEASED_DIGESTS = {
     "v4": "e9b1ce82f62795e8",
     "v5": "9f9dd9b0275f9bf6",
     "v6": "7691d83bfcd26bd0",
+    "v7": "0318ba1e2ff96e3e",
 }
 
 
@@ -245,6 +246,17 @@ def test_v6_added_slow_hosts_to_slow_tasks_detected() -> None:
         "type": {"type": "array", "items": "string"},
         "default": [],
     }
+
+
+def test_v7_added_the_services_policy_settings() -> None:
+    v6, v7 = released_schemas()["v6"], released_schemas()["v7"]
+    assert set(v7) - set(v6) == {"FindingSettings", "CommandSettings"}
+    assert all(v7[name].fingerprint == v6[name].fingerprint for name in v6)
+    # Each on the topic of the outputs it comes before (the detector's on the findings).
+    assert (REPO / "schemas" / "released" / "v7" / "findings" / "FindingSettings.avsc").exists()
+    assert (REPO / "schemas" / "released" / "v7" / "commands" / "CommandSettings.avsc").exists()
+    fields = [f["name"] for f in v7["CommandSettings"].raw["fields"]]
+    assert fields[-5:] == ["service", "version", "settings", "explicit", "job_settings"]
 
 
 def _crc64_avro(data: bytes) -> bytes:

@@ -142,7 +142,7 @@ class FleetBlocklist:
 
     def handle(self, record: Record) -> list[Record]:
         if not isinstance(record, SlowTasksDetected):
-            return []
+            return self._per_job.handle(record)  # a job's own settings (`FindingSettings`)
         self._forget(record.ts)
         out = self._per_job.handle(record)
         job = self._seen(record)

@@ -36,6 +36,11 @@ with the most evidence go first, then by name; the rest are skipped.
 
 Blocks are tracked against the time of the findings (the agent lifts a block when its time is
 up), so this core never needs the wall clock.
+
+A job's own blocklist settings (the four keys of `BlockRule` in its config) make the rule for
+that job's own blocks: the core learns them from the detector's `FindingSettings`, the first
+finding of every job (`model.policy_settings`); a key the service's configuration sets wins
+(`Settings.for_job`). The fleet's blocks across jobs keep the service's rule.
 """
 
 from __future__ import annotations
@@ -48,7 +53,13 @@ from typing import Any, ClassVar
 
 from tailguard.model.config import Settings
 from tailguard.model.ids import derived_id
-from tailguard.model.records import BlockNodes, Record, SlowTasksDetected, UnblockNodes
+from tailguard.model.records import (
+    BlockNodes,
+    FindingSettings,
+    Record,
+    SlowTasksDetected,
+    UnblockNodes,
+)
 
 __all__ = [
     "HOST_FINDING",
@@ -235,10 +246,14 @@ class BlocklistTracker:
         self._rule = BlockRule.from_settings(settings)
         self._max_jobs = max_tracked_jobs
         self._jobs: OrderedDict[str, _Job] = OrderedDict()
+        # The rules of jobs whose own settings differ from the service's, most recent last.
+        self._job_rules: OrderedDict[str, BlockRule] = OrderedDict()
         self._forgetting = Forgetting.of(self._rule, forget_after)
         self._counts = _Counts()
 
     def handle(self, record: Record) -> list[Record]:
+        if isinstance(record, FindingSettings):
+            self._learn_rule(record)
         if not isinstance(record, SlowTasksDetected):
             return []
         self._forget_silent_jobs(record.ts)
@@ -263,6 +278,20 @@ class BlocklistTracker:
             "slowAttemptsBlamedOnTheTask": float(self._counts.task_evidence),
         }
 
+    def _learn_rule(self, announced: FindingSettings) -> None:
+        if not announced.job_settings:
+            return
+        rule = BlockRule.from_settings(self.settings.for_job(announced.job_settings))
+        self._job_rules.pop(announced.job_id, None)
+        if rule != self._rule:
+            self._job_rules[announced.job_id] = rule
+            while len(self._job_rules) > self._max_jobs:
+                self._job_rules.popitem(last=False)
+
+    def rule_of(self, job_id: str) -> BlockRule:
+        """The rule of `job_id`'s own blocks: its settings over the service's."""
+        return self._job_rules.get(job_id, self._rule)
+
     def _forget_silent_jobs(self, now: int) -> None:
         """Drop the state of jobs silent for `forget_after_ms`: every block it holds has expired
         and all its evidence is stale, so its next finding would find it as a new job's. A job
@@ -281,7 +310,7 @@ class BlocklistTracker:
 
     def state(self) -> dict[str, Any]:
         """Everything a later decision depends on, as JSON values (`load_state` reads it): the
-        blocklist service snapshots its core's state, not its input (`tailguard.shell.retention`
+        blocklist service snapshots its core's state, not its input (`tailguard.system.retention`
         says why)."""
         return {
             "jobs": [
@@ -298,6 +327,7 @@ class BlocklistTracker:
             ],
             "next_sweep": self._forgetting.next_sweep,
             "counts": list(astuple(self._counts)),
+            "rules": [[job_id, list(astuple(rule))] for job_id, rule in self._job_rules.items()],
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -319,15 +349,20 @@ class BlocklistTracker:
         sweep = state["next_sweep"]
         self._forgetting.next_sweep = None if sweep is None else int(sweep)
         self._counts = _Counts(*(int(n) for n in state["counts"]))
+        # Absent from states written before jobs had rules of their own.
+        self._job_rules = OrderedDict(
+            (str(job_id), BlockRule(int(d), float(f), int(m), int(w)))
+            for job_id, (d, f, m, w) in state.get("rules", [])
+        )
 
-    def limit(self, registered_hosts: int) -> int:
+    def limit(self, registered_hosts: int, rule: BlockRule | None = None) -> int:
         """How many hosts may be blocked at once in a cluster of this size."""
-        return max_blocked_hosts(registered_hosts, self._rule.fraction)
+        return max_blocked_hosts(registered_hosts, (rule or self._rule).fraction)
 
     # ------------------------------------------------------------------ the decision
 
     def _update(self, finding: SlowTasksDetected, job: _Job) -> list[Record]:
-        rule = self._rule
+        rule = self.rule_of(finding.job_id)
         now = finding.ts
         registered = set(finding.hosts)
         blocked = job.blocked
@@ -337,10 +372,10 @@ class BlocklistTracker:
         for host in [h for h, until in blocked.items() if until <= now]:
             del blocked[host]
         out: list[Record] = []
-        excess = sum(1 for h in blocked if h in registered) - self.limit(len(registered))
+        excess = sum(1 for h in blocked if h in registered) - self.limit(len(registered), rule)
         if excess > 0:  # the cluster shrank, or blocked hosts came back
             out.append(self._unblock(finding, blocked, registered, excess))
-        slow_now = self._record_evidence(finding, job, registered)
+        slow_now = self._record_evidence(finding, job, registered, rule.window_ms)
         found = found_slow(finding, registered)
         if rule.window_ms > 0:
             recovered = [
@@ -388,10 +423,10 @@ class BlocklistTracker:
         return out
 
     def _record_evidence(
-        self, finding: SlowTasksDetected, job: _Job, registered: set[str]
+        self, finding: SlowTasksDetected, job: _Job, registered: set[str], window_ms: int
     ) -> set[str]:
         """Note each host's slow subtasks; returns the hosts with a slow attempt now."""
-        evidence, blamed_on_task = host_evidence(finding, registered, self._rule.window_ms)
+        evidence, blamed_on_task = host_evidence(finding, registered, window_ms)
         self._counts.task_evidence += blamed_on_task
         for subtask, host in evidence:
             job.evidence.setdefault(host, {})[(finding.vertex, subtask)] = finding.ts

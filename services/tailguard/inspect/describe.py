@@ -81,6 +81,12 @@ def _restart(c: r.RestartTasks, start: int) -> str:
     return f"restart {tasks} not before {relative(c.not_before_ts, start)}: {c.reason}"
 
 
+def _settings(s: r.PolicySettings) -> str:
+    own = ", ".join(f"{k}={s.settings.get(k, '?')}" for k in s.explicit) or "none"
+    job = ", ".join(f"{k}={v}" for k, v in sorted(s.job_settings.items())) or "none"
+    return f"{s.service} decides with settings version {s.version} (set: {own}; the job's: {job})"
+
+
 # type -> (record, job start ts) -> text; one entry per record type (a test checks coverage).
 _DESCRIBE: dict[type[r.Record], Callable[[Any, int], str]] = {
     r.JobSubmitted: lambda e, _: f"job {e.name!r} submitted, {len(e.graph.vertices)} vertices",
@@ -137,6 +143,8 @@ _DESCRIBE: dict[type[r.Record], Callable[[Any, int], str]] = {
     r.SetParallelism: lambda c, _: f"{c.vertex}: parallelism {c.parallelism}",
     r.RestartTasks: _restart,
     r.FailJob: lambda c, _: f"fail the job: {c.reason}",
+    r.FindingSettings: lambda s, _: _settings(s),
+    r.CommandSettings: lambda s, _: _settings(s),
 }
 
 

@@ -230,10 +230,16 @@ class Settings(Mapping[str, str]):
     policy key is caught the first time the policy reads it.
     """
 
-    __slots__ = ("_explicit", "_values")
+    __slots__ = ("_base", "_explicit", "_values")
 
-    def __init__(self, overrides: Mapping[str, str] | None = None) -> None:
-        values = dict(DEFAULTS)
+    def __init__(
+        self, overrides: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None
+    ) -> None:
+        """`base` stands in for `DEFAULTS` under the overrides: the values a service recorded
+        for the keys it did not set (a replay of its log decides with those, not with another
+        release's defaults)."""
+        self._base = DEFAULTS if base is None else {**DEFAULTS, **base}
+        values = dict(self._base)
         self._explicit = {str(k): str(v) for k, v in (overrides or {}).items()}
         values.update(self._explicit)
         self._values = values
@@ -261,7 +267,13 @@ class Settings(Mapping[str, str]):
         """The settings for one job: the job's own config (from `JobSubmitted`) over the
         defaults, and this instance's explicit settings over both, so an operator's (or a
         what-if replay's) configuration wins over what a job asked for."""
-        return Settings({**{str(k): str(v) for k, v in job_config.items()}, **self._explicit})
+        job = {str(k): str(v) for k, v in job_config.items()}
+        return Settings({**job, **self._explicit}, self._base)
+
+    def explicit(self) -> dict[str, str]:
+        """The settings given explicitly (a file, the environment), whatever their values:
+        they win over a job's config (`for_job`)."""
+        return dict(self._explicit)
 
     def overrides(self) -> dict[str, str]:
         """The settings that differ from the defaults."""

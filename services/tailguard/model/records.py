@@ -424,6 +424,43 @@ class SpeculativeAttemptWon(Finding):
     host: str
 
 
+# --------------------------------------------------------------------------- policy settings
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicySettings(Record):
+    """The policy settings a service decides a job with: a fact in the log that the service's
+    outputs for the job point at (`model.policy_settings`). Sent before the service's first
+    output for the job, on the topic its outputs travel on, so a job's archive holds it."""
+
+    caused_by: tuple[str, ...] = ()
+    # Which service, and the version (a digest) of `settings` with `explicit`.
+    service: str
+    version: str
+    # Every policy key (the keys of `config.DEFAULTS`, never a secret) with the service's value.
+    settings: dict[str, str]
+    # The keys the service's own configuration sets: they win over a job's config; the others
+    # follow the job's config (`Settings.for_job`).
+    explicit: tuple[str, ...] = ()
+    # The job's own policy settings (its JobSubmitted.config), as the service learnt them.
+    job_settings: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FindingSettings(PolicySettings):
+    """The detector's policy settings for a job, on the findings topic: the speculator and the
+    blocklist read the job's own settings from it (they read no events)."""
+
+    TOPIC: ClassVar[str] = FINDINGS_TOPIC
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommandSettings(PolicySettings):
+    """The policy settings of a service that sends commands, on the commands topic."""
+
+    TOPIC: ClassVar[str] = COMMANDS_TOPIC
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -494,5 +531,9 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     RestartTasks,
     FailJob,
 )
-RECORD_TYPES: tuple[type[Record], ...] = EVENT_TYPES + FINDING_TYPES + COMMAND_TYPES
+# Not findings or commands (no service acts on them, the agent applies none of them).
+SETTINGS_TYPES: tuple[type[PolicySettings], ...] = (FindingSettings, CommandSettings)
+RECORD_TYPES: tuple[type[Record], ...] = (
+    EVENT_TYPES + FINDING_TYPES + COMMAND_TYPES + SETTINGS_TYPES
+)
 RECORD_TYPES_BY_NAME: dict[str, type[Record]] = {t.__name__: t for t in RECORD_TYPES}

@@ -6,16 +6,23 @@ its live attempts run on. A subtask's state is identified by its latest attempt 
 detector repeats a finding every Tick while the subtask stays slow, and a repeat of a state
 already answered must not launch again (the command id is derived from that state too, so a
 restarted speculator re-emits the same id and the agent applies it once).
+
+A job's own settings (`execution.batch.speculative.*` in its config) apply to that job alone:
+the speculator reads no events, so it learns them from the detector's `FindingSettings`, the
+first finding of every job (`model.policy_settings`); as everywhere, a key the service's own
+configuration sets wins (`Settings.for_job`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import ClassVar
 
 from tailguard.model.config import Settings
 from tailguard.model.ids import derived_id
 from tailguard.model.records import (
+    FindingSettings,
     LaunchSpeculativeAttempts,
     Record,
     SlowTasksDetected,
@@ -29,14 +36,28 @@ __all__ = ["SpeculationStrategy"]
 MAX_TRACKED_JOBS = 1024
 
 
-class _JobState:
-    __slots__ = ("answered", "effective", "slow_vertices")
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    enabled: bool
+    max_concurrent: int
 
-    def __init__(self) -> None:
+    @classmethod
+    def from_settings(cls, settings: Settings) -> _Rule:
+        return cls(
+            settings.flag("execution.batch.speculative.enabled"),
+            settings.integer("execution.batch.speculative.max-concurrent-executions"),
+        )
+
+
+class _JobState:
+    __slots__ = ("answered", "effective", "rule", "slow_vertices")
+
+    def __init__(self, rule: _Rule) -> None:
         # (vertex, subtask, latest attempt) already answered.
         self.answered: set[tuple[str, int, int]] = set()
         self.slow_vertices: set[str] = set()
         self.effective = 0
+        self.rule = rule
 
 
 class SpeculationStrategy:
@@ -44,10 +65,7 @@ class SpeculationStrategy:
 
     def __init__(self, settings: Settings, max_tracked_jobs: int = MAX_TRACKED_JOBS) -> None:
         self.settings = settings
-        self._enabled = settings.flag("execution.batch.speculative.enabled")
-        self._max_concurrent = settings.integer(
-            "execution.batch.speculative.max-concurrent-executions"
-        )
+        self._rule = _Rule.from_settings(settings)
         self._max_jobs = max_tracked_jobs
         self._jobs: OrderedDict[str, _JobState] = OrderedDict()
         self._launched_attempts = 0
@@ -59,6 +77,10 @@ class SpeculationStrategy:
         if isinstance(record, SpeculativeAttemptWon):
             self._job(record.job_id).effective += 1
             self._effective_total += 1
+        elif isinstance(record, FindingSettings) and record.job_settings:
+            self._job(record.job_id).rule = _Rule.from_settings(
+                self.settings.for_job(record.job_settings)
+            )
         return []
 
     def metrics(self) -> dict[str, float]:
@@ -74,7 +96,7 @@ class SpeculationStrategy:
     def _job(self, job_id: str) -> _JobState:
         job = self._jobs.get(job_id)
         if job is None:
-            job = self._jobs[job_id] = _JobState()
+            job = self._jobs[job_id] = _JobState(self._rule)
             while len(self._jobs) > self._max_jobs:
                 self._jobs.popitem(last=False)
         else:
@@ -86,7 +108,7 @@ class SpeculationStrategy:
             job.slow_vertices.add(finding.vertex)
         else:
             job.slow_vertices.discard(finding.vertex)
-        if not (self._enabled and finding.speculation_safe):
+        if not (job.rule.enabled and finding.speculation_safe):
             return []
         out: list[Record] = []
         for subtask in finding.slow:
@@ -94,7 +116,7 @@ class SpeculationStrategy:
             if key in job.answered:
                 continue
             job.answered.add(key)
-            count = self._max_concurrent - len(subtask.live_attempts)
+            count = job.rule.max_concurrent - len(subtask.live_attempts)
             if count <= 0:
                 continue
             self._launched_attempts += count
