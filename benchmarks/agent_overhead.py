@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tailguard.bench import report
+from tailguard.model.percentile import percentile
 
 
 def identity(table: pa.Table) -> pa.Table:
@@ -120,8 +121,8 @@ def main() -> int:
         )
         if to_running:
             lines.append(
-                f"  deploy -> running  p50 {report.percentile(to_running, 50):.1f} ms  "
-                f"p99 {report.percentile(to_running, 99):.1f} ms  "
+                f"  deploy -> running  p50 {percentile(to_running, 50):.1f} ms  "
+                f"p99 {percentile(to_running, 99):.1f} ms  "
                 f"max {max(to_running):.1f} ms"
             )
         if dispatch:

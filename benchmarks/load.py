@@ -49,7 +49,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from policy_throughput import Shape, SyntheticJob
-from tailguard.bench.report import percentile
 from tailguard.codec import codec_for
 from tailguard.log.broker import EmbeddedBroker
 from tailguard.log.consumer import RecordConsumer
@@ -57,6 +56,7 @@ from tailguard.log.producer import RecordProducer
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.model.ids import event_id
+from tailguard.model.percentile import percentile
 from tailguard.shell import supervisor
 
 TARGET_P99_MS = 100.0

@@ -31,6 +31,7 @@ from tailguard.log.broker import EmbeddedBroker
 from tailguard.log.consumer import RecordConsumer
 from tailguard.log.producer import RecordProducer
 from tailguard.model.config import Settings
+from tailguard.model.percentile import percentile
 from tailguard.model.records import AttemptFinished, Record, Tick
 
 REPRODUCE = "make bench-log   (or: .venv/bin/python benchmarks/log_throughput.py)"
@@ -172,11 +173,6 @@ def paced_latency(
         reader.join()
         consumer.close()
     return latencies
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def main() -> int:

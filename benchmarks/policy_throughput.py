@@ -34,6 +34,7 @@ from tailguard.blocklist.policy import BlocklistTracker
 from tailguard.detector.policy import SlowTaskDetector
 from tailguard.model.config import Settings
 from tailguard.model.ids import event_id
+from tailguard.model.percentile import percentile
 from tailguard.model.records import (
     SPLITS_INPUT,
     AttemptCanceled,
@@ -379,7 +380,7 @@ def tick_cost_table(costs: list[tuple[int, float, int]], tasks: int, buckets: in
     ]
     for bucket in sorted(grouped):
         values = sorted(micros for micros, _ in grouped[bucket])
-        p99 = values[min(len(values) - 1, int(len(values) * 0.99))]
+        p99 = percentile(values, 99)
         walked = statistics.fmean(w for _, w in grouped[bucket])
         lo, hi = bucket * width, min(tasks, (bucket + 1) * width)
         lines.append(

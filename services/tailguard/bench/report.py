@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tailguard.model import records as r
+from tailguard.model.percentile import percentile
 
 # ----------------------------------------------------------------- statistics
 
@@ -26,17 +27,6 @@ def spread(values: Sequence[float]) -> Spread:
         raise ValueError("no values")
     ordered = sorted(values)
     return Spread(percentile(ordered, 50.0), ordered[0], ordered[-1], len(ordered))
-
-
-def percentile(values: Sequence[float], p: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default method)."""
-    if not values:
-        raise ValueError("no values")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * p / 100.0
-    lo = math.floor(rank)
-    hi = math.ceil(rank)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
 
 # ----------------------------------------------------------------- physical limit

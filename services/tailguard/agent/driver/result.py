@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tailguard.model.percentile import percentile
+
 
 @dataclass(frozen=True)
 class AttemptSummary:
@@ -111,9 +113,7 @@ class RunResult:
             total = sum(a.spilled_bytes for a in spilled) / 2**20
             lines.append(f"spilled to local disk: {total:.1f} MiB by {len(spilled)} attempts")
         if self.dispatch_ms:
-            ordered = sorted(self.dispatch_ms)
-            p50 = ordered[len(ordered) // 2]
-            p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+            p50, p99 = percentile(self.dispatch_ms, 50), percentile(self.dispatch_ms, 99)
             lines.append(f"dispatch overhead: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
         if self.blocked:
             for host, start, until in self.blocked:
