@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from tailguard.cluster.procs import descendants, signal_all
+from tailguard.model.config import parse_duration_ms
 
 
 class Throttler:
@@ -99,12 +100,9 @@ class Throttler:
 
 
 def parse_duration(text: str) -> float:
-    """'30', '30s', '2m', '500ms' -> seconds."""
-    text = text.strip().lower()
-    for suffix, scale in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * scale
-    return float(text)
+    """'30', '30s', '2m', '500ms' -> seconds: the settings' parser (`model/config.py`) with the
+    units it knows, except that a bare number here is seconds, as `--for` always read it."""
+    return parse_duration_ms(text, bare_unit="s") / 1000
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -198,13 +198,21 @@ class ConfigError(ValueError):
     """A setting that is unknown or cannot be parsed; the message names the key and value."""
 
 
-def parse_duration_ms(text: str) -> int:
-    """'1 min' -> 60000. A bare number is milliseconds, as in Flink."""
+def parse_duration_ms(text: str, bare_unit: str = "ms") -> int:
+    """'1 min' -> 60000: the one duration parser.
+
+    A bare number is in `bare_unit`: milliseconds for every setting and for `tailguard blocklist
+    add --for`, as in Flink (`TimeUtils.parseDuration`); seconds for `tailguard cluster
+    throttle --for`, which has always read a bare number so (`cluster/throttle.py`). Each caller
+    keeps the unit its inputs always had, so an old settings file or command means what it meant.
+    """
+    if bare_unit.lower() not in _DURATION_UNITS_MS:
+        raise ValueError(f"unknown unit for a bare number: {bare_unit!r}")
     match = _NUMBER_WITH_UNIT.match(text)
     if not match:
         raise ConfigError(f"not a duration: {text!r} (expected e.g. '500 ms', '1 s', '1 min')")
     number, unit = match.groups()
-    factor = _DURATION_UNITS_MS.get(unit.lower() or "ms")
+    factor = _DURATION_UNITS_MS.get(unit.lower() or bare_unit.lower())
     if factor is None:
         raise ConfigError(f"unknown duration unit {unit!r} in {text!r}")
     return round(float(number) * factor)
