@@ -39,6 +39,7 @@ from tailguard.log.broker_state import (
     state_path,
     write_state,
 )
+from tailguard.log.kafka_acls import ADMIN, declared_acls
 
 DEFAULT_WORK_DIR = "work"
 LOG_FILE = "broker.log"
@@ -71,16 +72,19 @@ class EmbeddedBroker:
         listen: str | None = None,
         start_timeout_s: float = 120.0,
         report: Callable[[str], None] | None = None,
+        secure: bool = False,
     ):
         """`mock`: librdkafka's in-memory mock instead of Apache Kafka; `listen`: HOST:PORT for
         Kafka to listen on and advertise (default: the address of its last start, else a free
         port on 127.0.0.1); `report` is told the progress of a start (resolving the jars,
-        formatting, waiting)."""
+        formatting, waiting); `secure`: Kafka with SASL_SSL, SCRAM logins and ACLs
+        (log/kafka_secure.py; a broker made so stays so)."""
         self.work_dir = Path(work_dir)
         self.mock = mock
         self.listen = listen
         self.start_timeout_s = start_timeout_s
         self.report = report or (lambda _message: None)
+        self.secure = secure
         # Set when this instance launched the process (not when it reused a running one).
         self.started_here = False
 
@@ -151,9 +155,12 @@ class EmbeddedBroker:
 
         try:
             with (self.work_dir / LOG_FILE).open("ab") as log:
-                process, address = kafka_server.launch(self.work_dir, self.listen, log, self.report)
+                process, address, secured = kafka_server.launch(
+                    self.work_dir, self.listen, log, self.report, secure=self.secure
+                )
         except (kafka_server.KafkaServerError, ValueError, RuntimeError) as err:
             raise BrokerError(str(err)) from None
+        admin = secured.librdkafka_config(ADMIN) if secured is not None else None
         # Written before it is ready: a starter killed now leaves a broker the next one finds.
         write_state(
             self.work_dir,
@@ -161,8 +168,13 @@ class EmbeddedBroker:
         )
         self.report(f"Apache Kafka broker starting (pid {process.pid}) at {address.bootstrap}")
         try:
-            kafka_server.await_ready(address.bootstrap, process, self.start_timeout_s, self.report)
-            created = kafka_server.create_topics(address.bootstrap)
+            kafka_server.await_ready(
+                address.bootstrap, process, self.start_timeout_s, self.report, security=admin
+            )
+            created = kafka_server.create_topics(address.bootstrap, security=admin)
+            if admin is not None:
+                count = kafka_server.create_acls(address.bootstrap, admin, declared_acls())
+                self.report(f"secured: SASL_SSL, SCRAM-SHA-512, {count} ACLs (docs/security.md)")
         except BaseException as err:
             process.kill()
             process.wait()

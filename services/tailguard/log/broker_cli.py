@@ -76,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "last, else a free port on 127.0.0.1)",
     )
     parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="with up: Kafka with SASL_SSL (SCRAM-SHA-512, a CA and certificate made here), one "
+        "principal per role and the ACLs of docs/security.md; a broker made so stays so",
+    )
+    parser.add_argument(
         "--purge", action="store_true", help="with down: also delete the broker's data"
     )
     for flag in _OLD_FLAGS:
@@ -110,8 +116,15 @@ def run(args: argparse.Namespace) -> int:
             f"note: bootstrap.servers is set ({configured}): tailguard's clients use that "
             "cluster, not the embedded broker"
         )
+    if args.secure and args.mock:
+        print("tailguard broker: --secure is Apache Kafka's; the mock has no SASL or TLS")
+        return 2
     broker = EmbeddedBroker(
-        work_dir, mock=args.mock, listen=args.listen, report=lambda line: print(line, flush=True)
+        work_dir,
+        mock=args.mock,
+        listen=args.listen,
+        report=lambda line: print(line, flush=True),
+        secure=args.secure,
     )
     try:
         if action == "status":
@@ -136,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         if crashed is not None:
             print(_after_crash(crashed, bootstrap))
         print(_note(state, work_dir))
+        _print_logins(work_dir)
         if args.foreground:
             return _hold(broker, state)
         print("stop it with: tailguard broker down")
@@ -143,6 +157,26 @@ def run(args: argparse.Namespace) -> int:
     except BrokerError as err:
         print(f"error: {err}")
         return 1
+
+
+def _print_logins(work_dir: Path) -> None:
+    """A secured broker's client settings: what to give each role (never a password)."""
+    from tailguard.log.kafka_acls import AGENT, principals
+    from tailguard.log.kafka_secure import PASSWORD_ENV, existing
+    from tailguard.log.kafka_server import kafka_dir
+
+    secured = existing(kafka_dir(work_dir).resolve())
+    if secured is None:
+        return
+    print("secured: SASL_SSL with SCRAM-SHA-512; clients need these settings:")
+    for key, value in secured.settings(AGENT).items():
+        if key != "kafka.sasl.username":
+            print(f"  {key} = {value!r}")
+    print(f"  kafka.sasl.username = one of {', '.join(principals())}")
+    print(
+        f"  and its password from a file: {PASSWORD_ENV}="
+        f"{secured.password_file(AGENT).parent}/<username> (owner-only files)"
+    )
 
 
 def _kind(state: BrokerState) -> str:

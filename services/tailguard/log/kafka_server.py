@@ -20,19 +20,29 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from tailguard.jdk import java_path
+from tailguard.log import kafka_secure
 from tailguard.log.broker_state import KAFKA_MAIN_CLASS, KAFKA_PROPERTIES_FILE
+from tailguard.log.kafka_acls import Acl
 from tailguard.log.kafka_jars import kafka_classpath
+from tailguard.log.kafka_secure import (
+    PROTOCOL,
+    SecureBroker,
+    scram_arguments,
+    server_settings,
+    write_argument_file,
+)
 from tailguard.log.topics import TopicSpec, declared_topics
 
 KAFKA_DIR = "kafka"
@@ -137,18 +147,21 @@ def address_for(work_dir: Path, listen: str | None) -> Address:
     return address
 
 
-def server_properties(address: Address, data_dir: Path) -> str:
+def server_properties(address: Address, data_dir: Path, secure: SecureBroker | None = None) -> str:
+    """The broker's settings: a PLAINTEXT listener for clients, or with `secure` a SASL_SSL one
+    (log/kafka_secure.py)."""
     listen_host = "" if address.host == "0.0.0.0" else address.host
+    client = PROTOCOL if secure is not None else "PLAINTEXT"
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.voters": f"1@{DEFAULT_HOST}:{address.controller_port}",
         "controller.listener.names": "CONTROLLER",
         "listeners": (
-            f"PLAINTEXT://{listen_host}:{address.port},"
+            f"{client}://{listen_host}:{address.port},"
             f"CONTROLLER://{DEFAULT_HOST}:{address.controller_port}"
         ),
-        "advertised.listeners": f"PLAINTEXT://{address.bootstrap}",
+        "advertised.listeners": f"{client}://{address.bootstrap}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "inter.broker.listener.name": "PLAINTEXT",
         "log.dirs": str(data_dir),
@@ -162,6 +175,7 @@ def server_properties(address: Address, data_dir: Path) -> str:
         "auto.create.topics.enable": "true",
         # A consumer group's first member should not wait 3 s for others that never come.
         "group.initial.rebalance.delay.ms": "0",
+        **(server_settings(secure) if secure is not None else {}),
     }
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
@@ -182,30 +196,33 @@ def _cluster_id() -> str:
 
 
 def launch(
-    work_dir: Path, listen: str | None, log: IO[bytes], report: Report
-) -> tuple[subprocess.Popen[bytes], Address]:
-    """Start the broker process (formatting its storage first if new); not yet ready."""
+    work_dir: Path, listen: str | None, log: IO[bytes], report: Report, *, secure: bool = False
+) -> tuple[subprocess.Popen[bytes], Address, SecureBroker | None]:
+    """Start the broker process (formatting its storage first if new); not yet ready. With
+    `secure`, or if its storage was formatted secured, it is the secured broker
+    (log/kafka_secure.py), whose material comes back too."""
     libs = kafka_classpath(report)
     java = _java()
     directory = kafka_dir(work_dir).resolve()
     data = directory / DATA_DIR
+    formatted = (data / "meta.properties").exists()
+    if secure and formatted and kafka_secure.existing(directory) is None:
+        raise KafkaServerError(
+            f"the broker's data in {data} was made without security and cannot be secured in "
+            "place: `tailguard broker down --purge` deletes it, then `broker up --secure`"
+        )
     address = address_for(work_dir, listen)
+    material: SecureBroker | None = None
+    if secure or kafka_secure.existing(directory) is not None:
+        material = kafka_secure.prepare(directory, address.advertised_host)
     properties = directory / PROPERTIES_FILE
-    properties.write_text(server_properties(address, data))
+    # Owner-only: a secured broker's settings hold the admin's password.
+    _write_private(properties, server_properties(address, data, material))
     (directory / LOG4J_FILE).write_text(_LOG4J)
     classpath = ["-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={directory / LOG4J_FILE}"]
-    if not (data / "meta.properties").exists():
+    if not formatted:
         report(f"formatting the broker's storage in {data}")
-        formatted = subprocess.run(
-            [java, *JVM_OPTIONS, *classpath, "kafka.tools.StorageTool", "format",
-             "-t", _cluster_id(), "-c", str(properties)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, check=False,
-        )  # fmt: skip
-        if formatted.returncode != 0:
-            raise KafkaServerError(
-                f"formatting the broker's storage failed (exit {formatted.returncode}); see "
-                f"{getattr(log, 'name', 'the broker log')}"
-            )
+        _format(java, classpath, properties, material, log)
     process = subprocess.Popen(
         [java, *JVM_OPTIONS, *classpath, MAIN_CLASS, str(properties)],
         stdin=subprocess.DEVNULL,
@@ -216,7 +233,50 @@ def launch(
         close_fds=True,
         cwd=directory,
     )
-    return process, address
+    return process, address, material
+
+
+def _write_private(path: Path, text: str) -> None:
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(text)
+    path.chmod(0o600)  # a file from before this was owner-only
+
+
+def _format(
+    java: str,
+    classpath: list[str],
+    properties: Path,
+    secure: SecureBroker | None,
+    log: IO[bytes],
+) -> None:
+    """Format the storage with Kafka's StorageTool; a secured broker's SCRAM credentials go
+    into the metadata log then, passed in an owner-only argument file deleted afterwards."""
+    # `--cluster-id=`: an id may start with "-" (URL-safe base64), which as an argument of its
+    # own reads as an option.
+    arguments = [
+        "kafka.tools.StorageTool", "format", f"--cluster-id={_cluster_id()}", "-c", str(properties)
+    ]  # fmt: skip
+    if secure is None:
+        command = [java, *JVM_OPTIONS, *classpath, *arguments]
+        formatted = subprocess.run(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, check=False
+        )
+    else:
+        argument_file = secure.directory / "format.args"
+        write_argument_file(argument_file, [*arguments, *scram_arguments(secure)])
+        try:
+            command = [java, *JVM_OPTIONS, *classpath, f"@{argument_file}"]
+            formatted = subprocess.run(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, check=False
+            )
+        finally:
+            argument_file.unlink(missing_ok=True)
+    if formatted.returncode != 0:
+        raise KafkaServerError(
+            f"formatting the broker's storage failed (exit {formatted.returncode}); see "
+            f"{getattr(log, 'name', 'the broker log')}"
+        )
 
 
 def await_ready(
@@ -225,13 +285,14 @@ def await_ready(
     timeout_s: float,
     report: Report,
     progress_every_s: float = 5.0,
+    security: Mapping[str, str] | None = None,
 ) -> None:
     """Return once the broker answers a metadata request; KafkaServerError if the process
     exits or `timeout_s` passes first."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(_admin_config(bootstrap))
+    admin = AdminClient(_admin_config(bootstrap, security))
     began = time.monotonic()
     said = began
     while True:
@@ -251,8 +312,12 @@ def await_ready(
             said = now
 
 
-def _admin_config(bootstrap: str) -> dict[str, str | int | float | bool]:
+def _admin_config(
+    bootstrap: str, security: Mapping[str, str] | None = None
+) -> dict[str, str | int | float | bool]:
+    """An admin client's settings; `security`: a secured broker's (the admin's login)."""
     return {
+        **(security or {}),
         "bootstrap.servers": bootstrap,
         # Until the broker listens, connections are refused: retry at a steady pace, not
         # librdkafka's backoff up to 10 s.
@@ -264,13 +329,16 @@ def _admin_config(bootstrap: str) -> dict[str, str | int | float | bool]:
 
 
 def create_topics(
-    bootstrap: str, topics: Iterable[TopicSpec] | None = None, timeout_s: float = 30.0
+    bootstrap: str,
+    topics: Iterable[TopicSpec] | None = None,
+    timeout_s: float = 30.0,
+    security: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Create the declared topics that do not exist yet, and return once the broker leads every
     partition of the declared topics (after a restart too); the names created."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(_admin_config(bootstrap))
+    admin = AdminClient(_admin_config(bootstrap, security))
     wanted = list(declared_topics() if topics is None else topics)
     existing = admin.list_topics(timeout=timeout_s).topics
     missing = [spec for spec in wanted if spec.name not in existing]
@@ -279,7 +347,7 @@ def create_topics(
         s.name: len(existing[s.name].partitions) if s.name in existing else s.partitions
         for s in wanted
     }
-    await_leaders(bootstrap, counts, timeout_s)
+    await_leaders(bootstrap, counts, timeout_s, security)
     return created
 
 
@@ -303,13 +371,20 @@ def _create(admin: Any, missing: list[TopicSpec], timeout_s: float) -> list[str]
     return created
 
 
-def await_leaders(bootstrap: str, topics: dict[str, int], timeout_s: float) -> None:
+def await_leaders(
+    bootstrap: str,
+    topics: dict[str, int],
+    timeout_s: float,
+    security: Mapping[str, str] | None = None,
+) -> None:
     """Return once the broker leads every partition of `topics`: a topic's creation is
     committed by the controller before the broker takes up its partitions, and meanwhile the
     broker answers "not leader" to an offsets request (a reader's first step)."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    consumer = Consumer({**_admin_config(bootstrap), "group.id": "tailguard-broker-start"})
+    consumer = Consumer(
+        {**_admin_config(bootstrap, security), "group.id": "tailguard-broker-start"}
+    )
     deadline = time.monotonic() + timeout_s
     try:
         for topic, count in topics.items():
@@ -330,3 +405,34 @@ def await_leaders(bootstrap: str, topics: dict[str, int], timeout_s: float) -> N
                     time.sleep(0.05)
     finally:
         consumer.close()
+
+
+def create_acls(
+    bootstrap: str, security: Mapping[str, str], acls: Iterable[Acl], timeout_s: float = 30.0
+) -> int:
+    """Create `acls` (an ACL that exists already is left as it is: Kafka's CreateAcls is
+    idempotent), logged in with the admin's `security` settings; how many were asked for."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
+    from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
+
+    bindings = [
+        AclBinding(
+            ResourceType[acl.resource.upper()],
+            acl.name,
+            ResourcePatternType.PREFIXED if acl.prefixed else ResourcePatternType.LITERAL,
+            f"User:{acl.principal}",
+            "*",
+            AclOperation[acl.operation.upper()],
+            AclPermissionType.ALLOW,
+        )
+        for acl in acls
+    ]
+    admin = AdminClient(_admin_config(bootstrap, security))
+    for binding, future in admin.create_acls(bindings, request_timeout=timeout_s).items():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as err:
+            raise KafkaServerError(f"creating ACL {binding}: {err.args[0].str()}") from None
+    return len(bindings)

@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,8 +111,11 @@ def start(
     report: Callable[[str], None] = print,
     log_format: str | None = None,
     on_launch: Callable[[str, int], None] | None = None,
+    env_of: Callable[[str], Mapping[str, str]] | None = None,
 ) -> dict[str, RunningService]:
     """Start the named services that are not already running; wait until all are ready.
+    `env` is added to each one's environment, and `env_of(name)` to that service's own (its
+    Kafka login, where each service is a principal of its own: log/kafka_secure.py).
     `log_format` ("text", "json") is how they write their log files (default text);
     `on_launch(name, pid)` is called as each process is launched, before the wait (the test
     harness writes it down then, so a run killed during the wait leaves none behind)."""
@@ -147,7 +150,7 @@ def start(
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env={**os.environ, **(env or {})},
+                env={**os.environ, **(env or {}), **(env_of(name) if env_of else {})},
             )
         launched[name] = process.pid
         if on_launch is not None:
