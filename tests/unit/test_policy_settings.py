@@ -11,6 +11,14 @@ from speculation_histories import slow_finding
 from tailguard.blocklist.fleet import FleetBlocklist
 from tailguard.blocklist.policy import BlocklistTracker
 from tailguard.model import records as r
+from tailguard.model.authority import (
+    UNAUTHENTICATED_COMMANDS_TOPIC,
+    UNAUTHENTICATED_FINDINGS_TOPIC,
+    Signed,
+    Unauthentic,
+    Unchecked,
+    received_archive_topic,
+)
 from tailguard.model.config import DEFAULTS, Settings, is_secret
 from tailguard.model.policy_settings import (
     SettingsAnnouncer,
@@ -37,9 +45,7 @@ def submitted(job: str, config: dict[str, str], ts: int = 0) -> r.JobSubmitted:
 
 
 def detector_announcement(job: str, job_settings: dict[str, str]) -> r.Record:
-    (announced,) = SettingsAnnouncer.of("detector", Settings()).before(
-        submitted(job, job_settings)
-    )
+    (announced,) = SettingsAnnouncer.of("detector", Settings()).before(submitted(job, job_settings))
     return announced
 
 
@@ -62,7 +68,7 @@ def test_an_announcement_holds_every_policy_key_and_nothing_else() -> None:
     assert announced.settings[SPEC_MAX] == "3"
 
 
-def test_each_job_is_announced_once_before_anything_else_and_again_after_a_restart() -> None:
+def test_a_job_is_announced_at_its_start_and_a_restart_with_other_settings_shows() -> None:
     settings = Settings({MIN_SLOW: "3"})
     announcer = SettingsAnnouncer.of("detector", settings)
     job = submitted("a", {SPEC_MAX: "4", "tailguard.services": "on"}, ts=5)
@@ -70,17 +76,16 @@ def test_each_job_is_announced_once_before_anything_else_and_again_after_a_resta
     assert isinstance(first, r.FindingSettings)  # the detector's go with its findings
     assert (first.ts, first.caused_by, first.version) == (5, (job.id,), announcer.version)
     assert first.job_settings == {SPEC_MAX: "4"}  # the markers are not policy
-    tick = r.Tick(job_id="a", ts=6, id="a-e1")
-    assert announcer.before(tick) == []
-    assert len(announcer.before(submitted("b", {}))) == 1
-    # A restarted service folds the job's records back (remembering its settings) and
-    # announces once more, with the same id; with other settings, with another.
-    again = SettingsAnnouncer.of("detector", settings)
-    again.remember(job)
-    (repeat,) = again.before(tick)
-    assert repeat.id == first.id and repeat.job_settings == first.job_settings
-    (other,) = SettingsAnnouncer.of("detector", Settings({MIN_SLOW: "4"})).before(tick)
+    assert announcer.before(r.Tick(job_id="a", ts=6, id="a-e1")) == []
+    # The same settings after a restart: the same announcement; other settings: another.
+    assert SettingsAnnouncer.of("detector", settings).before(job) == [first]
+    (other,) = SettingsAnnouncer.of("detector", Settings({MIN_SLOW: "4"})).before(job)
     assert other.id != first.id and other.version != first.version
+    # A service that reads findings announces at the detector's, passing the job's settings on.
+    (spec,) = SettingsAnnouncer.of("speculator", Settings()).before(first)
+    assert isinstance(spec, r.CommandSettings) and spec.job_settings == first.job_settings
+    assert spec.caused_by == (first.id,)
+    assert SettingsAnnouncer.of("detector", settings).before(first) == []
 
 
 def test_the_recorded_settings_rebuild_the_same_version_and_the_same_per_job_rule() -> None:
@@ -152,3 +157,20 @@ def test_the_blocklist_honours_a_jobs_own_rule_for_that_job_alone_and_keeps_it()
     older = FleetBlocklist(Settings())
     older.import_state(json.dumps(state).encode())
     assert _blocks_after_one_slow_subtask(older, "eager") == 0
+
+
+def test_an_agent_archives_an_announcement_that_does_not_check_out_apart() -> None:
+    finding = detector_announcement("j", {})
+    (command,) = SettingsAnnouncer.of("speculator", Settings()).before(finding)
+    forged = Unauthentic("no signature")
+    assert received_archive_topic(finding, r.FINDINGS_TOPIC, forged) == (
+        UNAUTHENTICATED_FINDINGS_TOPIC
+    )
+    # Only the detector writes findings; a service's own settings travel with its commands.
+    assert received_archive_topic(finding, r.FINDINGS_TOPIC, Signed("speculator", "k1"))
+    assert received_archive_topic(finding, r.FINDINGS_TOPIC, Signed("detector", "k1")) is None
+    assert received_archive_topic(command, r.COMMANDS_TOPIC, forged) == (
+        UNAUTHENTICATED_COMMANDS_TOPIC
+    )
+    assert received_archive_topic(command, r.COMMANDS_TOPIC, Signed("speculator", "k1")) is None
+    assert received_archive_topic(command, r.COMMANDS_TOPIC, Unchecked()) is None

@@ -158,10 +158,13 @@ def received_archive_topic(record: r.Record, topic: str, origin: Origin) -> str 
     """Where an agent archives a command or finding it received: under its own topic (None), or
     apart, where a replay does not take it for a service's output. A command signed by the wrong
     service stays on its topic: the agent answers it with `CommandRejected`, which the replay
-    reads; a finding has no answer, so any finding the services would refuse is kept apart."""
-    if isinstance(record, r.Command):
+    reads; a finding has no answer, so any finding the services would refuse is kept apart.
+    A service's announcement of its settings goes with its outputs: a replay takes the settings
+    only from one that checks out."""
+    if isinstance(record, r.Command | r.CommandSettings):
         return UNAUTHENTICATED_COMMANDS_TOPIC if isinstance(origin, Unauthentic) else None
-    if isinstance(record, r.Finding) and input_problem(topic, origin) is not None:
+    finding = isinstance(record, r.Finding | r.FindingSettings)
+    if finding and input_problem(topic, origin) is not None:
         return UNAUTHENTICATED_FINDINGS_TOPIC
     return None
 

@@ -2,13 +2,13 @@
 
 A service reads its settings once, when it starts. So that a log alone says which settings made
 each decision (pyeventsourcing's rule: what a decision depends on is an event too), a service
-announces them, per job, before it decides anything for the job: a `PolicySettings` record on
-the topic its outputs travel on, so the job's agent archives it with the decisions. Its
-`version` is a digest of the settings; a service that restarts with other settings announces
-the new version to each job on the job's next record, so the announcement a decision comes after
-is the one it was made under. A replay decides with the recorded settings (`recorded_settings`),
-which no settings file can contradict, and reproduces the announcements themselves, so a replay
-under other settings shows as a difference.
+announces them to every job as the job starts, before it decides anything for it: a
+`PolicySettings` record on the topic its outputs travel on, so the job's agent archives it with
+the decisions. Its `version` is a digest of the settings; a service restarted with other
+settings announces the new version to the jobs that start after, so the announcement in a job's
+log is the one its decisions were made under. A replay decides with the recorded settings
+(`recorded_settings`), which no settings file can contradict, and reproduces the announcements
+themselves, so a replay under other settings shows as a difference.
 
 An announcement also carries the job's own policy settings (its `JobSubmitted.config`), as the
 service learnt them: the detector's (`FindingSettings`, the first finding of every job) is how
@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from tailguard.model import records as r
 from tailguard.model.authority import INPUT_WRITERS
@@ -30,7 +29,6 @@ from tailguard.model.config import DEFAULTS, Settings, is_secret
 from tailguard.model.ids import derived_id
 
 __all__ = [
-    "MAX_ANNOUNCED_JOBS",
     "SettingsAnnouncer",
     "announcement_type",
     "job_policy",
@@ -38,10 +36,6 @@ __all__ = [
     "recorded_settings",
     "settings_version",
 ]
-
-# Jobs whose announcement is remembered: one forgotten announces again on its next record, with
-# the same id (the readers keep the first). Above any core's own bound on jobs it tracks.
-MAX_ANNOUNCED_JOBS = 4096
 
 
 def _policy(values: Mapping[str, str]) -> dict[str, str]:
@@ -89,31 +83,23 @@ def recorded_settings(
 
 
 class SettingsAnnouncer:
-    """Announces `service`'s settings to each job once, at the first record of the job it is
-    given. A fresh announcer (a restarted service) announces again to every job it hears from;
-    `remember` gives it the records a restart folds back into the core, so that it still knows
-    each job's own settings then."""
+    """Announces `service`'s settings to each job at the record that starts the job for it:
+    its `JobSubmitted` for a service that reads events, the detector's `FindingSettings` (the
+    first finding of every job) for one that reads findings. A function of that one record: a
+    restarted service that folds its input back announces nothing again, and one restarted with
+    other settings announces them to the jobs that start after."""
 
-    def __init__(
-        self,
-        service: str,
-        values: Mapping[str, str],
-        explicit: tuple[str, ...],
-        max_jobs: int = MAX_ANNOUNCED_JOBS,
-    ) -> None:
+    def __init__(self, service: str, values: Mapping[str, str], explicit: Iterable[str]) -> None:
         self.service = service
         self._type = announcement_type(service)
         self._values = _policy(values)
         self.explicit = tuple(sorted(k for k in explicit if k in self._values))
         self.version = settings_version(self._values, self.explicit)
-        self._max_jobs = max_jobs
-        # job id -> (the job's own policy settings, whether it has had the announcement)
-        self._jobs: OrderedDict[str, tuple[dict[str, str], bool]] = OrderedDict()
 
     @classmethod
     def of(cls, service: str, settings: Settings) -> SettingsAnnouncer:
         """The announcer of a service running with `settings`."""
-        return cls(service, policy_values(settings), tuple(settings.explicit()))
+        return cls(service, policy_values(settings), settings.explicit())
 
     @classmethod
     def replaying(cls, announced: r.PolicySettings) -> SettingsAnnouncer:
@@ -121,15 +107,13 @@ class SettingsAnnouncer:
         with more policy keys still reproduces it (its cores take the new keys' defaults)."""
         return cls(announced.service, announced.settings, announced.explicit)
 
-    def remember(self, record: r.Record) -> None:
-        """Note what `record` says of its job's settings, announcing nothing."""
-        self._note(record, announced=False)
-
     def before(self, record: r.Record) -> list[r.Record]:
-        """The announcement to send before the outputs for `record`, if its job has none."""
-        already = self._jobs.get(record.job_id, ({}, False))[1]
-        job_settings = self._note(record, announced=True)
-        if already:
+        """The announcement to send before the outputs for `record`, if it starts a job."""
+        if isinstance(record, r.JobSubmitted):
+            job_settings = job_policy(record.config)
+        elif isinstance(record, r.FindingSettings) and record.service != self.service:
+            job_settings = dict(record.job_settings)
+        else:
             return []
         return [
             self._type(
@@ -141,18 +125,6 @@ class SettingsAnnouncer:
                 version=self.version,
                 settings=dict(self._values),
                 explicit=self.explicit,
-                job_settings=dict(job_settings),
+                job_settings=job_settings,
             )
         ]
-
-    def _note(self, record: r.Record, announced: bool) -> dict[str, str]:
-        job_id = record.job_id
-        known, was_announced = self._jobs.pop(job_id, ({}, False))
-        if isinstance(record, r.JobSubmitted):
-            known = job_policy(record.config)
-        elif isinstance(record, r.FindingSettings) and record.job_settings:
-            known = dict(record.job_settings)
-        self._jobs[job_id] = (known, was_announced or announced)
-        while len(self._jobs) > self._max_jobs:
-            self._jobs.popitem(last=False)
-        return known

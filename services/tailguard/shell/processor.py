@@ -16,6 +16,7 @@ from tailguard.log.dead_letters import dead_letter_headers, dlq_topic
 from tailguard.log.signing import ReceivedHeaders, signer_for, verifier_for
 from tailguard.model.authority import input_problem
 from tailguard.model.config import Settings
+from tailguard.model.policy_settings import SettingsAnnouncer
 from tailguard.model.records import Record
 from tailguard.shell.definition import Core, ServiceDefinition
 from tailguard.shell.metrics_http import ServiceMetrics
@@ -42,6 +43,14 @@ class Processor:
         self.definition = definition
         self.codec = codec
         self.core: Core = definition.core(settings)
+        # Its settings, announced to each job before its decisions (model.policy_settings).
+        self.announcer = SettingsAnnouncer.of(definition.name, settings)
+        log.info(
+            "%s: policy settings version %s, set explicitly: %s",
+            definition.name,
+            self.announcer.version,
+            ", ".join(self.announcer.explicit) or "none",
+        )
         # The core is fed on faust's event loop and read by the metrics endpoint's thread;
         # a core's metrics() walks its job dicts, which must not change meanwhile.
         self._lock = threading.Lock()
@@ -112,7 +121,7 @@ class Processor:
             return [self._dead_letter(raw, partition, offset, key, refused)]
         with self._lock:
             self._retention.keep(record, Retained(partition, offset, raw or b""))
-            outputs = self.core.handle(record)
+            outputs = [*self.announcer.before(record), *self.core.handle(record)]
         return [self._outgoing(o, record) for o in outputs]
 
     def _refused(self, raw: bytes | None, headers: ReceivedHeaders) -> str | None:
