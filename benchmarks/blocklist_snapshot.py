@@ -27,9 +27,9 @@ from fleet_histories import fleet_history, on_partitions
 from tailguard.blocklist.fleet import FleetBlocklist
 from tailguard.codec import codec_for
 from tailguard.model.config import Settings
-from tailguard.shell.definition import load_definition
 from tailguard.shell.processor import Processor
 from tailguard.shell.snapshot import SnapshotStore
+from tailguard.system.services import service_named
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = Settings()
     codec = codec_for(settings)
-    definition = load_definition("blocklist")
+    definition = service_named("blocklist")
     print("old jobs | findings | encoded bytes | fold s | snapshot bytes | held | restore ms")
     for old in (int(n) for n in args.old_jobs.split(",")):
         history = fleet_history(old, seed=5, prefix="old")

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from load import as_job, recorded_job
 from tailguard.codec import codec_for
 from tailguard.model.config import Settings
-from tailguard.shell.definition import load_definition
 from tailguard.shell.processor import Processor
 from tailguard.shell.snapshot import SnapshotStore
+from tailguard.system.services import service_named
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = Settings()
     codec = codec_for(settings)
-    definition = load_definition(args.service)
+    definition = service_named(args.service)
     template = recorded_job(1_000, 1)
     inputs: list[bytes] = []
     n = 0

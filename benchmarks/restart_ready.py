@@ -62,10 +62,10 @@ from tailguard.log.topic_scan import read_only_consumer, watermarks
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.shell import supervisor
-from tailguard.shell.definition import ServiceDefinition, load_definition
 from tailguard.shell.processor import Processor
 from tailguard.shell.rebuild import committed_offsets
 from tailguard.shell.snapshot import SnapshotStore
+from tailguard.system.services import Service, service_named
 
 # The services that read the events topic: the recorded job is their input.
 EVENT_SERVICES = ("decider", "detector", "failover")
@@ -97,7 +97,7 @@ class Restart:
 
 
 def first_decision_after_half(
-    definition: ServiceDefinition, settings: Settings, template: Sequence[r.Event]
+    definition: Service, settings: Settings, template: Sequence[r.Event]
 ) -> int:
     """The index of the first event at or past the job's halfway point that makes the service
     emit something, found by running the job through a fresh core (what the service will do)."""
@@ -116,7 +116,7 @@ def first_decision_after_half(
 class Progress:
     """The service's committed offsets against the topic's ends, read as its group."""
 
-    def __init__(self, settings: Settings, definition: ServiceDefinition) -> None:
+    def __init__(self, settings: Settings, definition: Service) -> None:
         self.topic = definition.input_topic
         self.consumer = read_only_consumer(settings, definition.group_id)
 
@@ -152,7 +152,7 @@ class Bench:
         self.work = work
         self.service = service
         self.settings = settings
-        self.definition = load_definition(service)
+        self.definition = service_named(service)
         self.codec = codec_for(settings)
         self.snapshot_path = supervisor.services_dir(work) / service / "snapshot.avro"
         self.producer = RecordProducer(settings, self.codec)
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     settings = Settings()
     template = recorded_job(args.tasks, 1)
-    cut = first_decision_after_half(load_definition(args.service), settings, template)
+    cut = first_decision_after_half(service_named(args.service), settings, template)
     finished = -(-args.history // len(template)) if args.history else 0
     print(
         f"bench-restart: {args.service}; {finished * len(template):,} events of {finished} "

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tailguard.shell.definition import SERVICE_NAMES
+from tailguard.system.services import SERVICE_NAMES
 
 OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 AGENT = "agent"

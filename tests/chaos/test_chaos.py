@@ -45,7 +45,7 @@ from tailguard.examples import sales_by_region as example
 from tailguard.log.broker import EmbeddedBroker
 from tailguard.log.signing import KEY_SETTING
 from tailguard.model import records as r
-from tailguard.shell.definition import SERVICE_NAMES
+from tailguard.system.services import SERVICE_NAMES
 from tailguard.testing import Broker, Harness, Services, run_settings
 from tailguard.testing.harness import toml_settings
 

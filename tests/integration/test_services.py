@@ -35,10 +35,10 @@ def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
 def committed_all(settings: Settings, service: str) -> bool:
     """Whether the service's group has committed every record on the events topic."""
     from tailguard.log.topic_scan import read_only_consumer, watermarks
-    from tailguard.shell.definition import load_definition
     from tailguard.shell.rebuild import committed_offsets
+    from tailguard.system.services import service_named
 
-    consumer = read_only_consumer(settings, load_definition(service).group_id)
+    consumer = read_only_consumer(settings, service_named(service).group_id)
     try:
         done = committed_offsets(consumer, r.EVENTS_TOPIC, 5.0)
         ends = watermarks(consumer, r.EVENTS_TOPIC, 5.0)

@@ -80,7 +80,7 @@ def test_services_off_applies_at_once() -> None:
     (due,) = fallbacks.due(1000)
     assert isinstance(due.command, r.SetParallelism) and due.command.vertex == "a"
     assert due.command.caused_by == ("e1",)
-    assert due.note == f"parallelism: services off, applied local SetParallelism {due.command.id}"
+    assert due.note == f"decider: services off, applied local SetParallelism {due.command.id}"
     # Settled by being due: not again.
     assert fallbacks.due(10**12) == [] and fallbacks.next_deadline() is None
 
@@ -94,7 +94,7 @@ def test_services_on_waits_for_the_deadline() -> None:
     (due,) = fallbacks.due(11_000)
     assert isinstance(due.command, r.SetParallelism)
     assert due.note == (
-        f"parallelism: no service answered in time, applied local SetParallelism {due.command.id}"
+        f"decider: no service answered in time, applied local SetParallelism {due.command.id}"
     )
 
 
@@ -139,7 +139,7 @@ def test_due_orders_by_deadline_then_id_when_both_are_late() -> None:
     assert [type(f.command) for f in due] == [r.RestartTasks, r.SetParallelism]
     restart = due[0].command
     assert isinstance(restart, r.RestartTasks) and restart.tasks == (r.TaskRef("src", 0),)
-    assert [f.note.split(":")[0] for f in due] == ["failover", "parallelism"]
+    assert [f.note.split(":")[0] for f in due] == ["failover", "decider"]
 
     no_wait = {**SETTINGS, "failover.timeout": "0 s", "decider.timeout": "0 s"}
     same_deadline = LocalFallbacks(Settings(no_wait), services=True)

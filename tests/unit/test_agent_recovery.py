@@ -21,7 +21,8 @@ from tailguard.agent.graph.api import Job
 from tailguard.agent.graph.chaining import chain
 from tailguard.model import records as r
 from tailguard.model.config import Settings
-from tailguard.replay.engine import SERVICES, Recorded, replay
+from tailguard.replay.engine import Recorded, replay
+from tailguard.system.services import SERVICES
 
 P = "sales→score→partial"
 F = "final→out"
@@ -265,7 +266,7 @@ def test_the_cores_and_replay_take_the_recovered_log_with_its_marker(tmp_path: P
     for spec in SERVICES:
         if spec.input_topic != r.EVENTS_TOPIC:
             continue
-        with_marker, plain = spec.factory(Settings(QUIET)), spec.factory(Settings(QUIET))
+        with_marker, plain = spec.core(Settings(QUIET)), spec.core(Settings(QUIET))
         outputs = [out for e in log for out in with_marker.handle(e)]
         assert outputs == [out for e in without for out in plain.handle(e)], spec.name
         assert with_marker.metrics() == plain.metrics(), spec.name  # type: ignore[attr-defined]

@@ -267,12 +267,12 @@ def test_faust_verification_switches(pki: Pki) -> None:
 def test_build_app_hands_the_credentials_to_faust(pki: Pki, tmp_path: Path) -> None:
     from tailguard.codec import codec_for
     from tailguard.model.config import Settings
-    from tailguard.shell.definition import load_definition
     from tailguard.shell.processor import Processor
     from tailguard.shell.worker import ServiceState, build_app
+    from tailguard.system.services import service_named
 
     settings = Settings(settings_for(pki, "SASL_SSL/SCRAM-SHA-512"))
-    definition = load_definition("decider")
+    definition = service_named("decider")
     options = faust_app_options(settings)
     processor = Processor(definition, settings, codec_for(settings))
     app = build_app(definition, options, processor, ServiceState(), tmp_path)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from tests.documented_metrics import documented
 
-from tailguard.shell.definition import SERVICE_NAMES
+from tailguard.system.services import SERVICE_NAMES
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose" / "docker-compose.yml"
 

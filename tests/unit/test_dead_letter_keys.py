@@ -7,8 +7,8 @@ from tailguard.codec import codec_for
 from tailguard.log.dead_letters import HEADER_OFFSET, HEADER_TOPIC, dead_letter
 from tailguard.model import records as r
 from tailguard.model.config import Settings
-from tailguard.shell.definition import ServiceDefinition
 from tailguard.shell.processor import Processor
+from tailguard.system.services import Service
 
 
 class NoDecisions:
@@ -27,7 +27,7 @@ def test_dead_letter_keeps_the_key_the_bytes_and_where_they_were() -> None:
 
 
 def test_a_services_dead_letter_keeps_the_original_key() -> None:
-    definition = ServiceDefinition("failover", r.EVENTS_TOPIC, lambda _s: NoDecisions())
+    definition = Service("failover", r.EVENTS_TOPIC, lambda _s: NoDecisions())
     processor = Processor(definition, Settings(), codec_for(Settings()))
     (dead,) = processor.process(b"not avro", 0, 7, b"job-7")
     assert (dead.topic, dead.key, dead.value) == (r.EVENTS_TOPIC + ".dlq", b"job-7", b"not avro")

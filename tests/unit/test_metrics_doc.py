@@ -14,8 +14,8 @@ from tailguard.codec import codec_for
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.replay.inputs import read_archive
-from tailguard.shell.definition import SERVICE_NAMES, load_definition
 from tailguard.shell.processor import Processor
+from tailguard.system.services import SERVICE_NAMES, service_named
 
 DEMO = Path(__file__).parent / "recorded" / "demo-speculation.avro"
 SETTINGS = Settings()
@@ -24,7 +24,7 @@ RECORDS = list(read_archive(DEMO, SETTINGS))
 
 
 def service_exposition(name: str) -> str:
-    definition = load_definition(name)
+    definition = service_named(name)
     processor = Processor(definition, SETTINGS, CODEC)
     for offset, item in enumerate(i for i in RECORDS if i.topic == definition.input_topic):
         processor.process(CODEC.encode(item.record), 0, offset)

@@ -27,8 +27,8 @@ from restart_ready import (  # noqa: E402
 from tailguard.codec import codec_for  # noqa: E402
 from tailguard.model import records as r  # noqa: E402
 from tailguard.model.config import Settings  # noqa: E402
-from tailguard.shell.definition import load_definition  # noqa: E402
 from tailguard.shell.processor import Processor  # noqa: E402
+from tailguard.system.services import service_named  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_the_timed_event_is_the_first_decision_past_halfway(
     template: list[r.Event], service: str
 ) -> None:
     settings = Settings()
-    definition = load_definition(service)
+    definition = service_named(service)
     cut = first_decision_after_half(definition, settings, template)
     assert cut >= len(template) // 2
     # A live job fed up to the cut, then the cut's event: only that event decides.
@@ -56,7 +56,7 @@ def test_the_timed_event_is_the_first_decision_past_halfway(
 def test_a_service_that_decides_nothing_is_refused_by_name(template: list[r.Event]) -> None:
     # The recorded job has no failure: failover has nothing to answer.
     with pytest.raises(BenchError, match="failover decides nothing"):
-        first_decision_after_half(load_definition("failover"), Settings(), template)
+        first_decision_after_half(service_named("failover"), Settings(), template)
 
 
 def test_summary_says_a_restart_without_a_decision() -> None:

@@ -14,8 +14,8 @@ from tailguard.codec import codec_for
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.replay.inputs import read_archive
-from tailguard.shell.definition import SERVICE_NAMES, load_definition
 from tailguard.shell.processor import Processor
+from tailguard.system.services import SERVICE_NAMES, service_named
 
 DEMO = Path(__file__).parent / "recorded" / "demo-speculation.avro"
 SETTINGS = Settings()
@@ -44,7 +44,7 @@ def types(processor: Processor) -> dict[str, str]:
 
 @pytest.mark.parametrize("name", SERVICE_NAMES)
 def test_every_core_value_is_exported_or_said_by_a_shell_metric(name: str) -> None:
-    definition = load_definition(name)
+    definition = service_named(name)
     keys = set(definition.core(SETTINGS).metrics())
     listed = [m.key for m in definition.metrics]
     assert sorted(listed) == sorted(keys), "each core key listed once in its service.py"
@@ -59,7 +59,7 @@ def test_every_core_value_is_exported_or_said_by_a_shell_metric(name: str) -> No
 def test_one_name_means_one_thing_across_services() -> None:
     seen: dict[str, tuple[str, str]] = {}
     for name in SERVICE_NAMES:
-        for metric in load_definition(name).metrics:
+        for metric in service_named(name).metrics:
             if metric.name is None:
                 continue
             meaning = (metric.kind, metric.help)
@@ -71,11 +71,11 @@ def test_one_name_means_one_thing_across_services() -> None:
     }
     assert flip168 <= set(seen)
     for name in ("detector", "speculator"):
-        assert flip168 <= {m.name for m in load_definition(name).metrics}
+        assert flip168 <= {m.name for m in service_named(name).metrics}
 
 
 def test_the_detector_fed_the_demo_job_exports_typed_metrics() -> None:
-    processor = Processor(load_definition("detector"), SETTINGS, CODEC)
+    processor = Processor(service_named("detector"), SETTINGS, CODEC)
     events = list(demo_inputs(r.EVENTS_TOPIC))
     emitted: dict[str, int] = {}
     for offset, event in enumerate(events):
@@ -108,7 +108,7 @@ def test_the_detector_fed_the_demo_job_exports_typed_metrics() -> None:
 
 
 def test_the_speculator_reports_flip168_metrics_under_the_detectors_names() -> None:
-    processor = Processor(load_definition("speculator"), SETTINGS, CODEC)
+    processor = Processor(service_named("speculator"), SETTINGS, CODEC)
     for offset, finding in enumerate(demo_inputs(r.FINDINGS_TOPIC)):
         processor.process(CODEC.encode(finding), 0, offset)
     values = samples(processor)
@@ -127,7 +127,7 @@ def test_the_speculator_reports_flip168_metrics_under_the_detectors_names() -> N
 def test_core_counters_count_from_the_end_of_the_rebuild() -> None:
     """What a restarted service re-reads was counted by its previous incarnation."""
     events = [CODEC.encode(e) for e in demo_inputs(r.EVENTS_TOPIC)]
-    processor = Processor(load_definition("detector"), SETTINGS, CODEC)
+    processor = Processor(service_named("detector"), SETTINGS, CODEC)
     for offset, raw in enumerate(events):
         processor.replay(raw, 0, offset)
     before = samples(processor)
@@ -141,7 +141,7 @@ def test_core_counters_count_from_the_end_of_the_rebuild() -> None:
 
 
 def test_decision_latency_is_observed_from_the_input_timestamp() -> None:
-    processor = Processor(load_definition("decider"), SETTINGS, CODEC)
+    processor = Processor(service_named("decider"), SETTINGS, CODEC)
     processor.metrics.decision_sent(input_ts_ms=10_000, now_s=10.25)
     processor.metrics.decision_sent(input_ts_ms=20_000, now_s=19.0)  # skewed clocks: 0
     values = samples(processor)

@@ -24,8 +24,8 @@ from tailguard.log.signing import (
 from tailguard.model import records as r
 from tailguard.model.authority import Signed, Unauthentic, Unchecked
 from tailguard.model.config import ConfigError, Settings
-from tailguard.shell.definition import ServiceDefinition
 from tailguard.shell.processor import Processor
+from tailguard.system.services import Service
 
 KEY = SigningKey(b"k" * 32)
 OTHER_KEY = SigningKey(b"o" * 32)
@@ -190,7 +190,7 @@ class EchoCore:
 
 
 def processor(settings: Settings) -> Processor:
-    definition = ServiceDefinition("failover", r.EVENTS_TOPIC, lambda _s: EchoCore())
+    definition = Service("failover", r.EVENTS_TOPIC, lambda _s: EchoCore())
     return Processor(definition, settings, CODEC)
 
 

@@ -17,15 +17,7 @@ from tailguard.codec import codec_for
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.replay.inputs import read_archive
-from tailguard.shell.definition import SERVICE_NAMES, ServiceDefinition, load_definition
 from tailguard.shell.processor import Processor
-from tailguard.shell.retention import (
-    STATE_PARTITION,
-    CoreState,
-    RecentJobs,
-    Retained,
-    UntilJobFinished,
-)
 from tailguard.shell.snapshot import (
     SNAPSHOT_VERSION,
     PeriodicSnapshots,
@@ -36,6 +28,14 @@ from tailguard.shell.snapshot import (
     carried_over,
     digest,
 )
+from tailguard.system.retention import (
+    STATE_PARTITION,
+    CoreState,
+    RecentJobs,
+    Retained,
+    UntilJobFinished,
+)
+from tailguard.system.services import SERVICE_NAMES, Service, service_named
 
 DEMO = Path(__file__).parent / "recorded" / "demo-speculation.avro"
 SETTINGS = Settings()
@@ -67,7 +67,7 @@ def outputs(processor: Processor, inputs: list[bytes], first: int) -> Iterator[t
 
 @pytest.mark.parametrize("service", SERVICE_NAMES)
 def test_restored_from_a_snapshot_decides_as_from_offset_zero(service: str, tmp_path: Path) -> None:
-    definition = load_definition(service)
+    definition = service_named(service)
     inputs = three_jobs(definition.input_topic)
     assert inputs, f"the demo archive has no input for {service}"
     whole = Processor(definition, SETTINGS, CODEC)
@@ -84,7 +84,7 @@ def test_restored_from_a_snapshot_decides_as_from_offset_zero(service: str, tmp_
 
 
 def test_a_finished_jobs_input_leaves_the_snapshot() -> None:
-    definition = load_definition("decider")
+    definition = service_named("decider")
     inputs = three_jobs(r.EVENTS_TOPIC)
     processor = Processor(definition, SETTINGS, CODEC)
     job_a = len(demo(r.EVENTS_TOPIC))
@@ -141,7 +141,7 @@ def test_snapshot_file_round_trips_and_names_what_is_wrong(tmp_path: Path) -> No
 
 
 def test_skips_input_a_restored_snapshot_already_holds() -> None:
-    definition = load_definition("decider")
+    definition = service_named("decider")
     inputs = three_jobs(r.EVENTS_TOPIC)
     processor = Processor(definition, SETTINGS, CODEC)
     processor.restored_up_to = {0: len(inputs)}
@@ -175,7 +175,7 @@ def test_periodic_snapshots_wait_for_the_answer(tmp_path: Path) -> None:
 
 
 def assert_decided_as_one_history(
-    definition: ServiceDefinition, inputs: list[bytes], cut: int, moved: Snapshot
+    definition: Service, inputs: list[bytes], cut: int, moved: Snapshot
 ) -> None:
     """The rest of the input arrives on the new log from offset 0: a core restored from the
     carried-over state decides it exactly as one core fed the whole input does."""
@@ -189,7 +189,7 @@ def assert_decided_as_one_history(
 
 
 def test_state_carried_over_to_a_new_log_stays_before_it() -> None:
-    definition = load_definition("decider")
+    definition = service_named("decider")
     inputs = three_jobs(r.EVENTS_TOPIC)
     old = Processor(definition, SETTINGS, CODEC)
     cut = len(inputs) // 2
@@ -205,7 +205,7 @@ def test_what_was_read_from_the_new_log_before_the_carry_over_is_read_again_once
     """A service reads on after its broker came back empty (until the lost group stops it):
     those records sit in its state with the new log's offsets (from 0 again). Carried over as
     they were, they would be folded twice and sorted among the old log's records."""
-    definition = load_definition("decider")
+    definition = service_named("decider")
     inputs = three_jobs(r.EVENTS_TOPIC)
     cut, read_on = len(inputs) // 2, 3
     old = Processor(definition, SETTINGS, CODEC)
@@ -267,7 +267,7 @@ def test_blocklist_restored_mid_history_decides_as_from_offset_zero(
     history = fleet_history(60, seed)
     history += slow_for_half_an_hour(history[-1].finding.ts + 600_000)
     inputs = blocklist_input(history)
-    definition = load_definition("blocklist")
+    definition = service_named("blocklist")
     expected = blocklist_outputs(Processor(definition, SETTINGS, CODEC), inputs)
     assert sum(1 for topic, _, _ in expected if topic == r.COMMANDS_TOPIC) > 100
     for cut in (len(inputs) // 4, len(inputs) // 2, len(inputs) - 450, len(inputs) - 100):
@@ -286,7 +286,7 @@ def test_blocklist_restored_mid_history_decides_as_from_offset_zero(
 def test_blocklist_snapshot_stays_bounded_as_history_grows() -> None:
     """10x more jobs in the past, then the same recent jobs: the same state is held (jobs,
     evidence, blocks), and the snapshot is the same size but for the counters' digits."""
-    definition = load_definition("blocklist")
+    definition = service_named("blocklist")
     held, sizes = [], []
     for old_jobs in (20, 200):
         history = fleet_history(old_jobs, seed=5, prefix="old")
@@ -306,7 +306,7 @@ def test_blocklist_snapshot_stays_bounded_as_history_grows() -> None:
 
 
 def test_a_core_state_is_carried_over_as_it_is_and_needs_a_stateful_core() -> None:
-    definition = load_definition("blocklist")
+    definition = service_named("blocklist")
     processor = Processor(definition, SETTINGS, CODEC)
     blocklist_outputs(processor, blocklist_input(fleet_history(5, seed=1)))
     snapshot = processor.snapshot()

@@ -36,6 +36,7 @@ from tailguard.model.authority import Origin, authority_problem
 from tailguard.model.config import Settings
 from tailguard.model.fleet import FLEET_SETTING, FleetBlock
 from tailguard.observer.translate import RunningTask, SparkEventTranslator
+from tailguard.system.services import issuer_of
 
 log = logging.getLogger("tailguard.attach")
 
@@ -135,7 +136,10 @@ class Actuation(ac.AppView):
             log.info("attach: the actuator applies %s", ", ".join(kinds) or "nothing")
             return
         self._unavailable[kind] = reason
-        log.warning("attach: %s commands are off: %s", kind, reason)
+        # Whose decisions go unapplied, from the table of the services: what a person turns to.
+        issuer = issuer_of(r.RECORD_TYPES_BY_NAME[kind]) if kind in r.RECORD_TYPES_BY_NAME else ""
+        lost = f" ({issuer}'s decisions are rejected)" if issuer else ""
+        log.warning("attach: %s commands are off%s: %s", kind, lost, reason)
 
     def _write(self, line: str) -> None:
         self._channel.write(line.encode())

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from tailguard.inspect.history import History
 from tailguard.model.config import Settings
-from tailguard.replay.engine import SERVICES, dedupe
+from tailguard.replay.engine import dedupe
+from tailguard.system.services import SERVICES
 
 JOB = "job"
 SERVICE = "service"
@@ -72,7 +73,7 @@ def settings_used(service: str, history: History) -> ServiceSettings:
     reads: dict[str, set[str]] = {}
     problem = ""
     try:
-        core = spec.factory(_KeyRecorder(config, reads, SERVICE))
+        core = spec.core(_KeyRecorder(config, reads, SERVICE))
         for record in dedupe(e.record for e in history.entries if e.topic == spec.input_topic):
             core.handle(record)
     except Exception as err:  # a record the core trips over: say so, keep what was read

@@ -26,12 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Protocol
 
-from tailguard.blocklist.fleet import FleetBlocklist
-from tailguard.decider.policy import ParallelismDecider
-from tailguard.detector.policy import SlowTaskDetector
-from tailguard.failover.policy import FailoverStrategy
 from tailguard.model import records as r
 from tailguard.model.authority import (
     UNAUTHENTICATED_COMMANDS_TOPIC,
@@ -44,30 +39,7 @@ from tailguard.replay.fleet_check import (
     evidence_in_log,
     is_fleet_command,
 )
-from tailguard.speculator.policy import SpeculationStrategy
-
-
-class Core(Protocol):
-    def handle(self, record: r.Record) -> list[r.Record]: ...
-
-
-@dataclass(frozen=True)
-class ServiceSpec:
-    name: str
-    input_topic: str
-    output_kind: str  # "findings" or "commands", for the report line
-    factory: Callable[[Settings], Core]
-
-
-SERVICES: tuple[ServiceSpec, ...] = (
-    ServiceSpec("detector", r.EVENTS_TOPIC, "findings", SlowTaskDetector),
-    ServiceSpec("speculator", r.FINDINGS_TOPIC, "commands", SpeculationStrategy),
-    ServiceSpec("blocklist", r.FINDINGS_TOPIC, "commands", FleetBlocklist),
-    ServiceSpec("decider", r.EVENTS_TOPIC, "commands", ParallelismDecider),
-    ServiceSpec("failover", r.EVENTS_TOPIC, "commands", FailoverStrategy),
-)
-# Services the agent also runs itself as fallbacks, so they have a live record either way.
-LOCAL_FALLBACKS = frozenset({"decider", "failover"})
+from tailguard.system.services import SERVICES, Service
 
 
 @dataclass(frozen=True)
@@ -203,10 +175,13 @@ def dedupe(records: Iterable[r.Record]) -> list[r.Record]:
     return out
 
 
-def _run(core: Core, inputs: Iterable[r.Record]) -> list[r.Record]:
+def _run(spec: Service, settings: Settings, inputs: Iterable[r.Record]) -> list[r.Record]:
+    """What the service's core emits on `inputs` to the findings and commands: what the log
+    holds of it (the blocklist's fleet list goes to a topic of its own, checked apart)."""
+    core = spec.core(settings)
     outputs: list[r.Record] = []
     for record in inputs:
-        outputs.extend(core.handle(record))
+        outputs.extend(o for o in core.handle(record) if isinstance(o, r.Finding | r.Command))
     return outputs
 
 
@@ -247,8 +222,10 @@ def replay(
     what_if: bool = False,
     job: str | None = None,
     progress: Callable[[int], None] | None = None,
+    services: Sequence[Service] = SERVICES,
 ) -> ReplayReport:
-    """Replay the cores over `log` (every topic, in the order it was recorded)."""
+    """Replay the cores of `services` (the table of the services) over `log` (every topic, in
+    the order it was recorded)."""
     events: list[r.Event] = []
     findings: list[r.Finding] = []
     commands: list[r.Command] = []
@@ -270,28 +247,32 @@ def replay(
             progress(n)
     commands, rejected = _leave_out_rejected(commands, unauthenticated, events)
 
-    recorded_by_service: dict[str, list[r.Record]] = {s.name: [] for s in SERVICES}
+    recorded_by_service: dict[str, list[r.Record]] = {s.name: [] for s in services}
     unattributed: list[r.Record] = []
     for out in dedupe([*findings, *commands]):
         recorded_by_service.get(service_of(out), unattributed).append(out)
 
     live = _services_live(events)
     finding_ids = {f.id for f in findings}
-    detector_out: list[r.Record] = []
+    # What a what-if replay feeds the findings' readers: the findings the replayed services emit.
+    replayed_findings: list[r.Record] = []
     reports: list[ServiceReport] = []
-    for spec in SERVICES:
-        core = spec.factory(settings)
+    for spec in services:
         if spec.input_topic == r.EVENTS_TOPIC:
             inputs: Sequence[r.Record] = events
+        elif spec.input_topic != r.FINDINGS_TOPIC:
+            raise ValueError(
+                f"replay feeds a core the events or the findings; {spec.name} reads "
+                f"{spec.input_topic}"
+            )
         elif what_if:
-            inputs = dedupe(detector_out)
+            inputs = dedupe(replayed_findings)
         else:
             inputs = dedupe(findings)
-        replayed = dedupe(_run(core, inputs))
-        if spec.name == "detector":
-            detector_out = replayed
+        replayed = dedupe(_run(spec, settings, inputs))
+        replayed_findings.extend(o for o in replayed if isinstance(o, r.Finding))
         recorded = recorded_by_service.get(spec.name, [])
-        compared = live or spec.name in LOCAL_FALLBACKS
+        compared = live or spec.local_fallback
         report = ServiceReport(spec.name, spec.output_kind, compared)
         report.recorded, report.replayed = len(recorded), len(replayed)
         fleet_checks: list[Difference] = []

@@ -2,7 +2,8 @@
 
 GET /metrics   the process's registry in the Prometheus text format: the shell's own metrics
                (records processed and emitted, dead letters, rebuild, lag, readiness, decision
-               latency) and the core's, under the names its `*/service.py` gives them
+               latency) and the core's, under the names `tailguard.system.service_metrics`
+               gives them
 GET /health    200 "ready" once the service is consuming live and reaches its broker; 503 with
                the reason otherwise ("starting", "broker unreachable for 12 s: ...")
 
@@ -28,8 +29,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tailguard.shell.core_metrics import EMITTED, PROCESSED, CoreMetric
-from tailguard.shell.definition import ServiceDefinition
+from tailguard.system.core_metrics import EMITTED, PROCESSED, CoreMetric
+from tailguard.system.services import Service
 
 # The `_created` series prometheus_client adds to each counter and histogram in the text format
 # are separate gauges there: noise for every dashboard, and twice the series.
@@ -86,9 +87,7 @@ class _CoreCollector(Collector):
 class ServiceMetrics:
     """One service process's metrics: its own CollectorRegistry, labelled `service`."""
 
-    def __init__(
-        self, definition: ServiceDefinition, core_values: Callable[[], Mapping[str, float]]
-    ) -> None:
+    def __init__(self, definition: Service, core_values: Callable[[], Mapping[str, float]]) -> None:
         service = definition.name
         self.registry = CollectorRegistry(auto_describe=True)
         labels = ["service"]

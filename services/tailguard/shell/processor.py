@@ -12,16 +12,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tailguard.codec import DecodeError, RecordCodec
+from tailguard.log import fleet_topic
 from tailguard.log.dead_letters import dead_letter_headers, dlq_topic
 from tailguard.log.signing import ReceivedHeaders, signer_for, verifier_for
 from tailguard.model.authority import input_problem
 from tailguard.model.config import Settings
 from tailguard.model.policy_settings import SettingsAnnouncer
+from tailguard.model.fleet import FleetBlock
 from tailguard.model.records import Record
-from tailguard.shell.definition import Core, ServiceDefinition
 from tailguard.shell.metrics_http import ServiceMetrics
-from tailguard.shell.retention import Retained
 from tailguard.shell.snapshot import Position, Snapshot, digest
+from tailguard.system.retention import Retained
+from tailguard.system.services import Core, Service
 
 log = logging.getLogger("tailguard.service")
 
@@ -37,9 +39,7 @@ class Outgoing:
 
 
 class Processor:
-    def __init__(
-        self, definition: ServiceDefinition, settings: Settings, codec: RecordCodec
-    ) -> None:
+    def __init__(self, definition: Service, settings: Settings, codec: RecordCodec) -> None:
         self.definition = definition
         self.codec = codec
         self.core: Core = definition.core(settings)
@@ -136,11 +136,12 @@ class Processor:
 
     def _outgoing(self, record: Record, cause: Record) -> Outgoing:
         topic, key, value = type(record).TOPIC, record.job_id.encode(), None
-        encoder = self.definition.encoders.get(type(record))
-        if encoder is None:
-            value = self.codec.encode(record)
+        if isinstance(record, FleetBlock):
+            # The fleet list (`tailguard.blocklist`) is keyed by host and compacted, in its own
+            # encoding: a removal is a tombstone (value None).
+            key, value = fleet_topic.encode(record)
         else:
-            key, value = encoder(record)
+            value = self.codec.encode(record)
         kind = type(record).__name__
         self.metrics.emitted(kind)
         caused_by = getattr(record, "caused_by", ())

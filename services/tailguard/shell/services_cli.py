@@ -24,8 +24,8 @@ from tailguard.log.kafka_config import (
 )
 from tailguard.logs import add_format_argument
 from tailguard.settings_file import load_settings
-from tailguard.shell.definition import SERVICE_NAMES
 from tailguard.shell.supervisor import ServiceError, running, start, stop
+from tailguard.system.services import SERVICE_NAMES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

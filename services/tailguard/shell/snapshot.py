@@ -12,14 +12,14 @@ to keep in step with every policy change, no schema per core to version), and th
 records' own versioned Avro. The price is a restart proportional to the live jobs' input rather
 than to their state (measured in docs/reliability.md#bounded-restart).
 
-What to retain is each service's rule (`ServiceDefinition.retention`, tailguard.shell.retention),
+What to retain is each service's rule (`Service.retention`, tailguard.system.retention),
 a pure function of the input order:
 
 - `UntilJobFinished`: a job's records until its `JobFinished` (events readers);
 - `RecentJobs(n)`: the records of the n most recently active jobs (the speculator's own LRU rule);
 - `EveryRecord`: everything (a core whose forgetting the shell cannot mirror exactly);
 - `CoreState`: no input but one row holding the core's own state (the blocklist, whose state no
-  bounded part of its input rebuilds: tailguard.shell.retention says why).
+  bounded part of its input rebuilds: tailguard.system.retention says why).
 
 The snapshot file is an Avro container (fastavro): one `RetainedRecord` per record, the positions
 (next offset per partition, and a digest of the last record read there, which tells a snapshot of
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import fastavro
 
-from tailguard.shell.retention import STATE_PARTITION, Retained
+from tailguard.system.retention import STATE_PARTITION, Retained
 
 # Bumped on any change of the file's meaning; a snapshot of another version is ignored (the
 # service then rebuilds from the topic, which is slower but exact).

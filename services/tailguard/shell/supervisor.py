@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tailguard.log.broker_state import pid_alive
 from tailguard.shell import stop_report
-from tailguard.shell.definition import SERVICE_NAMES
+from tailguard.system.services import SERVICE_NAMES
 
 
 class ServiceError(RuntimeError):

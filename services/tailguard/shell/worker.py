@@ -40,7 +40,6 @@ from tailguard.model.config import ConfigError, Settings
 from tailguard.settings_file import load_settings
 from tailguard.shell import stop_report
 from tailguard.shell.broker_watch import BrokerWatch
-from tailguard.shell.definition import SERVICE_NAMES, ServiceDefinition, load_definition
 from tailguard.shell.log_limits import RepeatLimiter
 from tailguard.shell.metrics_http import MetricsServer
 from tailguard.shell.processor import Processor
@@ -54,6 +53,7 @@ from tailguard.shell.snapshot import (
 )
 from tailguard.shell.stop_report import FlushTracker
 from tailguard.shell.supervisor import announce, services_dir
+from tailguard.system.services import SERVICE_NAMES, Service, service_named
 
 log = logging.getLogger("tailguard.service")
 
@@ -177,7 +177,7 @@ class ServiceState:
 
 
 def build_app(
-    definition: ServiceDefinition,
+    definition: Service,
     connection: Mapping[str, Any],
     processor: Processor,
     state: ServiceState,
@@ -267,7 +267,7 @@ def serve(
     metrics_host: str,
     log_handler: logging.Handler,
 ) -> int:
-    definition = load_definition(name)
+    definition = service_named(name)
     # First, so that Kafka settings the faust client cannot honour stop the service at once.
     connection = faust_app_options(settings)
     configured_fetch_wait_ms(settings)
@@ -412,7 +412,7 @@ def received_headers(headers: Any) -> list[tuple[str, bytes | None]]:
 
 
 def carry_over(
-    settings: Settings, definition: ServiceDefinition, processor: Processor, store: SnapshotStore
+    settings: Settings, definition: Service, processor: Processor, store: SnapshotStore
 ) -> None:
     """Keep the state across a broker's loss. A broker back with the same log (real Kafka) gets
     the snapshot as it is; an embedded broker restarted empty has lost every record the state
@@ -439,9 +439,7 @@ def carry_over(
     store.write(snapshot)
 
 
-def records_on_topic(
-    settings: Settings, definition: ServiceDefinition
-) -> dict[tuple[int, int], str]:
+def records_on_topic(settings: Settings, definition: Service) -> dict[tuple[int, int], str]:
     """(partition, offset) -> digest of every record on the service's input topic now: a log
     just begun again by a restarted embedded broker, so a short read."""
     consumer = read_only_consumer(settings, definition.group_id)
@@ -455,7 +453,7 @@ def records_on_topic(
 
 
 def restore(
-    settings: Settings, definition: ServiceDefinition, processor: Processor, store: SnapshotStore
+    settings: Settings, definition: Service, processor: Processor, store: SnapshotStore
 ) -> tuple[dict[int, int], int]:
     """Fold the service's snapshot into its core if it is one of this topic's log; returns the
     positions to read the topic from (none: from the beginning) and the records folded."""

@@ -1,11 +1,11 @@
 """How the values a service's core counts are exported (the list is in docs/operations.md).
 
 The cores are pure: they keep plain numbers under their own keys (`metrics()`), and import no
-metrics library. Each `*/service.py` says, per key, under which Prometheus name and type the shell
-exports it. The same idea gets the same name whichever service counts it (FLIP-168's slow
-vertices and effective speculative executions, jobs tracked, config errors); the `service` label
-tells the reporters apart. A key whose value a shell metric already gives (a count of emitted
-records) is listed with no name, so that every key is accounted for.
+metrics library. Each service's tuple in `service_metrics` says, per key, under which Prometheus
+name and type the shell exports it. The same idea gets the same name whichever service counts it
+(FLIP-168's slow vertices and effective speculative executions, jobs tracked, config errors); the
+`service` label tells the reporters apart. A key whose value a shell metric already gives (a count
+of emitted records) is listed with no name, so that every key is accounted for.
 """
 
 from __future__ import annotations

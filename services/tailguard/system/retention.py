@@ -1,8 +1,9 @@
 """What a service's snapshot keeps: the input records its core's state still depends on.
 
-Each service names its rule in its `ServiceDefinition.retention`; every rule is a pure function of
-the input order, so a snapshot is a pure function of the input prefix it covers
-(tailguard.shell.snapshot says why the snapshot holds input rather than the cores' state).
+Each service names its rule in the table of the services (`tailguard.system.services`); every
+rule is a pure function of the input order, so a snapshot is a pure function of the input prefix
+it covers (tailguard.shell.snapshot says why the snapshot holds input rather than the cores'
+state).
 
 One core is the exception, `CoreState`: the blocklist's state cannot be rebuilt from any bounded
 part of its input, so its snapshot holds the state itself.

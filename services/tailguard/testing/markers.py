@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tailguard.system.services import SERVICE_NAMES
+
 SLOW_MODES = ("cpu", "io")
 BROKER_KINDS = ("kafka", "mock")
-SERVICE_NAMES = ("detector", "speculator", "blocklist", "decider", "failover")
 # The settings the harness owns for the services: where they run and which broker they use.
 HARNESS_SETTINGS = ("tailguard.work-dir", "bootstrap.servers")
 

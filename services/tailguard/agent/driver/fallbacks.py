@@ -1,21 +1,22 @@
 """The decisions the agent takes itself when no service answers: one component, one code path.
 
-The local decider and failover cores see exactly the events the services see (the driver feeds
-every event it publishes here). What they decide is held as pending with a deadline: the
-service's own command, carrying the same deterministic id, settles it; if none arrives by the
-deadline, the driver applies the local one and says so. With the services off the deadline is
-the event's own time, so the local decision applies at once. Speculation and blocking have no
-fallback: without the services a job runs as plain Spark would, only slower on a slow node.
+Which services it stands in for is the table's word (`local_fallback` in
+tailguard.system.services: the decider and the failover today). Their local cores see exactly
+the events the services see (the driver feeds every event it publishes here). What they decide
+is held as pending with a deadline: the service's own command, carrying the same deterministic
+id, settles it; if none arrives by the deadline, the driver applies the local one and says so.
+With the services off the deadline is the event's own time, so the local decision applies at
+once. Speculation and blocking have no fallback: without the services a job runs as plain Spark
+would, only slower on a slow node.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tailguard.decider.policy import ParallelismDecider
-from tailguard.failover.policy import FailoverStrategy
 from tailguard.model import records as r
 from tailguard.model.config import Settings
+from tailguard.system.services import SERVICES, Core, Service, local_fallbacks
 
 
 @dataclass(frozen=True)
@@ -34,11 +35,14 @@ class _Pending:
 
 
 class LocalFallbacks:
-    def __init__(self, settings: Settings, services: bool) -> None:
+    def __init__(
+        self, settings: Settings, services: bool, table: tuple[Service, ...] = SERVICES
+    ) -> None:
         self.services = services
-        self._cores: tuple[tuple[ParallelismDecider | FailoverStrategy, int, str], ...] = (
-            (ParallelismDecider(settings), settings.duration_ms("decider.timeout"), "parallelism"),
-            (FailoverStrategy(settings), settings.duration_ms("failover.timeout"), "failover"),
+        # (core, how long the service has to answer, the service's name), per local fallback.
+        self._cores: tuple[tuple[Core, int, str], ...] = tuple(
+            (s.core(settings), settings.duration_ms(s.timeout_key), s.name)
+            for s in local_fallbacks(table)
         )
         self._pending: dict[str, _Pending] = {}
         self._settled: set[str] = set()
