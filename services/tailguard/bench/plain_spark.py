@@ -265,5 +265,5 @@ def run_job(
     output.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, output / "part-00000.parquet")
     duration = time.monotonic() - started
-    speculative, stages = task_stats(sc, before)
-    return PlainRun(duration, table.num_rows, len(splits), speculative, stages)
+    speculative, stage_work = task_stats(sc, before)
+    return PlainRun(duration, table.num_rows, len(splits), speculative, stage_work)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, TopicPartition
 
+from tailguard.log.consumer import message_headers
 from tailguard.log.signing import ReceivedHeaders
 from tailguard.log.topic_scan import read_only_consumer, read_to_end, watermarks
 from tailguard.shell.snapshot import Position, digest
@@ -54,7 +55,12 @@ def rebuild(
         fed = 0
         if ends:
             for msg in read_to_end(consumer, topic, starts=start_at, ends=ends, stall_s=timeout):
-                feed(msg.value(), msg.partition() or 0, msg.offset() or 0, msg.headers() or [])
+                feed(
+                    msg.value(),
+                    msg.partition() or 0,
+                    msg.offset() or 0,
+                    message_headers(msg.headers()),
+                )
                 fed += 1
                 if progress is not None and fed % 10_000 == 0:
                     progress(fed)

@@ -248,7 +248,7 @@ def build_app(
             if snapshots is not None:
                 snapshots.after_input()
 
-    @app.task
+    @app.task  # type: ignore[untyped-decorator]  # faust.App.task has no annotations
     async def started() -> None:
         if state_load is not None:
             await state_load.wait()

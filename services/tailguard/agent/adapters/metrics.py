@@ -67,7 +67,7 @@ OUTCOMES = {
 ROUND_TRIP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 # The `_created` series are separate gauges in the text format: noise on every dashboard.
-disable_created_metrics()  # type: ignore[no-untyped-call]
+disable_created_metrics()
 
 
 class AgentMetrics:
