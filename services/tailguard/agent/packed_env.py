@@ -54,9 +54,9 @@ def _run(argv: list[str], what: str, log: Path) -> None:
 
 def source_tree() -> Path:
     """The checkout tailguard runs from (where its pyproject.toml is)."""
-    import tailguard
-
-    root = Path(tailguard.__file__).resolve().parents[2]
+    # services/tailguard/agent/packed_env.py -> the checkout; not `import tailguard`, whose
+    # package file reaches up to observe and attach mode (the layers contract).
+    root = Path(__file__).resolve().parents[3]
     if not (root / "pyproject.toml").is_file():
         raise PackError(
             f"tailguard is not running from a source checkout ({root} has no pyproject.toml): "
