@@ -25,13 +25,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from tailguard.agent.driver.driver import JobDriver, RunOptions
 from tailguard.codec import codec_for
 from tailguard.examples import sales_by_region as example
 from tailguard.log.broker import EmbeddedBroker
-from tailguard.log.kafka_acls import ADMIN, AGENT, SERVICE_TOPICS, principals, service_principal
+from tailguard.log.kafka_acls import (
+    ADMIN,
+    AGENT,
+    AUDITOR,
+    SERVICE_TOPICS,
+    principals,
+    service_principal,
+)
 from tailguard.log.kafka_secure import SecureBroker, existing
 from tailguard.log.kafka_server import kafka_dir
 from tailguard.log.signing import KEY_SETTING
@@ -272,3 +279,29 @@ def test_the_job_runs_exact_over_sasl_ssl_and_a_principal_without_write_access_i
         if value in content
     ]
     assert not leaks, leaks
+
+
+def test_a_wrong_password_or_no_tls_gets_no_connection_and_a_reader_cannot_write(
+    secured: Secured,
+) -> None:
+    """The broker's other refusals: SCRAM with a wrong password, a client that does not speak
+    TLS, and the auditor, who may read every record topic, writing one."""
+    errors: list[KafkaError] = []
+    wrong = {
+        **secured.material.librdkafka_config(AGENT),
+        "sasl.password": "not-the-password",
+        "bootstrap.servers": secured.bootstrap,
+        "error_cb": errors.append,
+    }
+    refused = Consumer({**wrong, "group.id": "secure-kafka-wrong"})
+    with pytest.raises(KafkaException):
+        refused.list_topics(timeout=10)
+    refused.close()
+    assert KafkaError._AUTHENTICATION in {e.code() for e in errors}, errors
+    plain = Consumer({"bootstrap.servers": secured.bootstrap, "group.id": "secure-kafka-plain"})
+    with pytest.raises(KafkaException):
+        plain.list_topics(timeout=5)
+    plain.close()
+    record = r.FailJob(job_id="secure-kafka-reader", ts=1, id="failover-reader", reason="reader")
+    answer = publish_as(secured, AUDITOR, r.EVENTS_TOPIC, record)
+    assert answer is not None and answer.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, answer

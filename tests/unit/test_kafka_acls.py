@@ -150,3 +150,31 @@ def test_the_server_settings_and_the_format_arguments(tmp_path: Path) -> None:
     kafka_secure.write_argument_file(argument_file, ["a b", *arguments])
     assert stat.S_IMODE(argument_file.stat().st_mode) == 0o600
     assert argument_file.read_text().splitlines()[0] == '"a b"'
+
+
+def test_each_service_may_read_its_input_and_write_its_outputs_and_nothing_else() -> None:
+    from tailguard.system.services import SERVICES
+
+    assert set(SERVICE_TOPICS) == {s.name for s in SERVICES}
+    for service in SERVICES:
+        source, outputs = SERVICE_TOPICS[service.name]
+        assert source == service.input_topic, service.name
+        assert set(outputs) == {t.TOPIC for t in service.outputs}, service.name
+
+
+def test_services_up_with_logins_names_a_missing_password_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from tailguard.shell import services_cli
+
+    parser = argparse.ArgumentParser()
+    services_cli.add_arguments(parser)
+    config = tmp_path / "tailguard.toml"
+    config.write_text(f'"tailguard.work-dir" = "{tmp_path / "work"}"\n')
+    args = parser.parse_args(["up", "--logins", str(tmp_path / "none"), "--only", "decider"])
+    args.config = str(config)
+    assert services_cli.run(args) == 1
+    assert f"{tmp_path / 'none' / 'tailguard-decider'} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "work" / "services").exists()  # nothing was started

@@ -2,7 +2,8 @@
 
 The same verbs as `tailguard cluster` and `tailguard services`: `up` starts it in the background
 (`--foreground`: in this terminal until Ctrl-C), `down` stops it (`--purge`: and deletes its
-data), `status` exits 0 while it runs and 1 otherwise. `up --mock` starts librdkafka's
+data), `status` exits 0 while it runs and 1 otherwise; `acls` prints the `kafka-acls.sh`
+commands that give an existing cluster the ACLs of docs/security.md. `up --mock` starts librdkafka's
 in-memory mock cluster instead, for a machine that cannot reach Maven Central. The spellings from
 before (`tailguard broker`, `--stop`, `--status`) still work and say what replaces them.
 """
@@ -41,7 +42,8 @@ def _note(state: BrokerState, work_dir: Path) -> str:
     return IN_MEMORY_NOTE
 
 
-ACTIONS = ("up", "down", "status")
+ACTIONS = ("up", "down", "status", "acls")
+KAFKA_ACLS = 'kafka-acls.sh --bootstrap-server "$KAFKA" --command-config admin.properties'
 # The spellings before the verbs, and the verb each one means now.
 _OLD_FLAGS = {"stop": "down", "status": "status"}
 
@@ -52,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="?",
         choices=ACTIONS,
         help="up: start in the background (or in this terminal with --foreground); down: stop "
-        "it; status: exit 0 while it runs, 1 otherwise",
+        "it; status: exit 0 while it runs, 1 otherwise; acls: print the kafka-acls.sh commands "
+        "that give your cluster the ACLs `up --secure` creates",
     )
     parser.add_argument(
         "--foreground", action="store_true", help="with up: run in this terminal until Ctrl-C"
@@ -108,6 +111,13 @@ def _action(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     action = _action(args)
+    if action == "acls":
+        from tailguard.log.kafka_acls import acl_commands
+
+        print("# the ACLs of docs/security.md; tailguard-admin (or your admin) is the super user")
+        for line in acl_commands():
+            print(f"{KAFKA_ACLS} {line}")
+        return 0
     settings = load_settings(getattr(args, "config", None))
     work_dir = Path(args.work_dir or settings.get("tailguard.work-dir", "") or "work")
     configured = settings.get("bootstrap.servers", "").strip()

@@ -4,14 +4,15 @@ One principal per role: `tailguard-<service>` for each of the five services, `ta
 for every job's agent, `tailguard-auditor` for `tailguard replay --topic` and people reading the
 log, and `tailguard-admin`, the only super user (the broker itself and whoever creates topics
 and ACLs). The secured embedded broker (`tailguard broker up --secure`) creates exactly these
-ACLs; on an existing cluster, `kafka-acls.sh` lines made from the same table do the same
-(`acl_commands`). Kafka denies whatever no ACL allows (`allow.everyone.if.no.acl.found` is
-false by default), so these are the whole of each principal's rights.
+ACLs; on an existing cluster, the `kafka-acls.sh` lines `tailguard broker acls` prints from the
+same table do the same (`acl_commands`). Kafka denies whatever no ACL allows
+(`allow.everyone.if.no.acl.found` is false by default), so these are the whole of each
+principal's rights.
 
-The services' rows follow their definitions (tailguard/<service>/service.py: the input topic;
-shell/processor.py: the outputs, and the dead letters for the input topic);
-tests/unit/test_kafka_acls.py checks that they agree, and that docs/security.md's table says
-the same.
+The services' rows follow the services' table (tailguard/system/services.py: each one's input
+topic and the topics of its outputs; shell/processor.py adds the dead letters for the input
+topic), which the log layer does not import; tests/unit/test_kafka_acls.py checks that they
+agree, and that docs/security.md's table says the same.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ SERVICE_PRINCIPAL = "tailguard-{service}"
 # The agents' consumer groups: one per job, `tailguard-agent-<job id>`.
 AGENT_GROUPS = "tailguard-agent-"
 REPLAY_GROUP = "tailguard-replay"
-# The dead-letter reader's groups (`tailguard dlq`): one per reading, `tailguard-dlq-reader-<uuid>`.
+# The dead-letter reader's groups (log/dead_letters.py): `tailguard-dlq-reader-<uuid>`.
 DLQ_READER_GROUPS = "tailguard-dlq-reader-"
 
 

@@ -81,15 +81,24 @@ class SecureBroker:
         }
 
     def environment(self, principal: str) -> dict[str, str]:
-        """Environment variables that log a tailguard process in as `principal`: the username,
-        and the file its password is read from."""
-        return {USERNAME_ENV: principal, PASSWORD_ENV: str(self.password_file(principal))}
+        """Environment variables that log a tailguard process in as `principal`."""
+        return login_environment(self.directory / CREDENTIALS_DIR, principal)
 
     def librdkafka_config(self, principal: str) -> dict[str, str]:
         """A confluent-kafka client's security settings for `principal`, password included:
         for clients held in memory only (the broker's own admin client, a test's producer)."""
         config = {k.removeprefix("kafka."): v for k, v in self.settings(principal).items()}
         return {**config, "sasl.password": self.password(principal)}
+
+
+def login_environment(credentials: Path, principal: str) -> dict[str, str]:
+    """Environment variables that log a tailguard process in as `principal`, whose password is
+    the file `credentials/<principal>` (this broker's `credentials/`, or a secrets mount laid
+    out the same way): the username, and the file the password is read from."""
+    path = credentials / principal
+    if not path.is_file():
+        raise SecureBrokerError(f"no password file for {principal}: {path} does not exist")
+    return {USERNAME_ENV: principal, PASSWORD_ENV: str(path.resolve())}
 
 
 def secure_dir(kafka_dir: Path) -> Path:

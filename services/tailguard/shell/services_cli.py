@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
 from tailguard.extras import require
+from tailguard.log.kafka_acls import service_principal
 from tailguard.log.kafka_config import (
     configured_fetch_wait_ms,
     faust_credentials,
     security_settings,
 )
+from tailguard.log.kafka_secure import SecureBrokerError, login_environment
 from tailguard.logs import add_format_argument
 from tailguard.settings_file import load_settings
 from tailguard.shell.supervisor import ServiceError, running, start, stop
@@ -45,9 +48,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with up: stay attached and stop the services on Ctrl-C",
     )
     parser.add_argument(
+        "--logins",
+        metavar="DIR",
+        help="with up: each service logs in to Kafka as its own principal, tailguard-<service>, "
+        "its password read from DIR/tailguard-<service> (`tailguard broker up --secure` makes "
+        "them in <work-dir>/kafka/secure/credentials; or your secrets mount)",
+    )
+    parser.add_argument(
         "--metrics-port", type=int, default=0, help="with run: metrics port (0: a free one)"
     )
     parser.add_argument("--metrics-host", default="127.0.0.1", help="with run: metrics address")
+
+
+def _logins(directory: str | None, names: list[str]) -> dict[str, dict[str, str]]:
+    """`--logins DIR`: each service's Kafka login (environment variables naming its principal
+    and its password file), so every service is a principal of its own (docs/security.md)."""
+    if directory is None:
+        return {}
+    return {name: login_environment(Path(directory), service_principal(name)) for name in names}
 
 
 def _names(only: str | None) -> list[str]:
@@ -92,8 +110,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "up":
             require("services")  # the workers import faust: say so here, not in their logs
+            logins = _logins(args.logins, names)
             # Likewise Kafka settings their faust client cannot honour: once, here.
-            faust_credentials(security_settings(settings))
+            for login in logins.values() or [{}]:
+                with_login = load_settings(
+                    getattr(args, "config", None), environ={**os.environ, **login}
+                )
+                faust_credentials(security_settings(with_login))
             configured_fetch_wait_ms(settings)
             start(
                 work_dir,
@@ -101,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
                 config=getattr(args, "config", None),
                 # --log-format: how the services write their log files.
                 log_format=getattr(args, "log_format", None),
+                env_of=lambda name: logins.get(name, {}),
             )
             if args.foreground:
                 stopped = threading.Event()
@@ -124,6 +148,6 @@ def run(args: argparse.Namespace) -> int:
                 healthy = healthy and health == "ready"
                 print(f"{name}: {health}, pid {service.pid}, {service.metrics_url}/metrics")
         return 0 if healthy and all(n in current for n in names) else 1
-    except ServiceError as err:
+    except (ServiceError, SecureBrokerError) as err:
         print(f"tailguard services: {err}", file=sys.stderr)
         return 1
