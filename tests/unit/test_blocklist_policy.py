@@ -7,11 +7,8 @@ from __future__ import annotations
 
 from speculation_histories import slow_finding
 
-from tailguard.blocklist.policy import (
-    BlocklistTracker,
-    blocked_fraction_problem,
-    max_blocked_hosts,
-)
+from tailguard.blocklist.policy import BlocklistTracker
+from tailguard.model.blocking import blocked_fraction_problem, max_blocked_hosts
 from tailguard.model.config import Settings
 from tailguard.model.ids import derived_id
 from tailguard.model.records import BlockNodes, Record, SlowAttempt, SlowSubtask, UnblockNodes

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Protocol
 
-from tailguard.blocklist.policy import blocked_fraction_problem
+from tailguard.model.blocking import blocked_fraction_problem
 from tailguard.model.config import Settings
 from tailguard.model.fleet import FLEET_SETTING, FleetBlock, current_entries
 

@@ -27,8 +27,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tailguard.blocklist.policy import blocked_fraction_problem
 from tailguard.model import records as r
+from tailguard.model.blocking import blocked_fraction_problem
 from tailguard.model.fleet import FLEET_SETTING, is_fleet_cause
 from tailguard.observer.translate import RunningTask
 

@@ -51,11 +51,10 @@ from tailguard.blocklist.policy import (
     BlocklistTracker,
     BlockRule,
     Forgetting,
-    blocked_fraction_problem,
     found_slow,
     host_evidence,
-    max_blocked_hosts,
 )
+from tailguard.model.blocking import blocked_fraction_problem, max_blocked_hosts
 from tailguard.model.config import Settings
 from tailguard.model.fleet import FLEET_CAUSE_PREFIX, FleetBlock
 from tailguard.model.ids import derived_id

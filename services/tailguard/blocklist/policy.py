@@ -31,8 +31,8 @@ finding names a slow host.
 
 At most `max_blocked_hosts(registered, blocklist.max-blocked-fraction)` hosts are blocked at once,
 and never all of them, so a job can always make progress. `blocked_fraction_problem` states that
-rule once for the core and the agent's validation of `BlockNodes`. When more hosts qualify, those
-with the most evidence go first, then by name; the rest are skipped.
+rule once (in model.blocking) for the core and the actuators' validation of `BlockNodes`. When more
+hosts qualify, those with the most evidence go first, then by name; the rest are skipped.
 
 Blocks are tracked against the time of the findings (the agent lifts a block when its time is
 up), so this core never needs the wall clock.
@@ -45,12 +45,12 @@ finding of every job (`model.policy_settings`); a key the service's configuratio
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from dataclasses import astuple, dataclass, field
 from typing import Any, ClassVar
 
+from tailguard.model.blocking import blocked_fraction_problem, max_blocked_hosts
 from tailguard.model.config import Settings
 from tailguard.model.ids import derived_id
 from tailguard.model.records import (
@@ -67,11 +67,9 @@ __all__ = [
     "BlockRule",
     "BlocklistTracker",
     "Forgetting",
-    "blocked_fraction_problem",
     "forget_after_ms",
     "found_slow",
     "host_evidence",
-    "max_blocked_hosts",
 ]
 
 # Findings carry no end-of-job marker, so beyond this many jobs with state the least recently
@@ -92,33 +90,6 @@ def forget_after_ms(rule: BlockRule) -> int:
     "active" for D, and what it was sent matters D/2 beyond its block: past 2 max(W, D) a silent
     job's state is a new job's, and no decision reads evidence that old."""
     return 2 * max(rule.window_ms, rule.duration_ms) + LATE_FINDINGS_MS
-
-
-def max_blocked_hosts(registered: int, fraction: float) -> int:
-    """How many of `registered` hosts may be blocked at once: ⌊fraction × registered⌋, and
-    never all of them."""
-    return max(0, min(math.floor(fraction * registered), registered - 1))
-
-
-def blocked_fraction_problem(
-    blocked: Iterable[str], adding: Iterable[str], hosts: Collection[str], fraction: float
-) -> str | None:
-    """Why blocking `adding` on top of `blocked` would block too many of the registered
-    `hosts` (`blocklist.max-blocked-fraction`), or None if it would not.
-
-    Only registered hosts count: a block kept on a host that left the cluster takes no share.
-    The one statement of the rule, used by `BlocklistTracker` before every new block and by
-    the agent when it validates a `BlockNodes` command.
-    """
-    registered = set(hosts)
-    after = (set(blocked) | set(adding)) & registered
-    limit = max_blocked_hosts(len(registered), fraction)
-    if len(after) > limit:
-        return (
-            f"blocking {sorted(set(adding))} would block {len(after)} of {len(registered)}"
-            f" hosts, over blocklist.max-blocked-fraction {fraction:g} (at most {limit})"
-        )
-    return None
 
 
 # The subtask a host finding (`SlowTasksDetected.slow_hosts`) is kept under as evidence: no

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import TypeGuard
 
 from tailguard.blocklist.fleet import fleet_block_command
-from tailguard.blocklist.policy import BlockRule, blocked_fraction_problem
+from tailguard.blocklist.policy import BlockRule
 from tailguard.model import records as r
+from tailguard.model.blocking import blocked_fraction_problem
 from tailguard.model.config import Settings
 from tailguard.model.fleet import is_fleet_cause
 

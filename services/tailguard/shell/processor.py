@@ -17,8 +17,8 @@ from tailguard.log.dead_letters import dead_letter_headers, dlq_topic
 from tailguard.log.signing import ReceivedHeaders, signer_for, verifier_for
 from tailguard.model.authority import input_problem
 from tailguard.model.config import Settings
-from tailguard.model.policy_settings import SettingsAnnouncer
 from tailguard.model.fleet import FleetBlock
+from tailguard.model.policy_settings import SettingsAnnouncer
 from tailguard.model.records import Record
 from tailguard.shell.metrics_http import ServiceMetrics
 from tailguard.shell.snapshot import Position, Snapshot, digest

@@ -14,8 +14,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from tailguard.agent.driver.slots import ExecutionVertexId, SlotPool, SpeculativeRequest
 from tailguard.agent.driver.state import ExecutionState
-from tailguard.blocklist.policy import blocked_fraction_problem
 from tailguard.model import records as r
+from tailguard.model.blocking import blocked_fraction_problem
 from tailguard.model.config import Settings
 from tailguard.model.fleet import FLEET_SETTING, is_fleet_cause
 from tailguard.model.records import SPLITS_INPUT
