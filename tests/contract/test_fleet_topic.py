@@ -52,6 +52,26 @@ def test_add_list_remove(settings, host, tmp_path, monkeypatch, capsys) -> None:
     assert host not in current_entries(fleet_topic.read_changes(settings), now)
 
 
+def test_export_both_ways(settings, host, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    # One export: `tailguard blocklist export` and `python -m tailguard.observer export` (which
+    # calls the blocklist's, observe mode being the layer above) print the same list.
+    from tailguard.observer.__main__ import main as observer_main
+
+    assert (
+        _cli(settings, tmp_path, monkeypatch, "add", host, "--for", "5 min", "--reason", "x") == 0
+    )
+    capsys.readouterr()
+    assert _cli(settings, tmp_path, monkeypatch, "export", "--format", "hosts") == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert host in listed
+    config = str(tmp_path / "tailguard.toml")
+    assert observer_main(["export", "--format", "hosts", "--config", config]) == 0
+    assert capsys.readouterr().out.splitlines() == listed
+    assert observer_main(["export", "--format", "yarn", "--config", config]) == 0
+    assert host in capsys.readouterr().out.split("=", 1)[1].strip().split(",")
+    assert _cli(settings, tmp_path, monkeypatch, "remove", host) == 0
+
+
 def test_bad_duration_is_a_usage_error(settings, host, tmp_path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     code = _cli(settings, tmp_path, monkeypatch, "add", host, "--for", "soon", "--reason", "x")
     assert code == 2 and "--for" in capsys.readouterr().err
