@@ -5,9 +5,13 @@ audit replay therefore feeds every core the input it saw live — the recorded e
 detector, decider and failover, the recorded findings for the speculator and blocklist — and
 compares its outputs with the recorded outputs of that service, in order.
 
-A what-if replay (other settings) chains the cores instead: the speculator and blocklist read the
-findings the *replayed* detector emits, since with other detector settings the recorded findings
-are no longer what they would have seen.
+Each core decides with the policy settings its service recorded in the log, when it did
+(`recorded_settings`): then no settings file is needed, and the services' announcements of
+their settings are compared like their decisions. A log with none replays with the settings
+given. A what-if replay (other settings, over the recorded ones) chains the cores instead: the
+speculator and blocklist read the findings the *replayed* detector emits, since with other
+detector settings the recorded findings are no longer what they would have seen. It compares
+decisions only, not the announcements, which name the what-if settings.
 
 Outputs are matched to services by their id prefix (ids are `derived_id(service, ...)`), and both
 sides are deduplicated by id: delivery is at least once, so a service that restarted may have
@@ -39,6 +43,7 @@ from tailguard.replay.fleet_check import (
     evidence_in_log,
     is_fleet_command,
 )
+from tailguard.replay.recorded_settings import SettingsPlan, plan_settings, run_planned
 from tailguard.system.services import SERVICES, Service
 
 
@@ -121,6 +126,8 @@ class ReplayReport:
     rejected: list[RejectedCommand] = field(default_factory=list)
     # Findings and commands whose id names no service: no core emits them.
     unattributed: list[r.Record] = field(default_factory=list)
+    # Per service, the settings its core was replayed with.
+    settings: list[SettingsPlan] = field(default_factory=list)
 
     @property
     def differences(self) -> int:
@@ -175,14 +182,12 @@ def dedupe(records: Iterable[r.Record]) -> list[r.Record]:
     return out
 
 
-def _run(spec: Service, settings: Settings, inputs: Iterable[r.Record]) -> list[r.Record]:
-    """What the service's core emits on `inputs` to the findings and commands: what the log
-    holds of it (the blocklist's fleet list goes to a topic of its own, checked apart)."""
-    core = spec.core(settings)
-    outputs: list[r.Record] = []
-    for record in inputs:
-        outputs.extend(o for o in core.handle(record) if isinstance(o, r.Finding | r.Command))
-    return outputs
+def _run(spec: Service, plan: SettingsPlan, inputs: Sequence[r.Record]) -> list[r.Record]:
+    """What the service emits on `inputs` to the findings and commands (its settings' too):
+    what the log holds of it (the blocklist's fleet list goes to a topic of its own, checked
+    apart)."""
+    logged = r.Finding | r.Command | r.PolicySettings
+    return [o for o in run_planned(plan, spec.core, inputs) if isinstance(o, logged)]
 
 
 def _compare(recorded: Sequence[r.Record], replayed: Sequence[r.Record]) -> list[Difference]:
@@ -196,8 +201,10 @@ def _compare(recorded: Sequence[r.Record], replayed: Sequence[r.Record]) -> list
 
 
 def _leave_out_rejected(
-    commands: Sequence[r.Command], unauthenticated: Sequence[r.Command], events: Sequence[r.Event]
-) -> tuple[list[r.Command], list[RejectedCommand]]:
+    commands: Sequence[r.Command | r.CommandSettings],
+    unauthenticated: Sequence[r.Command],
+    events: Sequence[r.Event],
+) -> tuple[list[r.Command | r.CommandSettings], list[RejectedCommand]]:
     """The commands to compare, and the rejected ones: those archived as unauthenticated, and
     those whose every answer from the agent was a rejection for authority."""
     for_authority: dict[str, str] = {}
@@ -209,7 +216,10 @@ def _leave_out_rejected(
             taken.add(e.command_id)
     never_taken = for_authority.keys() - taken
     kept = [c for c in commands if c.id not in never_taken]
-    left_out = [*unauthenticated, *(c for c in commands if c.id in never_taken)]
+    left_out = [
+        *unauthenticated,
+        *(c for c in commands if c.id in never_taken and isinstance(c, r.Command)),
+    ]
     # A forgery sent again is one entry; the same id with other content is another.
     unique = list(dict.fromkeys(left_out))
     return kept, [RejectedCommand(c, for_authority.get(c.id, "")) for c in unique]
@@ -223,12 +233,19 @@ def replay(
     job: str | None = None,
     progress: Callable[[int], None] | None = None,
     services: Sequence[Service] = SERVICES,
+    overrides: Mapping[str, str] | None = None,
 ) -> ReplayReport:
     """Replay the cores of `services` (the table of the services) over `log` (every topic, in
-    the order it was recorded)."""
+    the order it was recorded). Each core decides with the settings its service recorded in
+    the log, else with `settings`; a what-if puts `overrides` (by default, what `settings`
+    sets) over the recorded ones."""
+    if what_if and overrides is None:
+        overrides = settings.overrides()
     events: list[r.Event] = []
-    findings: list[r.Finding] = []
-    commands: list[r.Command] = []
+    findings: list[r.Finding | r.FindingSettings] = []
+    # The commands topic's records in their order, the services' announcements among them.
+    commands: list[r.Command | r.CommandSettings] = []
+    announced: list[r.PolicySettings] = []
     unauthenticated: list[r.Command] = []
     for n, item in enumerate(log, 1):
         record = item.record
@@ -236,9 +253,14 @@ def replay(
             continue
         if item.topic == r.EVENTS_TOPIC and isinstance(record, r.Event):
             events.append(record)
-        elif isinstance(record, r.Finding) and item.topic == r.FINDINGS_TOPIC:
+        elif isinstance(record, r.Finding | r.FindingSettings) and item.topic == r.FINDINGS_TOPIC:
             # Not one the agent kept apart (`received_archive_topic`): the services refused it.
             findings.append(record)
+            if isinstance(record, r.FindingSettings):
+                announced.append(record)
+        elif isinstance(record, r.CommandSettings) and item.topic == r.COMMANDS_TOPIC:
+            commands.append(record)
+            announced.append(record)
         elif isinstance(record, r.Command) and item.topic == UNAUTHENTICATED_COMMANDS_TOPIC:
             unauthenticated.append(record)
         elif isinstance(record, r.Command):
@@ -250,14 +272,22 @@ def replay(
     recorded_by_service: dict[str, list[r.Record]] = {s.name: [] for s in services}
     unattributed: list[r.Record] = []
     for out in dedupe([*findings, *commands]):
-        recorded_by_service.get(service_of(out), unattributed).append(out)
+        if isinstance(out, r.PolicySettings) and out.service != service_of(out):
+            unattributed.append(out)  # its id names another service than it says
+        elif not (what_if and isinstance(out, r.PolicySettings)):  # a what-if: decisions only
+            recorded_by_service.get(service_of(out), unattributed).append(out)
 
     live = _services_live(events)
     finding_ids = {f.id for f in findings}
     # What a what-if replay feeds the findings' readers: the findings the replayed services emit.
     replayed_findings: list[r.Record] = []
     reports: list[ServiceReport] = []
+    plans: list[SettingsPlan] = []
     for spec in services:
+        plan = plan_settings(
+            spec.name, (a for a in announced if a.service == service_of(a)), settings, overrides
+        )
+        plans.append(plan)
         if spec.input_topic == r.EVENTS_TOPIC:
             inputs: Sequence[r.Record] = events
         elif spec.input_topic != r.FINDINGS_TOPIC:
@@ -269,8 +299,12 @@ def replay(
             inputs = dedupe(replayed_findings)
         else:
             inputs = dedupe(findings)
-        replayed = dedupe(_run(spec, settings, inputs))
-        replayed_findings.extend(o for o in replayed if isinstance(o, r.Finding))
+        replayed = dedupe(_run(spec, plan, inputs))
+        replayed_findings.extend(
+            o for o in replayed if isinstance(o, r.Finding | r.FindingSettings)
+        )
+        if what_if:
+            replayed = [o for o in replayed if not isinstance(o, r.PolicySettings)]
         recorded = recorded_by_service.get(spec.name, [])
         compared = live or spec.local_fallback
         report = ServiceReport(spec.name, spec.output_kind, compared)
@@ -280,7 +314,7 @@ def replay(
             # One job's log: the fleet's commands to it are checked, its own compared.
             fleet_checks = [
                 Difference(p.position, p.command, None, p.problem)
-                for p in check_fleet_commands(recorded, events, settings)
+                for p in check_fleet_commands(recorded, events, plan.settings)
             ]
             report.checked = sum(1 for c in recorded if is_fleet_command(c))
             recorded = [c for c in recorded if not is_fleet_command(c)]
@@ -290,7 +324,7 @@ def replay(
             report.reproduced = sum(1 for a, b in zip(recorded, replayed, strict=False) if a == b)
         reports.append(report)
     jobs = sorted({e.job_id for e in events})
-    return ReplayReport(reports, jobs, len(events), rejected, unattributed)
+    return ReplayReport(reports, jobs, len(events), rejected, unattributed, plans)
 
 
 def _services_live(events: Iterable[r.Event]) -> bool:
