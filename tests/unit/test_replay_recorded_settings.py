@@ -12,6 +12,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+from tests.unit.test_replay import write_archive
+
+from tailguard.cli import main
 from tailguard.codec import codec_for
 from tailguard.model import records as r
 from tailguard.model.config import Settings
@@ -167,3 +171,18 @@ def test_a_log_from_before_the_announcements_replays_with_the_settings_given() -
     assert report.differences == 0, lines(report)
     assert not any(plan.recorded for plan in report.settings)
     assert sum(s.reproduced for s in report.services) > len(SERVICES)
+
+
+def test_tailguard_replay_of_an_archive_needs_no_settings_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    archive = tmp_path / "job-b.avro"
+    write_archive(archive, two_jobs(Settings(), Settings(CHANGED))["job-b"])
+    assert main(["replay", str(archive)]) == 0
+    said = capsys.readouterr().out
+    assert "settings: as the services recorded them in the log" in said
+    assert said.count(" reproduced, 0 differences") == len(SERVICES), said
+    what_if = tmp_path / "what-if.toml"
+    what_if.write_text(f'"{SPEC_MAX}" = "2"\n')
+    assert main(["replay", str(archive), "--what-if", str(what_if)]) == 1
+    assert f"what-if {SPEC_MAX}: 2 -> 2" not in capsys.readouterr().out

@@ -5,6 +5,12 @@ tailguard replay --topic                            # the same, reading the Kafk
 tailguard replay ARCHIVE --what-if what-if.toml     # how decisions would differ under these
 tailguard --config deploy.toml replay ARCHIVE       # the deployment settings: before the command
 
+An audit needs no settings file: each service recorded the policy settings it decided with in
+the log, and the replay decides with those (`replay.recorded_settings`); the deployment's
+settings still say where the log is (brokers, `s3.*`) and stand in for the policy settings of a
+log that recorded none (written before the services announced them). A what-if's settings go
+over the recorded ones.
+
 Exit status, the same for an audit and a what-if, so a CI step can rely on it: 0 every decision
 reproduced (no difference), 1 at least one difference, 2 a usage or input error (no log, an
 unreadable archive, bad settings, nothing of the job in the log).
@@ -80,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
             settings.merged(what_if) if what_if else settings,
             what_if=bool(what_if),
             job=args.job,
+            overrides=what_if or None,
         )
     except LogReadError as err:
         return _usage_error(str(err))
@@ -88,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         of_job = f" of job {args.job}" if args.job else ""
         return _usage_error(f"no events{of_job} in {source}: nothing to replay")
     print(f"replayed {report.events} events of {len(report.jobs)} job(s) from {source}")
+    _print_settings(report)
     if what_if:
         for key, (old, new) in settings_diff(settings, what_if).items():
             # A what-if file may also hold connection settings: never print a secret.
@@ -95,6 +103,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"  what-if {key}: {shown[0]} -> {shown[1]}")
     _print(report, args.show, bool(what_if))
     return DIFFERENCES if report.differences else NO_DIFFERENCE
+
+
+def _print_settings(report: ReplayReport) -> None:
+    recorded = [plan for plan in report.settings if plan.recorded]
+    if len(recorded) == len(report.settings):
+        print("settings: as the services recorded them in the log")
+    elif not recorded:
+        print("settings: the log records none; the settings given (--config, or the defaults)")
+    for plan in report.settings:
+        if 0 < len(recorded) < len(report.settings) or len(plan.versions) > 1:
+            print(f"  {plan.describe()}")
 
 
 def _print(report: ReplayReport, show: int, what_if: bool) -> None:
