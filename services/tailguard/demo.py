@@ -6,7 +6,8 @@
 4. the summary: job time, attempts, speculation, blocked hosts, parallelism and who decided it,
    failures and restarts, where the output and the archive are; the output checked against a
    pandas reference;
-5. `tailguard replay` over the archive;
+5. `tailguard replay` over the archive, with no settings file: the services recorded theirs in
+   the log;
 6. everything it started, stopped again (what was already running is left running).
 
 `--no-services` runs the same job with the services down, for comparison.
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from tailguard.agent.adapters.spark import session_builder
     from tailguard.agent.entry import run as run_job
     from tailguard.examples import sales_by_region as example
+    from tailguard.model.config import Settings
     from tailguard.replay.engine import replay
     from tailguard.replay.inputs import read_archive
 
@@ -158,8 +160,13 @@ def run(args: argparse.Namespace) -> int:
         )
         ok = same
     if result.archive:
-        report = replay(read_archive(Path(result.archive), settings), settings)
-        print(f"replay of {result.archive}:")
+        # As an auditor holding only the archive would: the settings the services recorded.
+        report = replay(read_archive(Path(result.archive), settings), Settings())
+        recorded = sum(1 for plan in report.settings if plan.recorded)
+        print(
+            f"replay of {result.archive} (`tailguard replay ARCHIVE`, no settings file; "
+            f"{recorded} of {len(report.settings)} services' settings recorded in it):"
+        )
         for service in report.services:
             print(f"  {service.line()}")
         ok = ok and report.differences == 0
