@@ -26,14 +26,18 @@ without security cannot be secured in place (`tailguard broker down --purge` fir
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from tailguard.log.kafka_acls import ADMIN, principals
-from tailguard.log.kafka_tls import BrokerTls, existing_broker_tls, make_broker_tls
+from tailguard.log.kafka_tls import (
+    BrokerTls,
+    existing_broker_tls,
+    make_broker_tls,
+    write_owner_only,
+)
 
 SECURE_DIR = "secure"
 CREDENTIALS_DIR = "credentials"
@@ -127,10 +131,8 @@ def prepare(kafka_dir: Path, host: str) -> SecureBroker:
     for principal in principals():
         path = credentials / principal
         if not path.exists():
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(descriptor, "w") as out:
-                # Hex: no character that Kafka's `--add-scram` or JAAS syntax would need quoted.
-                out.write(secrets.token_hex(24))
+            # Hex: no character that Kafka's `--add-scram` or JAAS syntax would need quoted.
+            write_owner_only(path, secrets.token_hex(24), replace=False)
     tls = existing_broker_tls(directory)
     host_file = directory / HOST_FILE
     made_for = json.loads(host_file.read_text()) if host_file.exists() else None
@@ -182,6 +184,4 @@ def scram_arguments(secure: SecureBroker) -> list[str]:
 def write_argument_file(path: Path, arguments: list[str]) -> None:
     """A Java launcher argument file (`java @path`) holding `arguments`, owner-only: the
     passwords among them stay off the process's command line."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write("\n".join(json.dumps(argument) for argument in arguments) + "\n")
+    write_owner_only(path, "\n".join(json.dumps(argument) for argument in arguments) + "\n")

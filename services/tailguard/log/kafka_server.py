@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -43,6 +42,7 @@ from tailguard.log.kafka_secure import (
     server_settings,
     write_argument_file,
 )
+from tailguard.log.kafka_tls import write_owner_only
 from tailguard.log.topics import TopicSpec, declared_topics
 
 KAFKA_DIR = "kafka"
@@ -217,7 +217,7 @@ def launch(
         material = kafka_secure.prepare(directory, address.advertised_host)
     properties = directory / PROPERTIES_FILE
     # Owner-only: a secured broker's settings hold the admin's password.
-    _write_private(properties, server_properties(address, data, material))
+    write_owner_only(properties, server_properties(address, data, material))
     (directory / LOG4J_FILE).write_text(_LOG4J)
     classpath = ["-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={directory / LOG4J_FILE}"]
     if not formatted:
@@ -234,13 +234,6 @@ def launch(
         cwd=directory,
     )
     return process, address, material
-
-
-def _write_private(path: Path, text: str) -> None:
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(text)
-    path.chmod(0o600)  # a file from before this was owner-only
 
 
 def _format(

@@ -41,11 +41,14 @@ class BrokerTls:
     keystore: Path  # the broker's key and certificate chain
 
 
-def _private(path: Path, data: bytes) -> None:
-    """Write `data` to `path`, readable by its owner only from the start."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def write_owner_only(path: Path, data: str | bytes, *, replace: bool = True) -> None:
+    """Write `data` to `path`, readable by its owner only from the start (a key, a password, a
+    settings file holding one); `replace=False`: fail if it exists."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if replace else os.O_EXCL)
+    descriptor = os.open(path, flags, 0o600)
     with os.fdopen(descriptor, "wb") as out:
-        out.write(data)
+        out.write(data.encode() if isinstance(data, str) else data)
+    path.chmod(0o600)  # a file from before, made with other permissions
 
 
 def _subject_alt_names(hosts: list[str]) -> list[object]:
@@ -115,7 +118,7 @@ def make_broker_tls(directory: Path, hosts: list[str]) -> BrokerTls:
     ca = directory / CA_FILE
     ca.write_bytes(ca_cert.public_bytes(pem))
     keystore = directory / KEYSTORE_FILE
-    _private(
+    write_owner_only(
         keystore,
         key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
         + cert.public_bytes(pem)
