@@ -23,7 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("tailguard.log.broker_cli", "the embedded broker, Apache Kafka: up, down, status"),
     "services": (
         "tailguard.shell.services_cli",
-        "the five services: up, down, status, or run one in the foreground",
+        "the services: up, down, status, or run one in the foreground",
     ),
     "run": (
         "tailguard.agent.run_cli",

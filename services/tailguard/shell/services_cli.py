@@ -1,4 +1,5 @@
-"""`tailguard services up|down|status|run`: the five services as separate processes.
+"""`tailguard services up|down|status|run`: the services of the table (tailguard.system.services) as
+separate processes.
 
 `up`, `down` and `status` manage background processes (the verbs of `tailguard broker` and
 `tailguard cluster`; `status` exits 0 when every named service runs and is ready, 1 otherwise,
@@ -38,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--only",
-        help=f"comma-separated subset of {','.join(SERVICE_NAMES)} (default: all five)",
+        help=f"comma-separated subset of {','.join(SERVICE_NAMES)} (default: all)",
     )
     parser.add_argument("--work-dir", help="default: the tailguard.work-dir setting")
     add_format_argument(parser, default=argparse.SUPPRESS)
