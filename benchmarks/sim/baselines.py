@@ -16,6 +16,7 @@ from tailguard.agent.driver.ordering import SubtaskOrder
 
 # Spark's MedianHeap of task durations is the same two-heap median the progress rule keeps.
 from tailguard.detector.policy.progress import RunningMedian
+from tailguard.model.percentile import percentile
 
 
 class NoSpeculation(Policy):
@@ -118,12 +119,6 @@ class LateConfig:
         )
 
 
-def percentile(sorted_values: list[float], fraction: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    rank = max(1, math.ceil(fraction * len(sorted_values)))
-    return sorted_values[rank - 1]
-
-
 class Late(Policy):
     """LATE (Zaharia et al., OSDI 2008). When a slot is free and no task is pending: if fewer
     than SpeculativeCap mirrors run and the slot's node is not slow (its total progress is not
@@ -183,9 +178,8 @@ class Late(Policy):
                 candidates.append((rate, attempt.task.index, attempt.task))
         if not candidates:
             return
-        rates.sort()
-        slow_rate = percentile(rates, self.config.slow_task_percentile)
-        slow_node = percentile(sorted(node_progress), self.config.slow_node_percentile)
+        slow_rate = percentile(rates, 100 * self.config.slow_task_percentile)
+        slow_node = percentile(node_progress, 100 * self.config.slow_node_percentile)
         ranked = sorted(
             ((_time_left(now, t), index, t) for rate, index, t in candidates if rate < slow_rate),
             key=lambda item: (-item[0], item[1]),
