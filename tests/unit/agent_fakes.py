@@ -112,9 +112,17 @@ class SteppedInbox(queue.Queue[InboxMessage]):
         with self._idle:
             return self.idle_count
 
-    def wait_idle_after(self, mark: int, timeout: float = WAIT_S) -> None:
+    def wait_idle_after(
+        self, mark: int, busy: Callable[[], bool] = lambda: False, timeout: float = WAIT_S
+    ) -> None:
+        """Wait until the driver was idle after `mark` with nothing `busy` (storage work it
+        handed off comes back as a message, and only then is the driver done with it)."""
+
+        def settled() -> bool:
+            return (self.idle_count > mark and not busy()) or self.closed
+
         with self._idle:
-            done = self._idle.wait_for(lambda: self.idle_count > mark or self.closed, timeout)
+            done = self._idle.wait_for(settled, timeout)
         assert done, f"the driver did not become idle within {timeout} s"
 
     def close(self) -> None:
@@ -307,8 +315,11 @@ class Harness:
     def start(self) -> Harness:
         mark = self.inbox.mark()
         self._thread.start()
-        self.inbox.wait_idle_after(mark)
+        self.inbox.wait_idle_after(mark, self._storage_busy)
         return self
+
+    def _storage_busy(self) -> bool:
+        return self.driver.storage_busy
 
     def post(self, message: InboxMessage) -> None:
         """Post as a runner or the command consumer would, and wait until the driver has
@@ -317,7 +328,7 @@ class Harness:
             self.runtime.answered.add(message.message.key)
         mark = self.inbox.mark()
         self.inbox.put(message)
-        self.inbox.wait_idle_after(mark)
+        self.inbox.wait_idle_after(mark, self._storage_busy)
 
     def command(self, command: r.Command) -> None:
         from tailguard.agent.driver.ports import CommandReceived

@@ -73,7 +73,17 @@ class AgentThreadFailed:
     error: BaseException
 
 
-InboxMessage = RunnerConnected | RunnerLost | FromRunner | CommandReceived | AgentThreadFailed
+@dataclass(frozen=True)
+class StorageDone:
+    """Storage I/O the driver handed to its storage thread (a sink commit, discarding an
+    output) has ended: the driver continues it on its own thread (`storage_io.StorageWorker`)."""
+
+    ticket: int
+
+
+InboxMessage = (
+    RunnerConnected | RunnerLost | FromRunner | CommandReceived | AgentThreadFailed | StorageDone
+)
 Post = Callable[[InboxMessage], None]
 
 

@@ -209,7 +209,7 @@ def _fold(state: ExecutionState, rebuilt: Recovered, log: JobLog, event: r.Event
             checksums=tuple(event.checksums),
         )
         subtask.win(attempt)
-        # A sink's AttemptFinished follows its commit (JobDriver._won).
+        # A sink's AttemptFinished follows its commit (`Outcomes._committed`).
         subtask.committed = state.vertices[event.vertex].definition.sink is not None
     elif isinstance(event, r.AttemptFailed):
         _, attempt = _attempt(state, event)
@@ -243,13 +243,13 @@ def _fold(state: ExecutionState, rebuilt: Recovered, log: JobLog, event: r.Event
         _command_effect(state, log, event)
     elif isinstance(event, r.CommandRejected) and not is_authority_rejection(event):
         # The driver counts an id as handled before its guard runs; a forgery's rejection
-        # does not use up the id of the service's own command (JobDriver._on_command).
+        # does not use up the id of the service's own command (`CommandApplier.on_command`).
         rebuilt.handled.add(event.command_id)
 
 
 def _command_effect(state: ExecutionState, log: JobLog, applied: r.CommandApplied) -> None:
     """The part of a command's effect that no event of its own records: a restart resets the
-    subtasks it names (`JobDriver.restart_task`); the cancellations follow as events. A failed
+    subtasks it names (`Actions.restart_task`); the cancellations follow as events. A failed
     job is over (its JobFinished may be what the crash lost)."""
     if applied.command_type == r.FailJob.__name__:
         raise RecoveryError(
@@ -268,7 +268,7 @@ def _command_effect(state: ExecutionState, log: JobLog, applied: r.CommandApplie
         subtask = state.subtask(task.vertex, task.subtask)
         if subtask is None:
             raise RecoveryError(f"job {log.job_id}: {command.id} restarts unknown task {task}")
-        subtask.unfinish()  # as JobDriver.restart_task
+        subtask.unfinish()  # as Actions.restart_task
         subtask.not_before = command.not_before_ts
 
 
