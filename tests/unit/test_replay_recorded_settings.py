@@ -17,6 +17,9 @@ from tests.unit.test_replay import write_archive
 
 from tailguard.cli import main
 from tailguard.codec import codec_for
+from tailguard.inspect.explain import explain, render_text
+from tailguard.inspect.history import history_of
+from tailguard.inspect.settings_used import settings_used
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.replay.engine import Recorded, ReplayReport, replay
@@ -186,3 +189,20 @@ def test_tailguard_replay_of_an_archive_needs_no_settings_file(
     what_if.write_text(f'"{SPEC_MAX}" = "2"\n')
     assert main(["replay", str(archive), "--what-if", str(what_if)]) == 1
     assert f"what-if {SPEC_MAX}: 2 -> 2" not in capsys.readouterr().out
+
+
+def test_explain_shows_the_settings_the_service_recorded_for_the_job() -> None:
+    log = two_jobs(Settings(), Settings(CHANGED))["job-b"]
+    history = history_of([x.record for x in log])
+    (announced,) = [
+        x.record
+        for x in log
+        if isinstance(x.record, r.PolicySettings) and x.record.service == "speculator"
+    ]
+    used = settings_used("speculator", history)
+    assert used.version == announced.version
+    assert {u.key: (u.value, u.source) for u in used.settings}[SPEC_MAX] == ("3", "service")
+    launch = next(x.record for x in log if isinstance(x.record, r.LaunchSpeculativeAttempts))
+    text = render_text(explain(history, launch))
+    assert f"(settings version {announced.version}), which a replay decides with" in text
+    assert "which the archive does not hold" not in text

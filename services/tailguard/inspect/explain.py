@@ -235,6 +235,11 @@ _SCOPES = {
         "not hold: the job's values are shown.",
     ),
 }
+# The same, for a service that recorded its settings in the log (model.policy_settings).
+_RECORDED = (
+    "The service's own settings are those it announced to this job (settings version "
+    "{version}), which a replay decides with."
+)
 _DIRECTIONS = {
     "received": "from the services",
     "local": "the agent's own fallback decision",
@@ -271,7 +276,12 @@ def render_text(explanation: Explanation) -> str:
         for effect in explanation.effects:
             lines += _tree(effect, start, "  ", "→ ")
     for used in explanation.settings:
-        lines += ["", f"settings the {used.service} read (the job's config over the defaults):"]
+        over = (
+            "its recorded settings, the job's config where they set nothing"
+            if used.version
+            else "the job's config over the defaults"
+        )
+        lines += ["", f"settings the {used.service} read ({over}):"]
         if used.problem:
             lines.append(f"  ({used.problem})")
         scopes = {s.scope for s in used.settings}
@@ -279,7 +289,12 @@ def render_text(explanation: Explanation) -> str:
         for s in used.settings:
             tag = f", {_SCOPES[s.scope][0]}" if len(scopes) > 1 else ""
             lines.append(f"  {s.key:<{width}} = {s.value}  ({s.source}{tag})")
-        lines += [f"  {_SCOPES[scope][1]}" for scope in sorted(scopes)]
+        recorded = [f"  {_RECORDED.format(version=used.version)}"] if used.version else []
+        lines += [
+            f"  {_SCOPES[scope][1]}"
+            for scope in sorted(scopes)
+            if not (recorded and scope == SERVICE)
+        ] + recorded
     for other in explanation.other_deciders:
         lines += ["", f"{other}: not a tailguard service, no settings to show"]
     return "\n".join(lines) + "\n"
