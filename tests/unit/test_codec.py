@@ -229,27 +229,6 @@ EXAMPLES: dict[type[r.Record], r.Record] = {
         attempt=1,
         host="127.0.0.2",
     ),
-    r.FindingSettings: r.FindingSettings(
-        job_id=JOB,
-        ts=1_763_900_000_000,
-        id="detector-5e77",
-        caused_by=(f"{JOB}-e0",),
-        service="detector",
-        version="0123456789abcdef",
-        settings={"slow-task-detector.execution-time.baseline-multiplier": "2"},
-        explicit=("slow-task-detector.execution-time.baseline-multiplier",),
-        job_settings={"execution.batch.speculative.max-concurrent-executions": "3"},
-    ),
-    r.CommandSettings: r.CommandSettings(
-        job_id=JOB,
-        ts=1_763_900_000_000,
-        id="speculator-5e77",
-        caused_by=("detector-5e77",),
-        service="speculator",
-        version="fedcba9876543210",
-        settings={"execution.batch.speculative.enabled": "true"},
-        job_settings={"execution.batch.speculative.max-concurrent-executions": "3"},
-    ),
     r.LaunchSpeculativeAttempts: r.LaunchSpeculativeAttempts(
         job_id=JOB,
         ts=1_763_900_029_000,
@@ -302,6 +281,26 @@ EXAMPLES: dict[type[r.Record], r.Record] = {
         reason="restart limit reached: 4 failures of join/0",
     ),
 }
+
+# The services' policy settings: the detector's, and a command writer's, answering it.
+EXAMPLES[r.FindingSettings] = r.FindingSettings(
+    job_id=JOB,
+    ts=1_763_900_000_000,
+    id="detector-5e77",
+    caused_by=(f"{JOB}-e0",),
+    service="detector",
+    version="0123456789abcdef",
+    settings={"slow-task-detector.execution-time.baseline-multiplier": "2"},
+    explicit=("slow-task-detector.execution-time.baseline-multiplier",),
+    job_settings={"execution.batch.speculative.max-concurrent-executions": "3"},
+)
+EXAMPLES[r.CommandSettings] = r.CommandSettings(
+    **{
+        f.name: getattr(EXAMPLES[r.FindingSettings], f.name)
+        for f in dataclasses.fields(r.FindingSettings)
+    }
+    | {"id": "speculator-5e77", "service": "speculator", "caused_by": ("detector-5e77",)}
+)
 
 
 def test_every_record_type_has_an_example() -> None:
