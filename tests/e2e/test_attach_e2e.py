@@ -9,8 +9,6 @@ is blocked; the output is exact; the replay of the application's archive shows n
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +19,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tests.e2e.submitted_job import SUBMITTED_JOB
+from tests.e2e.submitted_job import (
+    SUBMITTED_JOB,
+    assert_planned,
+    planned_job,
+    spark_submit,
+)
 
 import tailguard
 from tailguard.log.archive import ArchiveReader
@@ -162,14 +165,32 @@ def test_an_unmodified_job_gets_a_winning_copy_and_its_slow_host_blocked(
     assert report.differences == 0, [s.line() for s in report.services] + report.notes(10)
 
 
+@pytest.mark.tailguard_cluster(workers=3)
+@pytest.mark.tailguard_services(settings=ATTACH_POLICY)
+def test_the_deciders_ranges_plan_a_submitted_jobs_groupby_and_join_on_the_cluster(
+    tailguard_harness: Harness, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """SetParallelism on the cluster: the query stages of an unmodified application submitted to
+    the standalone master read the decider's ranges (both sides of the join one set), the
+    result is exact, and the replay of its archive shows no difference."""
+    node = request.node
+    cluster = tailguard_harness.cluster_of(node)
+    services = tailguard_harness.services_of(node)
+    conf = tailguard.spark_conf(run_settings(tmp_path, services, ATTACH_POLICY).overrides())
+    conf["spark.sql.autoBroadcastJoinThreshold"] = "-1"  # a sort-merge join: both sides shuffled
+    rows, customers = 2_000_000, 50_000
+    done = spark_submit(planned_job(rows, customers), tmp_path, conf, master=cluster.master_url)
+    archive = assert_planned(done, tmp_path, rows, customers)
+    report = replay(read_archive(archive, services.settings), services.settings)
+    assert report.differences == 0, [s.line() for s in report.services] + report.notes(10)
+
+
 def test_the_spark_submit_form_attaches_with_no_code_in_the_job(
     tailguard_broker: Any, tmp_path: Path
 ) -> None:
     """`--jars` + `spark.plugins` + `spark.tailguard.*` settings (what `tailguard.spark_conf()`
     returns): the plugin attaches the application from its start, the actuator answers the
     relay through the pipe, and everything is archived when spark-submit returns."""
-    job = tmp_path / "job.py"
-    job.write_text(SUBMITTED_JOB)
     conf = tailguard.spark_conf(
         {
             "bootstrap.servers": tailguard_broker.bootstrap,
@@ -177,28 +198,11 @@ def test_the_spark_submit_form_attaches_with_no_code_in_the_job(
             "tailguard.work-dir": str(tmp_path / "work"),
         }
     )
-    jars = conf.pop("spark.jars")
-    args = [a for k, v in conf.items() for a in ("--conf", f"{k}={v}")]
-    done = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "spark-submit"),
-            "--master", "local[2]",
-            "--jars", jars,
-            "--conf", "spark.ui.enabled=false",
-            *args,
-            str(job),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=tmp_path,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-    )  # fmt: skip
+    done = spark_submit(SUBMITTED_JOB, tmp_path, conf)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (
         "attach: the actuator applies BlockNodes, FailJob, LaunchSpeculativeAttempts, "
-        "RestartTasks" in done.stderr
+        "RestartTasks, SetParallelism" in done.stderr
     ), done.stderr[-3000:]
     [archive] = (tmp_path / "archive").glob("*.avro")
     records = [e.record for e in ArchiveReader(archive)]

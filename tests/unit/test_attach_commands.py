@@ -11,6 +11,7 @@ import pytest
 from tailguard.attacher import commands as ac
 from tailguard.model import records as r
 from tailguard.model.fleet import FLEET_CAUSE_PREFIX
+from tailguard.observer.query_plans import PLAN_VERTEX, PlanRequest
 from tailguard.observer.translate import RunningTask
 
 JOB = "app-1-job-0"
@@ -26,6 +27,10 @@ class FakeApp:
     spark_jobs: dict[str, int] = field(default_factory=lambda: {JOB: 0})
     tasks: dict[tuple[str, int], list[RunningTask]] = field(default_factory=dict)
     parallelism: dict[str, int] = field(default_factory=lambda: {"stage-1": 4})
+    plans: dict[str, PlanRequest] = field(default_factory=dict)
+
+    def plan_request(self, job_id: str) -> PlanRequest | None:
+        return self.plans.get(job_id)
 
     def running_job(self, job_id: str) -> int | None:
         return self.spark_jobs.get(job_id)
@@ -152,7 +157,59 @@ def test_fail_job_cancels_the_spark_job_and_set_parallelism_is_not_for_a_planned
     set_p = r.SetParallelism(
         job_id=JOB, ts=NOW, id="decider-a", vertex="stage-1", parallelism=2, subtask_inputs=()
     )
-    assert "task count is fixed" in str(ac.action_for(set_p, FakeApp()))
+    assert "keeps its task count" in str(ac.action_for(set_p, FakeApp()))
+
+
+PLAN_JOB = "app-1-job-plan-3"
+PLAN = PlanRequest(
+    3, PLAN_JOB, NOW, 6, 1, (("shuffle-0", (1, 1, 1, 1, 1, 1)), ("shuffle-1", (2,) * 6))
+)
+
+
+def plan_decision(*ranges: tuple[int, int], other: tuple[tuple[int, int], ...] = ()) -> r.Command:
+    """A SetParallelism for PLAN_JOB: subtask k reads `ranges[k]` of shuffle-0 and `other[k]`
+    (default: the same) of shuffle-1."""
+    other = other or ranges
+    return r.SetParallelism(
+        job_id=PLAN_JOB,
+        ts=NOW,
+        id="decider-p",
+        vertex=PLAN_VERTEX,
+        parallelism=len(ranges),
+        subtask_inputs=tuple(
+            r.SubtaskInputs(
+                k,
+                (
+                    r.InputRange("shuffle-0", 0, 0, *ranges[k]),
+                    r.InputRange("shuffle-1", 0, 0, *other[k]),
+                ),
+            )
+            for k in range(len(ranges))
+        ),
+    )
+
+
+def test_a_waiting_query_stage_reads_the_deciders_ranges() -> None:
+    app = FakeApp(plans={PLAN_JOB: PLAN})
+    action = ac.action_for(plan_decision((0, 1), (2, 5)), app)
+    assert action == ac.Coalesce(3, (2, 6))
+    assert ac.action_line("decider-p", action) == "RANGES\tdecider-p\t3\t2,6\n"
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        (plan_decision((0, 1), (2, 5), other=((0, 2), (3, 5))), "different ranges"),
+        (plan_decision((0, 1), (3, 5)), "not from 2"),
+        (plan_decision((0, 1), (2, 4)), "not 6"),
+    ],
+)
+def test_ranges_spark_cannot_read_are_refused(command: r.Command, reason: str) -> None:
+    assert reason in str(ac.action_for(command, FakeApp(plans={PLAN_JOB: PLAN})))
+
+
+def test_a_decision_for_a_stage_no_longer_waiting_is_refused() -> None:
+    assert "no query stage waits" in str(ac.action_for(plan_decision((0, 5)), FakeApp()))
 
 
 def test_free_text_cannot_split_an_action_line() -> None:

@@ -8,7 +8,8 @@
 or with no code at all (docs/attach.md):
 
     spark-submit --jars "$(python -m tailguard.observer jar)" \\
-      --conf spark.plugins=tailguard.attach.AttachPlugin job.py
+      --conf spark.plugins=tailguard.attach.AttachPlugin \\
+      --conf spark.sql.extensions=tailguard.attach.AttachExtensions job.py
 
 Observe mode's listener and relay carry Spark's task events to the services, as in observe mode;
 in attach mode the relay also takes the services' commands about the application's jobs, checks
@@ -16,6 +17,9 @@ them as the owned driver does (signature, authority, once per id, a guard agains
 application's state: `commands.py`, `actuation.py`), and hands each to the JVM actuator
 (`observer/java/tailguard/attach/Actuator.java`), which applies it inside Spark's scheduler under
 the scheduler's own lock. Every command is answered with `CommandApplied` or `CommandRejected`.
+SetParallelism reaches the query stages adaptive query execution plans through a query-stage
+rule (`spark.sql.extensions`, which must be set when the session starts: `spark_conf()` sets
+it; `observer/query_plans.py`).
 """
 
 from __future__ import annotations
@@ -34,12 +38,13 @@ from tailguard.observer import (
     spark_context,
     start_listener,
 )
-from tailguard.observer.jar import ACTUATOR_CLASS, PLUGIN_CLASS
+from tailguard.observer.jar import ACTUATOR_CLASS, EXTENSIONS_CLASS, PLUGIN_CLASS
 
 __all__ = ["Attachment", "attach", "spark_conf"]
 _log = logging.getLogger(__name__)
 
 PLUGINS_KEY = "spark.plugins"
+EXTENSIONS_KEY = "spark.sql.extensions"
 # Spark's conf prefix for tailguard settings (the listener reads them, prefix dropped).
 SETTINGS_PREFIX = "spark.tailguard."
 HEARTBEAT_KEY = "spark.executor.heartbeatInterval"
@@ -105,11 +110,9 @@ def attach(
     args = gateway.new_array(jvm.java.lang.Object, 1)
     args[0] = sc._jsc.sc()
     actuator = jar_class(sc, ACTUATOR_CLASS).getConstructor(types).newInstance(args)
+    # Without the query-stage rule (spark.sql.extensions is read when the session starts) the
+    # actuator turns SetParallelism off, and the relay says so once.
     listener = new_listener(sc, settings, python, actuator)
-    _log.warning(
-        "attach: SetParallelism is not applied to this application: Spark's adaptive "
-        "parallelism is left as it is (docs/attach.md#setparallelism)"
-    )
     return Attachment(sc, listener, start_listener(sc, listener))
 
 
@@ -132,6 +135,9 @@ def spark_conf(
     conf = {
         "spark.jars": str(listener_jar()),
         PLUGINS_KEY: PLUGIN_CLASS,
+        # The query-stage rule (SetParallelism). A session with extensions of its own lists
+        # both, comma-separated.
+        EXTENSIONS_KEY: EXTENSIONS_CLASS,
         f"{SETTINGS_PREFIX}observe.python": python or sys.executable,
         # A running task's reads reach the detector with each executor heartbeat; the slow-host
         # rule needs three of them, so Spark's 10 s would take half a minute to find a host.

@@ -35,6 +35,7 @@ from tailguard.model import records as r
 from tailguard.model.authority import Origin, authority_problem
 from tailguard.model.config import Settings
 from tailguard.model.fleet import FLEET_SETTING, FleetBlock
+from tailguard.observer.query_plans import PlanRequest
 from tailguard.observer.translate import RunningTask, SparkEventTranslator
 from tailguard.system.services import issuer_of
 
@@ -54,6 +55,7 @@ _KIND = {
     r.UnblockNodes: "BlockNodes",
     r.RestartTasks: "RestartTasks",
     r.FailJob: "FailJob",
+    r.SetParallelism: "SetParallelism",
 }
 
 
@@ -120,6 +122,9 @@ class Actuation(ac.AppView):
 
     def running_tasks(self, job_id: str, vertex: str, subtask: int) -> Sequence[RunningTask]:
         return self._translator.running_tasks(job_id, vertex, subtask)
+
+    def plan_request(self, job_id: str) -> PlanRequest | None:
+        return self._translator.plan_request(job_id)
 
     # ------------------------------------------------------------------ the JVM
 

@@ -17,8 +17,9 @@ What each command means inside Spark (docs/attach.md):
   killed, and Spark re-runs them (a kill is not a failure). An attempt that started since is
   already the re-run (Spark retries a failed task by itself), and is left alone.
 - `FailJob`: the Spark job is cancelled with the reason.
-- `SetParallelism`: only through the query-stage rule (the SQL extension), never here: a
-  stage's task count is fixed once Spark has planned it.
+- `SetParallelism`: only for a query stage the attach jar's query-stage rule is planning (the
+  SQL extension; `observer/query_plans.py`): its reducer ranges, which the rule waits for. A
+  stage Spark has planned keeps its task count.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from typing import Any, Protocol
 from tailguard.model import records as r
 from tailguard.model.blocking import blocked_fraction_problem
 from tailguard.model.fleet import FLEET_SETTING, is_fleet_cause
+from tailguard.observer.query_plans import PlanRequest, plan_ends
 from tailguard.observer.translate import RunningTask
 
 __all__ = [
     "AppView",
     "CancelJob",
+    "Coalesce",
     "Exclude",
     "Include",
     "Kill",
@@ -67,6 +70,8 @@ class AppView(Protocol):
     def subtask_problem(self, job_id: str, vertex: str, subtask: int) -> str | None: ...
 
     def running_tasks(self, job_id: str, vertex: str, subtask: int) -> Sequence[RunningTask]: ...
+
+    def plan_request(self, job_id: str) -> PlanRequest | None: ...
 
 
 @dataclass(frozen=True)
@@ -101,13 +106,22 @@ class CancelJob:
 
 
 @dataclass(frozen=True)
+class Coalesce:
+    """The reducer ranges a waiting query stage reads: subtask k reads partitions
+    `ends[k-1]` (0 for the first) up to `ends[k]`, exclusive."""
+
+    request: int
+    ends: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class NoAction:
     """Applied with nothing for Spark to do (`why` says so in the relay's log)."""
 
     why: str
 
 
-SparkAction = Speculate | Exclude | Include | Kill | CancelJob | NoAction
+SparkAction = Speculate | Exclude | Include | Kill | CancelJob | Coalesce | NoAction
 
 
 def _clean(text: str) -> str:
@@ -127,6 +141,8 @@ def action_line(command_id: str, action: SparkAction) -> str:
         fields = ("KILL", _clean(action.reason), ",".join(str(t) for t in action.task_ids))
     elif isinstance(action, CancelJob):
         fields = ("CANCEL", action.spark_job, _clean(action.reason))
+    elif isinstance(action, Coalesce):
+        fields = ("RANGES", action.request, ",".join(str(e) for e in action.ends))
     else:
         raise ValueError(f"{action!r} has no line: nothing for Spark to do")
     head, *rest = fields
@@ -212,10 +228,15 @@ def _fail(c: r.FailJob, app: AppView) -> SparkAction | str:
 
 
 def _set_parallelism(c: r.SetParallelism, app: AppView) -> SparkAction | str:
-    return (
-        f"vertex {c.vertex!r} is a stage Spark has planned: its task count is fixed "
-        f"(adaptive parallelism reaches Spark only through the query-stage rule)"
-    )
+    plan = app.plan_request(c.job_id)
+    if plan is None:
+        return (
+            f"no query stage waits for job {c.job_id}'s ranges: a stage Spark has planned keeps "
+            f"its task count (a query stage's plan waits tailguard.attach.decision-timeout, "
+            f"then keeps Spark's ranges)"
+        )
+    ends = plan_ends(c, plan)
+    return ends if isinstance(ends, str) else Coalesce(plan.request, ends)
 
 
 GUARDS: Mapping[type[r.Command], Callable[[Any, AppView], SparkAction | str]] = {

@@ -21,6 +21,7 @@ from pathlib import Path
 LISTENER_CLASS = "tailguard.observe.TaskEventListener"
 ACTUATOR_CLASS = "tailguard.attach.Actuator"
 PLUGIN_CLASS = "tailguard.attach.AttachPlugin"
+EXTENSIONS_CLASS = "tailguard.attach.AttachExtensions"
 # Every class of the jar: the listener (observe), the actuator and the plugin (attach).
 _SOURCES = tuple(sorted((Path(__file__).parent / "java").rglob("*.java")))
 

@@ -17,7 +17,9 @@ The mapping:
 - an executor's host: a node;
 - a task's end: `AttemptFinished` (success), `AttemptCanceled` (killed), `AttemptFailed`;
 - a running task's reads so far, from its executor's heartbeat: `AttemptProgress` (bytes and
-  records of input plus shuffle reads; the total it will read is unknown).
+  records of input plus shuffle reads; the total it will read is unknown);
+- a query stage's reads awaiting ranges (attach mode's query-stage rule, `PS` and `PE`): a job
+  of its own for the decider (`observer/query_plans.py`).
 
 Why a Spark job and not the application as the tailguard job: a tailguard job declares its whole
 graph in `JobSubmitted`, and an application's stages are only known job by job (adaptive query
@@ -38,6 +40,7 @@ from typing import Any, ClassVar, TypeVar
 
 from tailguard.model import records as r
 from tailguard.model.ids import event_id
+from tailguard.observer.query_plans import PlanRequest, parse_request, plan_job_events
 
 __all__ = [
     "ObserveError",
@@ -61,6 +64,11 @@ class ObserveError(ValueError):
 
 def observed_job_id(app_id: str, spark_job: int) -> str:
     return f"{app_id}-job-{spark_job}"
+
+
+def plan_job_id(app_id: str, request: int) -> str:
+    # Under the application's job prefix, so the relay reads the decisions about it.
+    return f"{app_id}-job-plan-{request}"
 
 
 def stage_vertex(stage: int) -> str:
@@ -141,6 +149,8 @@ class SparkEventTranslator:
         # Recently ended jobs, for outcomes of commands that arrive after the job's end.
         self._ended: dict[str, _Job] = {}
         self._attempts: dict[tuple[int, int], int] = {}
+        # Query-stage plans awaiting ranges (attach mode's SetParallelism), by job id.
+        self._plans: dict[str, tuple[PlanRequest, _Job]] = {}
         self.lines = 0
         self.ignored = 0
 
@@ -202,11 +212,17 @@ class SparkEventTranslator:
             return f"unknown subtask {vertex}#{subtask} (parallelism {stage.tasks})"
         return None
 
+    def plan_request(self, job_id: str) -> PlanRequest | None:
+        """The query-stage plan job `job_id` while its rule waits for ranges, else None."""
+        plan = self._plans.get(job_id)
+        return plan[0] if plan is not None else None
+
     def job_event(self, job_id: str, kind: type[E], ts: int, **fields: Any) -> E | None:
         """An event of tailguard job `job_id` (running, or ended but still referenced by a
         pending outcome), numbered in its sequence; None if the job is unknown."""
         job = next((j for j in self._jobs.values() if j.job_id == job_id), None)
-        job = job or self._ended.get(job_id)
+        plan = self._plans.get(job_id)
+        job = job or (plan[1] if plan else None) or self._ended.get(job_id)
         if job is None:
             return None
         return kind(job_id=job_id, ts=ts, id=job.next_id(), **fields)
@@ -392,6 +408,28 @@ class SparkEventTranslator:
             )
         ]
 
+    def _plan_requested(self, f: Sequence[str]) -> list[r.Event]:
+        self._require_app()
+        plan = parse_request(f, lambda n: plan_job_id(self.app_id, n))
+        if plan.job_id in self._plans or plan.job_id in self._ended:
+            raise ValueError(f"query-stage plan {plan.request} requested twice")
+        job = _Job(plan.job_id, -1, plan.ts, 0, submitted=True)
+        self._plans[plan.job_id] = (plan, job)
+        name = f"{self.app_name} (query-stage plan {plan.request})"
+        return plan_job_events(plan, name, self.config, job.next_id)
+
+    def _plan_ended(self, f: Sequence[str]) -> list[r.Event]:
+        ts, request, outcome = int(f[0]), int(f[1]), f[2]
+        plan = self._plans.pop(plan_job_id(self.app_id, request), None)
+        if plan is None:
+            raise ValueError(f"the end of query-stage plan {request}, which was not requested")
+        job = plan[1]
+        self._remember_ended(job)
+        if outcome == "applied":
+            return [self._finished(job, ts, "SUCCEEDED")]
+        # Spark plans the stage with its own ranges: the job did not do what it was for.
+        return [self._finished(job, ts, "CANCELED", f"Spark's ranges kept: {outcome}")]
+
     def _application_ended(self, f: Sequence[str]) -> list[r.Event]:
         ts = int(f[0])
         out: list[r.Event] = [
@@ -400,6 +438,9 @@ class SparkEventTranslator:
             if job.submitted
         ]
         self._jobs.clear()
+        for _, job in self._plans.values():
+            out.append(self._finished(job, ts, "CANCELED", "the application ended first"))
+        self._plans.clear()
         return out
 
     _HANDLERS: ClassVar[
@@ -414,6 +455,8 @@ class SparkEventTranslator:
         "TS": _task_started,
         "TE": _task_ended,
         "TP": _task_progress,
+        "PS": _plan_requested,
+        "PE": _plan_ended,
         "E": _application_ended,
     }
 

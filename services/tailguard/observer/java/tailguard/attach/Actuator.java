@@ -3,11 +3,13 @@ package tailguard.attach;
 import java.lang.reflect.Field;
 import java.lang.reflect.Method;
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
+import java.util.WeakHashMap;
 import java.util.concurrent.atomic.AtomicReference;
 
 import org.apache.spark.SparkConf;
@@ -47,6 +49,25 @@ public final class Actuator {
     public static final String BLOCK = "BlockNodes";
     public static final String RESTART = "RestartTasks";
     public static final String FAIL = "FailJob";
+    public static final String PARALLELISM = "SetParallelism";
+    public static final String EXTENSIONS_CLASS = "tailguard.attach.AttachExtensions";
+    // How long a query stage's planning waits for the decider, by default: see docs/attach.md.
+    static final long DEFAULT_DECISION_TIMEOUT_MS = 2000;
+    static final String DECISION_TIMEOUT_KEY = "spark.tailguard.tailguard.attach.decision-timeout";
+
+    /** Where the actuator writes lines to the relay (the listener's pipe). */
+    public interface Channel {
+        void send(Object... fields);
+    }
+
+    // The actuator of each live SparkContext: the query-stage rule, which Spark builds per
+    // session, finds it here.
+    private static final Map<SparkContext, Actuator> ACTIVE = Collections.synchronizedMap(new WeakHashMap<>());
+
+    /** The actuator attached to `sc`, or null. */
+    public static Actuator of(SparkContext sc) {
+        return ACTIVE.get(sc);
+    }
 
     // Spark's own failure-based exclusion, kept out of reach when tailguard installs the
     // HealthTracker (the user did not ask for it): per task, per stage and per application.
@@ -64,9 +85,35 @@ public final class Actuator {
     private boolean probed;
     private HealthTracker tracker;
     private boolean trackerInstalled;
+    private final QueryStagePlanner planner;
+    private volatile Channel channel;
+    private volatile boolean relayActs;
 
     public Actuator(SparkContext sc) {
         this.sc = sc;
+        this.planner = new QueryStagePlanner(QueryStagePlanner.parseMillis(
+            sc.conf().get(DECISION_TIMEOUT_KEY, ""), DEFAULT_DECISION_TIMEOUT_MS));
+        ACTIVE.put(sc, this);
+    }
+
+    /** The listener's pipe to the relay, and that the relay acts on the services' commands. */
+    public void connect(Channel channel) {
+        this.channel = channel;
+    }
+
+    public void relayActs() {
+        relayActs = true;
+    }
+
+    /** Whether the query-stage rule should ask for ranges: a relay that acts, and the kind on. */
+    public boolean plansQueryStages() {
+        return relayActs && channel != null && !probe().containsKey(PARALLELISM);
+    }
+
+    /** Reducer ranges for a query stage's reads (see {@link QueryStagePlanner#ranges}), or null. */
+    public int[] ranges(int[] shuffles, long[][] bytes, int partitions, int floor) {
+        Channel out = channel;
+        return out == null ? null : planner.ranges(out, shuffles, bytes, partitions, floor);
     }
 
     // ------------------------------------------------------------------ members
@@ -95,6 +142,21 @@ public final class Actuator {
         checkField(BLOCK, HealthTracker.class, "_excludedNodeList");
         check(RESTART, SparkContext.class, "killTaskAttempt", long.class, boolean.class, String.class);
         check(FAIL, SparkContext.class, "cancelJob", int.class, String.class);
+        String extensions = sc.conf().get("spark.sql.extensions", "");
+        if (!java.util.Arrays.asList(extensions.split(",")).stream().anyMatch(e -> e.trim().equals(EXTENSIONS_CLASS))) {
+            missing.putIfAbsent(PARALLELISM, "the query-stage rule is not registered: spark.sql.extensions lacks "
+                                + EXTENSIONS_CLASS + " (tailguard.spark_conf() sets it), so Spark's adaptive "
+                                + "parallelism is left as it is");
+        } else if (!sc.conf().getBoolean("spark.sql.adaptive.enabled", true)) {
+            missing.putIfAbsent(PARALLELISM, "adaptive query execution is off (spark.sql.adaptive.enabled=false)");
+        }
+        try {
+            Class.forName("org.apache.spark.sql.execution.adaptive.AQEShuffleReadExec");
+            Class.forName("org.apache.spark.sql.execution.CoalescedPartitionSpec")
+                .getConstructor(int.class, int.class, Option.class);
+        } catch (ReflectiveOperationException | LinkageError e) {
+            missing.putIfAbsent(PARALLELISM, "this Spark build lacks " + e.getMessage());
+        }
         return missing;
     }
 
@@ -119,7 +181,8 @@ public final class Actuator {
     /**
      * One action line from the relay, as fields: {@code SPEC id stage stageAttempt index},
      * {@code BLOCK id untilMs host[,host]}, {@code UNBLOCK id host[,host]},
-     * {@code KILL id reason taskId[,taskId]}, {@code CANCEL id sparkJobId reason}.
+     * {@code KILL id reason taskId[,taskId]}, {@code CANCEL id sparkJobId reason},
+     * {@code RANGES id request end[,end]} (a waiting query stage's reducer ranges).
      * Returns {"OK"} or {"NO", reason}.
      */
     public String[] handle(String[] f) {
@@ -137,6 +200,8 @@ public final class Actuator {
                     return unblock(split(f[2]));
                 case "KILL":
                     return kill(split(f[3]), f[2]);
+                case "RANGES":
+                    return planner.answer(f[2], f[3]);
                 default:
                     sc.cancelJob(Integer.parseInt(f[2]), f[3]);
                     return ok();
@@ -154,6 +219,7 @@ public final class Actuator {
             case "UNBLOCK": return BLOCK;
             case "KILL": return RESTART;
             case "CANCEL": return FAIL;
+            case "RANGES": return PARALLELISM;
             default: return null;
         }
     }

@@ -105,6 +105,7 @@ public class TaskEventListener extends SparkListener {
     /** Attach mode: the relay's verified commands are applied by `actuator`. */
     public void setActuator(Actuator actuator) {
         this.actuator = actuator;
+        actuator.connect(this::send);
     }
 
     /** The application, for a listener added after the application started. */
@@ -297,6 +298,7 @@ public class TaskEventListener extends SparkListener {
             while ((line = lines.readLine()) != null) {
                 String[] f = line.split("\t", -1);
                 if (f[0].equals("PROBE")) {
+                    actuator.relayActs();  // the relay probes only when it acts
                     for (Map.Entry<String, String> kind : actuator.probe().entrySet()) {
                         send("AV", kind.getKey(), kind.getValue());
                     }
