@@ -6,6 +6,9 @@ blocks lifted when their time is up."""
 from __future__ import annotations
 
 import io
+import logging
+
+import pytest
 
 from tailguard.attacher.actuation import Actuation
 from tailguard.model import records as r
@@ -77,9 +80,14 @@ def test_a_forgery_is_rejected_before_it_uses_up_the_services_id() -> None:
     assert channel.getvalue().startswith(b"SPEC\tspeculator-a\t")
 
 
-def test_a_kind_this_spark_lacks_is_refused_with_the_jvms_reason() -> None:
+def test_a_kind_this_spark_lacks_is_refused_with_the_jvms_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     actuation, _, channel = _actuation()
-    actuation.available(["AV", "LaunchSpeculativeAttempts", "this Spark build lacks X.y"])
+    with caplog.at_level(logging.WARNING, logger="tailguard"):
+        actuation.available(["AV", "LaunchSpeculativeAttempts", "this Spark build lacks X.y"])
+    # The warning names whose decisions go unapplied (the table of the services says who).
+    assert "(speculator's decisions are rejected): this Spark build lacks X.y" in caplog.text
     actuation.available(["AV", "", ""])
     [rejected] = actuation.received(_copy(), Unchecked(), T0 + 200)
     assert isinstance(rejected, r.CommandRejected) and rejected.reason.endswith("lacks X.y")
