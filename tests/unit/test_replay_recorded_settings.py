@@ -188,7 +188,8 @@ def test_tailguard_replay_of_an_archive_needs_no_settings_file(
     what_if = tmp_path / "what-if.toml"
     what_if.write_text(f'"{SPEC_MAX}" = "2"\n')
     assert main(["replay", str(archive), "--what-if", str(what_if)]) == 1
-    assert f"what-if {SPEC_MAX}: 2 -> 2" not in capsys.readouterr().out
+    # The change is told against what the service recorded, not against the defaults.
+    assert f"what-if {SPEC_MAX}: 3 -> 2" in capsys.readouterr().out
 
 
 def test_explain_shows_the_settings_the_service_recorded_for_the_job() -> None:

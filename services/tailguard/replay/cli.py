@@ -97,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"replayed {report.events} events of {len(report.jobs)} job(s) from {source}")
     _print_settings(report)
     if what_if:
-        for key, (old, new) in settings_diff(settings, what_if).items():
+        # Against what the services decided with: the settings recorded in the log, if any.
+        live = next((plan.settings for plan in report.settings if plan.recorded), settings)
+        for key, (old, new) in settings_diff(live, what_if).items():
             # A what-if file may also hold connection settings: never print a secret.
             shown = (REDACTED, REDACTED) if is_secret(key) else (old, new)
             print(f"  what-if {key}: {shown[0]} -> {shown[1]}")
