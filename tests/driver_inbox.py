@@ -1,5 +1,5 @@
 """Holding a job until its agent has received given commands: for tests that publish commands
-from the driver's own thread (a `RunOptions.on_start`/`on_event` hook) and must see them handled
+from the driver's own thread (a `JobHooks.on_start`/`on_event` hook) and must see them handled
 mid-job, not raced by the job's end."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What every chaos case shares: the job, the fault's hooks, and the figures a case records.
 
-A case runs the sales example through `run_job` with a `Fault` as its `RunOptions` hooks. The
+A case runs the sales example through `run_job` with a `Fault` as its `JobHooks`. The
 fault acts at a moment given by an event the driver publishes (the first `AttemptFinished`, the
 first one after a restart): the driver calls `on_event` on its own thread right after publishing,
 so work that must happen before the driver schedules anything (deleting a partition before its
@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tailguard.agent.driver.driver import JobDriver, RunOptions
+from tailguard.agent.driver.driver import JobDriver
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.executor.environment import tailguard_build
 from tailguard.examples import sales_by_region as example
 from tailguard.model import records as r
@@ -79,8 +80,8 @@ class Fault:
         self._watching: list[tuple[Callable[[r.Event], bool], float]] = []
         self._lock = threading.Lock()
 
-    def options(self) -> RunOptions:
-        return RunOptions(on_event=self._event, on_start=self._start)
+    def hooks(self) -> JobHooks:
+        return JobHooks(on_event=self._event, on_start=self._start)
 
     def _start(self, driver: JobDriver) -> None:
         self.driver = driver
@@ -179,7 +180,7 @@ def run_case(
             work,
             services=services,
             settings=settings,
-            options=fault.options(),
+            hooks=fault.hooks(),
             storage=storage,
         )
     except Exception as err:  # the run itself raised: that is the case's outcome

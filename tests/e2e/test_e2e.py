@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from tailguard.agent.driver.driver import JobDriver, RunOptions
+from tailguard.agent.driver.driver import JobDriver
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.executor.partitions import partition_dir
 from tailguard.demo import DEMO_POLICY
 from tailguard.examples import sales_by_region as example
@@ -80,7 +81,7 @@ def system(
 
 
 def run(
-    system: Stack, name: str, options: RunOptions, final_parallelism: int | None = None
+    system: Stack, name: str, hooks: JobHooks, final_parallelism: int | None = None
 ) -> tuple[JobRun, list[r.Record]]:
     out = system.work / "out" / name
     job = example.make_job(system.data, out, work=WORK, name=name)
@@ -88,7 +89,7 @@ def run(
         job.vertices["final"].parallelism = final_parallelism
         job.vertices["sink"].parallelism = final_parallelism
     job_run = run_job(
-        job, system.spark, system.work / "runs" / name, services=system.services, options=options
+        job, system.spark, system.work / "runs" / name, services=system.services, hooks=hooks
     )
     assert_succeeded(job_run)
     assert_output_equals(job_run, example.reference(system.data), ignore_order=True)
@@ -115,12 +116,12 @@ def first_run(system: Stack) -> tuple[JobRun, list[r.Record]]:
             shutil.rmtree(partition_dir(runner[0].storage, runner[0].job_id, ref))
             deleted.append(ref)
 
-    options = RunOptions(
+    hooks = JobHooks(
         fail_attempts={key: "injected failure" for key in INJECTED},
         on_event=delete_partition,
         on_start=runner.append,
     )
-    return run(system, "e2e-main", options)
+    return run(system, "e2e-main", hooks)
 
 
 def test_slow_attempts_found_and_speculated_on_another_host(
@@ -246,7 +247,7 @@ def test_service_killed_mid_job_changes_nothing(system: Stack) -> None:
         if isinstance(event, r.AttemptFinished) and event.vertex == HEAD and event.subtask == 0:
             threading.Thread(target=kill_and_restart, daemon=True).start()
 
-    job_run, log = run(system, "e2e-kill", RunOptions(on_event=on_event))
+    job_run, log = run(system, "e2e-kill", JobHooks(on_event=on_event))
     assert restarted.wait(60), "the killed service did not come back"
     applied = Counter(e.command_id for e in of(log, r.CommandApplied))
     assert applied and max(applied.values()) == 1, "a command id was applied twice"
@@ -267,8 +268,8 @@ def test_lost_partition_with_many_queued_consumers_is_recovered(system: Stack) -
                 shutil.rmtree(partition_dir(driver[0].storage, driver[0].job_id, ref))
                 deleted.append(ref)
 
-    options = RunOptions(on_event=delete_partition, on_start=driver.append)
-    job_run, log = run(system, "e2e-lost-partition", options, final_parallelism=12)
+    hooks = JobHooks(on_event=delete_partition, on_start=driver.append)
+    job_run, log = run(system, "e2e-lost-partition", hooks, final_parallelism=12)
     result = job_run.result
     assert deleted
     # Fixed, with its byte-balanced ranges from the decider service (blocking inputs).

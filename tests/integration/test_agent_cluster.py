@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from tailguard.agent.driver.driver import JobDriver, RunOptions
+from tailguard.agent.driver.driver import JobDriver
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.driver.ports import CommandReceived
 from tailguard.agent.driver.result import RunResult
 from tailguard.agent.executor import control, partitions
@@ -104,8 +105,8 @@ class Recorder:
 def run_job(job: Job, spark: Any, tmp: Path, recorder: Recorder) -> RunResult:
     """The job with the services off (the log in its archive), recorded by `recorder`; its
     operators go to the executors by value (the plugin's `run_job`)."""
-    options = RunOptions(on_event=recorder.on_event, on_start=recorder.on_start)
-    return run_on(job, spark, tmp, settings=POLICY, options=options).result
+    hooks = JobHooks(on_event=recorder.on_event, on_start=recorder.on_start)
+    return run_on(job, spark, tmp, settings=POLICY, hooks=hooks).result
 
 
 def command_fields(runner: JobDriver, name: str, ts: int) -> dict[str, Any]:

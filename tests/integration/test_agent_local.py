@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tailguard.agent.driver.driver import RunOptions
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.examples import orders_by_segment, sales_by_region
 from tailguard.model import records as r
 from tailguard.testing import (
@@ -40,9 +40,9 @@ HEAD = "sales→score→partial"
 TAIL = "final→sink"
 
 
-def run(job: Any, spark: Any, tmp: Path, options: RunOptions | None = None, **extra: str) -> JobRun:
+def run(job: Any, spark: Any, tmp: Path, hooks: JobHooks | None = None, **extra: str) -> JobRun:
     """The job with the services off: the log in its archive, every decision a fallback."""
-    return run_job(job, spark, tmp, settings={**POLICY, **extra}, options=options)
+    return run_job(job, spark, tmp, settings={**POLICY, **extra}, hooks=hooks)
 
 
 def assert_exact_sales(run: JobRun, data: Path) -> None:
@@ -61,8 +61,8 @@ def test_sales_job_matches_pandas_and_replays(tailguard_local_spark: Any, tmp_pa
             root = tmp_path / "work" / "storage" / event.job_id / "partitions"
             written.update(p.name for p in root.iterdir())
 
-    options = RunOptions(on_event=partitions_so_far)
-    job_run = run(sales_by_region.make_job(data, out), tailguard_local_spark, tmp_path, options)
+    hooks = JobHooks(on_event=partitions_so_far)
+    job_run = run(sales_by_region.make_job(data, out), tailguard_local_spark, tmp_path, hooks)
     result = job_run.result
 
     assert_exact_sales(job_run, data)
@@ -108,8 +108,8 @@ def test_failed_attempt_is_restarted_and_output_stays_exact(
 ) -> None:
     data = sales_by_region.generate(tmp_path / "sales", files=3, rows_per_file=2_000)
     out = tmp_path / "out"
-    options = RunOptions(fail_attempts={(HEAD, 0, 0): "injected failure"})
-    job_run = run(sales_by_region.make_job(data, out), tailguard_local_spark, tmp_path, options)
+    hooks = JobHooks(fail_attempts={(HEAD, 0, 0): "injected failure"})
+    job_run = run(sales_by_region.make_job(data, out), tailguard_local_spark, tmp_path, hooks)
     result = job_run.result
 
     assert_exact_sales(job_run, data)
@@ -127,7 +127,7 @@ def test_restart_limit_fails_the_job(tailguard_local_spark: Any, tmp_path: Path)
         sales_by_region.make_job(data, tmp_path / "out"),
         tailguard_local_spark,
         tmp_path,
-        RunOptions(fail_attempts=failing),
+        JobHooks(fail_attempts=failing),
         **{"restart-strategy.fixed-delay.attempts": "1"},
     ).result
     assert result.status == "FAILED"
@@ -195,7 +195,7 @@ def test_pipelined_source_and_map_are_deployed_together(
     out = tmp_path / "out"
     events: list[r.Event] = []
     job = pipelined_sales_job(data, out, parallelism=1, pipelined=("score",))
-    job_run = run(job, tailguard_local_spark, tmp_path, RunOptions(on_event=events.append))
+    job_run = run(job, tailguard_local_spark, tmp_path, JobHooks(on_event=events.append))
 
     assert_exact_sales(job_run, data)
     # The pipelined edge breaks the chain: sales | score→partial.
@@ -212,7 +212,7 @@ def test_regions_wait_for_enough_free_slots_without_deadlock(
     out = tmp_path / "out"
     events: list[r.Event] = []
     job = pipelined_sales_job(data, out, parallelism=2, pipelined=("partial",))
-    job_run = run(job, tailguard_local_spark, tmp_path, RunOptions(on_event=events.append))
+    job_run = run(job, tailguard_local_spark, tmp_path, JobHooks(on_event=events.append))
 
     assert_exact_sales(job_run, data)
     for k in range(2):
@@ -226,11 +226,9 @@ def test_a_failure_in_a_region_restarts_the_region_as_a_bulk(
     data = sales_by_region.generate(tmp_path / "sales", files=2, rows_per_file=2_000)
     out = tmp_path / "out"
     events: list[r.Event] = []
-    options = RunOptions(
-        on_event=events.append, fail_attempts={("partial", 0, 0): "injected failure"}
-    )
+    hooks = JobHooks(on_event=events.append, fail_attempts={("partial", 0, 0): "injected failure"})
     job = pipelined_sales_job(data, out, parallelism=1, pipelined=("partial",))
-    job_run = run(job, tailguard_local_spark, tmp_path, options)
+    job_run = run(job, tailguard_local_spark, tmp_path, hooks)
 
     assert_exact_sales(job_run, data)
     # The producer of the failed consumer is redone with it, in one bulk.

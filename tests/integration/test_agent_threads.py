@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from tailguard.agent.adapters.spark import SparkRuntime
-from tailguard.agent.driver.driver import JobDriver, RunOptions
+from tailguard.agent.driver.driver import JobDriver
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.driver.result import RunResult
 from tailguard.agent.entry import run
 from tailguard.agent.graph.api import Job
@@ -62,7 +63,7 @@ def test_a_dying_thread_fails_its_own_job_only(tailguard_local_spark: Any, tmp_p
         if isinstance(event, r.JobSubmitted):
             second_submitted.set()
 
-    def run_one(name: str, options: RunOptions) -> None:
+    def run_one(name: str, hooks: JobHooks) -> None:
         try:
             results[name] = run(
                 small_job(tmp_path, name),
@@ -71,15 +72,15 @@ def test_a_dying_thread_fails_its_own_job_only(tailguard_local_spark: Any, tmp_p
                 services=False,
                 settings=settings,
                 progress=False,
-                options=options,
+                hooks=hooks,
             )
         except BaseException as err:  # the test reports it below
             results[name] = err
 
     first = threading.Thread(
-        target=run_one, args=("first", RunOptions(on_start=kill_a_thread_of_the_first))
+        target=run_one, args=("first", JobHooks(on_start=kill_a_thread_of_the_first))
     )
-    second = threading.Thread(target=run_one, args=("second", RunOptions(on_event=second_started)))
+    second = threading.Thread(target=run_one, args=("second", JobHooks(on_event=second_started)))
     first.start()
     try:
         # The second starts once the first holds the cores, so it is the one that waits.

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tailguard.agent.driver.driver import JobDriver, RunOptions
+from tailguard.agent.driver.driver import JobDriver
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.driver.ports import AgentThreadFailed
 from tailguard.agent.entry import JobIdInUse, run
 from tailguard.agent.graph.api import Job
@@ -92,7 +93,7 @@ def test_broker_killed_mid_job_and_restarted(tailguard_local_spark: Any, tmp_pat
             services=False,
             settings=settings,
             progress=False,
-            options=RunOptions(on_event=chaos),
+            hooks=JobHooks(on_event=chaos),
         )
         assert killed_at and broker.status() is not None, "the broker was not killed/restarted"
         done = JobRun(job, result, settings, tmp_path)
@@ -123,7 +124,7 @@ def test_a_dying_agent_thread_fails_the_job(
         services=False,
         settings=settings,
         progress=False,
-        options=RunOptions(on_start=fail),
+        hooks=JobHooks(on_start=fail),
     )
     assert result.status == r.JobStatus.FAILED.value
     assert "tg-runner-conn" in result.message and "connection table corrupt" in result.message

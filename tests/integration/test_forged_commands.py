@@ -24,7 +24,8 @@ import pytest
 from confluent_kafka import Producer
 from tests.driver_inbox import wait_until_received
 
-from tailguard.agent.driver.driver import JobDriver, RunOptions
+from tailguard.agent.driver.driver import JobDriver
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.driver.ports import CommandReceived
 from tailguard.codec import DecodeError, codec_for
 from tailguard.examples import sales_by_region as example
@@ -134,12 +135,12 @@ def refused(system: System, topic: str, job: str, record_id: str, readers: int) 
     return reasons
 
 
-def run(system: System, name: str, settings: Settings, options: RunOptions) -> tuple[Any, Path]:
+def run(system: System, name: str, settings: Settings, hooks: JobHooks) -> tuple[Any, Path]:
     from tailguard.agent.entry import run as run_job
 
     out = system.work / "out" / name
     job = example.make_job(system.data, out, name=name)
-    result = run_job(job, system.spark, settings=settings, progress=False, options=options)
+    result = run_job(job, system.spark, settings=settings, progress=False, hooks=hooks)
     assert result.ok, result.summary()
     expected = example.reference(system.data)
     actual = example.read_output(out)
@@ -197,7 +198,7 @@ def test_forged_commands_are_rejected_with_reasons_and_the_output_is_exact(
         assert producer.flush(10) == 0
 
     caplog.set_level(logging.WARNING)
-    result, archive = run(system, "signed", system.settings, RunOptions(on_start=forge))
+    result, archive = run(system, "signed", system.settings, JobHooks(on_start=forge))
 
     reasons = {cid: reason for cid, _, reason in result.commands_rejected}
     assert set(reasons) == set(injected), result.commands_rejected
@@ -265,8 +266,8 @@ def test_without_a_key_a_forged_restart_of_finished_sources_is_taken_and_the_job
         inject(system, runner[0], [(restart, [])])
 
     caplog.set_level(logging.WARNING)
-    options = RunOptions(on_start=runner.append, on_event=restart_finished_sources)
-    result, archive = run(system, "unsigned", settings, options)
+    hooks = JobHooks(on_start=runner.append, on_event=restart_finished_sources)
+    result, archive = run(system, "unsigned", settings, hooks)
 
     assert [m for m in caplog.messages if WARNING in m], "no warning that commands are open"
     assert forged, "the head chain never finished"

@@ -21,7 +21,7 @@ from tests.spark_marks import SPARK
 
 from tailguard import logs, stack
 from tailguard.agent.adapters import metrics as agent_metrics
-from tailguard.agent.driver.driver import RunOptions
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.examples import sales_by_region
 from tailguard.model import records as r
 from tailguard.model.config import Settings
@@ -91,7 +91,7 @@ def test_services_and_a_running_job_export_what_the_docs_list(
             tailguard_local_spark,
             settings=settings,
             progress=False,
-            options=RunOptions(on_event=scrape_the_agent_mid_job),
+            hooks=JobHooks(on_event=scrape_the_agent_mid_job),
         )
         assert result.ok, result.summary()
         assert result.extra["metrics_url"] == endpoint

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from tailguard.agent.driver.driver import RunOptions
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.graph.api import Job
 from tailguard.model import records as r
 from tailguard.testing import assert_succeeded, run_job
@@ -48,7 +48,7 @@ def test_a_rescale_consumer_with_more_subtasks_than_producer_partitions_is_exact
         tailguard_local_spark,
         tmp_path,
         settings=SETTINGS,
-        options=RunOptions(on_event=events.append),
+        hooks=JobHooks(on_event=events.append),
     )
     assert_succeeded(done)
 

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tailguard import filesystems
-from tailguard.agent.driver.driver import RunOptions
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.executor import sinks
 from tailguard.agent.executor.sinks import (
     commit_sink_output,
@@ -259,7 +259,7 @@ def test_job_reads_exchanges_commits_and_archives_on_s3(
         settings=settings,
         storage=storage,
         progress=False,
-        options=RunOptions(on_event=partitions_on_s3),
+        hooks=JobHooks(on_event=partitions_on_s3),
     )
     assert result.ok, result.summary()
 

@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from tailguard.agent.driver.driver import JobDriver, RunOptions
+from tailguard.agent.driver.driver import JobDriver
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.codec import codec_for
 from tailguard.examples import sales_by_region as example
 from tailguard.log.broker import EmbeddedBroker
@@ -225,7 +226,7 @@ def test_the_job_runs_exact_over_sasl_ssl_and_a_principal_without_write_access_i
     began = time.monotonic()
     result = run_job(
         job, secured.spark, settings=secured.settings, progress=False,
-        options=RunOptions(on_start=intrude),
+        hooks=JobHooks(on_start=intrude),
     )  # fmt: skip
     print(f"job on the secured broker: {time.monotonic() - began:.1f} s")
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from tailguard.agent.driver.driver import RunOptions
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.graph.api import Job
 from tailguard.examples import orders_by_segment, sales_by_region
 from tailguard.model import records as r
@@ -36,8 +36,8 @@ SETTINGS = {
 
 def run(job: Job, spark: Any, tmp: Path, failing: dict[tuple[str, int, int], str]) -> JobRun:
     events: list[r.Event] = []
-    options = RunOptions(fail_attempts=failing, on_event=events.append)
-    done = run_job(job, spark, tmp, settings=SETTINGS, options=options)
+    hooks = JobHooks(fail_attempts=failing, on_event=events.append)
+    done = run_job(job, spark, tmp, settings=SETTINGS, hooks=hooks)
     assert_succeeded(done)
     failed = {(e.vertex, e.subtask, e.attempt) for e in events if isinstance(e, r.AttemptFailed)}
     assert failed == set(failing), failed

@@ -13,6 +13,7 @@ from typing import Any
 
 from tailguard import filesystems
 from tailguard.agent.driver.driver import JobDriver, RunOptions, new_job_id
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.driver.ports import (
     AgentThreadFailed,
     CommandReceived,
@@ -55,7 +56,7 @@ def run(
     storage: str | None = None,
     job_id: str | None = None,
     progress: bool = True,
-    options: RunOptions | None = None,
+    hooks: JobHooks | None = None,
     recover: str | None = None,
 ) -> RunResult:
     """Run `job` on the cluster behind `spark` (a SparkSession) and return its result.
@@ -69,6 +70,7 @@ def run(
     The per-job Avro archive (`<archive-dir>/<job id>.avro`) is written in both modes;
     `tailguard.archive-dir` may be a URI too (docs/storage.md: what a lost driver loses then).
     S3 is reached with the `s3.*` settings or the AWS default chain.
+    `hooks` reach into the running job (tests and chaos cases: `JobHooks`).
     `recover=JOB_ID` takes over a job whose driver died (the same `job`, settings and storage):
     its state is rebuilt from its archive and the topics, finished results that still verify are
     kept, the rest runs again (docs/reliability.md#driver-recovery); `RecoveryError` when it
@@ -137,12 +139,9 @@ def run(
             for event in recovering.not_archived:
                 archive.append(r.EVENTS_TOPIC, "published", event, event.ts)
         codec = codec_for(settings)
-        options = options or RunOptions()
-        options.storage = store
-        options.progress = progress
         use_services = services and log_mode == "kafka"
-        options.services = use_services
-        if use_services and options.fleet_list is None:
+        options = RunOptions(services=use_services, storage=store, progress=progress)
+        if use_services:
             from tailguard.log.fleet_topic import read_changes
 
             options.fleet_list = functools.partial(read_changes, settings)
@@ -189,6 +188,7 @@ def run(
             job_id=job_id,
             inbox=inbox,
             recover=recovering.job_log if recovering is not None else None,
+            hooks=hooks,
         )
         try:
             # The job's own threads report their death to its inbox alone: the decision reader

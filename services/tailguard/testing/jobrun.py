@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tailguard.agent.driver.driver import RunOptions
+    from tailguard.agent.driver.hooks import JobHooks
     from tailguard.agent.driver.result import AttemptSummary, RunResult
     from tailguard.agent.graph.api import Job
     from tailguard.model.config import Settings
@@ -225,7 +225,7 @@ def run_job(
     *,
     services: Services | None = None,
     settings: Mapping[str, str] | None = None,
-    options: RunOptions | None = None,
+    hooks: JobHooks | None = None,
     ship_code: bool = True,
     job_id: str | None = None,
     storage: str | None = None,
@@ -237,7 +237,7 @@ def run_job(
       alone and the agent's fallbacks decide.
     - `settings`: extra settings for this run (policy settings belong with the services'
       marker when there are services, or replay would use other settings than they did).
-    - `options`: `RunOptions` hooks (`on_event`, `on_start`, `fail_attempts`).
+    - `hooks`: the test's `JobHooks` (`on_event`, `on_start`, `fail_attempts`).
     - `ship_code`: send the user's own modules behind the operators by value (see
       `modules_to_ship`); switch off to see what executors without that code would do.
     - `storage`: where result partitions live (a path or a URI such as `s3://bucket/x`;
@@ -256,7 +256,7 @@ def run_job(
         services=services is not None,
         settings=run_with,
         progress=False,
-        options=options,
+        hooks=hooks,
         job_id=job_id,
         storage=storage,
     )

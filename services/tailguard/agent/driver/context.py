@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tailguard.agent.driver.events import EventLog, now_ms
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.driver.options import RunOptions
 from tailguard.agent.driver.ports import Runtime
 from tailguard.agent.driver.slots import SlotPool
@@ -29,6 +30,7 @@ class JobContext:
     graph: ChainedJob
     settings: Settings
     options: RunOptions
+    hooks: JobHooks
     runtime: Runtime
     storage: Storage
     state: ExecutionState

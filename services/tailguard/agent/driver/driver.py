@@ -27,6 +27,7 @@ from tailguard.agent.driver.applier import CommandApplier
 from tailguard.agent.driver.context import JobContext
 from tailguard.agent.driver.events import EventLog
 from tailguard.agent.driver.fallbacks import LocalFallbacks
+from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.driver.initialization import VertexInitializer
 from tailguard.agent.driver.lifecycle import Lifecycle
 from tailguard.agent.driver.options import RunOptions
@@ -81,9 +82,10 @@ class JobDriver:
         job_id: str | None = None,
         inbox: queue.Queue[InboxMessage] | None = None,
         recover: recovery.JobLog | None = None,
+        hooks: JobHooks | None = None,
     ) -> None:
         """`recover`: the log of this job's dead driver; the job is taken over from where it
-        stopped (`agent/driver/takeover.py`) instead of started."""
+        stopped (`agent/driver/takeover.py`) instead of started. `hooks`: a test's (`hooks.py`)."""
         self.job = job
         self.job_id = job_id or new_job_id(job)
         if recover is not None and recover.job_id != self.job_id:
@@ -95,6 +97,7 @@ class JobDriver:
         self.publisher = publisher
         self.settings = settings
         self.options = options
+        self.hooks = hooks = hooks or JobHooks()
         fallbacks = LocalFallbacks(settings, options.services)
         graph = chain(job)
         self._ctx = ctx = JobContext(
@@ -103,6 +106,7 @@ class JobDriver:
             graph=graph,
             settings=settings,
             options=options,
+            hooks=hooks,
             runtime=runtime,
             storage=options.storage,
             state=ExecutionState(
@@ -110,7 +114,7 @@ class JobDriver:
                 settings.integer("execution.batch.adaptive.auto-parallelism.max-parallelism"),
             ),
             pool=SlotPool(),
-            events=EventLog(self.job_id, publisher, fallbacks, options.on_event),
+            events=EventLog(self.job_id, publisher, fallbacks, hooks.on_event),
             io=StorageWorker(self.post),
         )
         self.check_interval = settings.duration_ms("slow-task-detector.check-interval")
@@ -190,8 +194,8 @@ class JobDriver:
         launched = self._ctx.runtime.start(self.job_id, self.post)
         self._lifecycle.await_runners(launched, self.inbox, self._dispatch)
         self._lifecycle.before_placing()
-        if self.options.on_start is not None:
-            self.options.on_start(self)
+        if self.hooks.on_start is not None:
+            self.hooks.on_start(self)
         self._initializer.initialize_static()
 
     def _loop(self) -> None:

@@ -113,7 +113,7 @@ class Scheduler:
             subtask,
             number,
             ctx.splits.get(subtask.vertex, []),
-            ctx.options.fail_attempts.get((subtask.vertex, subtask.index, number)),
+            ctx.hooks.fail_attempts.get((subtask.vertex, subtask.index, number)),
             together,
             self._batch_rows,
         )
