@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     _print_settings(report)
     if what_if:
         # Against what the services decided with: the settings recorded in the log, if any.
-        live = next((plan.settings for plan in report.settings if plan.recorded), settings)
+        live = next((plan.live for plan in report.settings if plan.live is not None), settings)
         for key, (old, new) in settings_diff(live, what_if).items():
             # A what-if file may also hold connection settings: never print a secret.
             shown = (REDACTED, REDACTED) if is_secret(key) else (old, new)

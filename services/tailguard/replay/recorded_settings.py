@@ -48,6 +48,8 @@ class SettingsPlan:
     switches: Mapping[str, _Phase] = field(default_factory=dict)
     # The versions recorded, in the order the log first names them; empty: none recorded.
     versions: tuple[str, ...] = ()
+    # The settings the service recorded first, without a what-if's (None: none recorded).
+    live: Settings | None = None
 
     @property
     def settings(self) -> Settings:
@@ -90,7 +92,8 @@ def plan_settings(
 
     ordered = list(first_of.values())
     switches = {a.caused_by[0]: phase(a) for a in ordered[1:] if a.caused_by}
-    return SettingsPlan(service, phase(ordered[0]), switches, tuple(first_of))
+    live = recorded_settings(ordered[0])
+    return SettingsPlan(service, phase(ordered[0]), switches, tuple(first_of), live)
 
 
 def run_planned(
