@@ -122,7 +122,12 @@ def commands_of(settings: Settings, job: str, count: int, timeout_s: float = 30)
     try:
         deadline = time.monotonic() + timeout_s
         while len({c.id for c in seen}) < count and time.monotonic() < deadline:
-            seen += [c.record for c in consumer.poll(0.5) if c.record.job_id == job]
+            # Decisions only: the decider's announcement of its settings travels there too.
+            seen += [
+                c.record
+                for c in consumer.poll(0.5)
+                if c.record.job_id == job and isinstance(c.record, r.Command)
+            ]
     finally:
         consumer.close()
     return seen
