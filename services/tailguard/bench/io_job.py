@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from tailguard.agent.executor.control import wait
-from tailguard.cluster.slowness import io_work
 from tailguard.examples import sales_by_region as example
 
 
 def waited(table: pa.Table, task_s: float, rows_per_split: int) -> pa.Table:
     """The table, after its rows' wait: the work of a stage before a further exchange."""
-    if table.num_rows:
-        # A cancelled tailguard attempt ends its wait at once; in plain Spark, a sleep.
-        io_work(task_s * table.num_rows / rows_per_split, wait=wait)
-    return table
+    # The sales example's I/O-bound work: a cancelled tailguard attempt ends its wait at once.
+    return example.fetch(table, task_s / rows_per_split)
 
 
 def partials(table: pa.Table, task_s: float, rows_per_split: int) -> pa.Table:

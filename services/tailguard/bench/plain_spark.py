@@ -206,6 +206,26 @@ def task_stats(sc: Any, skip: set[int]) -> tuple[int, list[StageWork]]:
     return speculative, work
 
 
+def task_seconds_by_host(sc: Any, skip: set[int], tasks: int) -> dict[str, list[float]]:
+    """Spark's own record of where the time went (its status store): per host, the durations of
+    the successful tasks of the stages of `tasks` tasks (the job's per-split stage: not the
+    reduce), leaving out the stages in `skip`."""
+    store = sc._jsc.sc().statusStore()
+    no_quantiles = sc._gateway.new_array(sc._jvm.double, 0)
+    stages = store.stageList(None, False, False, no_quantiles, None)
+    by_host: dict[str, list[float]] = {}
+    for i in range(stages.size()):
+        stage = stages.apply(i)
+        if stage.stageId() in skip or stage.numTasks() != tasks:
+            continue
+        listed = store.taskList(stage.stageId(), stage.attemptId(), 1_000_000)
+        for j in range(listed.size()):
+            task = listed.apply(j)
+            if task.status() == "SUCCESS" and task.duration().isDefined():
+                by_host.setdefault(task.host(), []).append(task.duration().get() / 1000.0)
+    return by_host
+
+
 def run_job(
     spark: Any,
     shape: str,

@@ -1,10 +1,16 @@
 """Sales by region: a two-stage aggregation on generated data.
 
-    source (Parquet row groups) -> score (map_batches: revenue per row, Python work per batch)
+    source (Parquet row groups) -> score (map_batches: revenue per row, the work per batch)
         -> partial (map_in_arrow: sums per region over the subtask's batches)
         -> partition_by("region") -> final (aggregate: sums) -> Parquet sink
 
 Every operator streams record batches: a subtask holds a few batches, not its input.
+
+The work per batch is CPU work (`work`: rounds of numpy over the rows), I/O-bound work
+(`io_s_per_row`: a wait per row, as a lookup per order in a remote store would be), or both.
+On a cluster with more executors than cores only the I/O-bound kind can be slowed honestly on
+one host (`tailguard cluster throttle --mode io`, docs/cluster.md): `tailguard demo` and the
+suites with a slow host use it.
 
 Run it with `tailguard run examples/sales_by_region.py` (generates its data under work/ first),
 or import `make_job` / `generate` / `reference` from tests and benchmarks.
@@ -14,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -22,8 +28,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tailguard.agent.executor.control import wait
 from tailguard.agent.graph.api import Job
+from tailguard.cluster.slowness import io_work
 
+Rows = TypeVar("Rows", pa.Table, pa.RecordBatch)
 REGIONS = ("north", "south", "east", "west", "central", "coast", "mountain", "islands")
 
 
@@ -70,6 +79,15 @@ def score(table: pa.Table | pa.RecordBatch, work: int = 0) -> pa.Table | pa.Reco
     return table.append_column("revenue", revenue)
 
 
+def fetch(table: Rows, io_s_per_row: float) -> Rows:
+    """The rows, after `io_s_per_row` seconds of I/O-bound work per row as a healthy host does
+    it (`slowness.io_work`: `factor` times longer on a host slowed in io mode). A cancelled
+    tailguard attempt stops waiting at once; in plain Spark it is a sleep."""
+    if io_s_per_row > 0 and table.num_rows:
+        io_work(io_s_per_row * table.num_rows, wait=wait)
+    return table
+
+
 def partial_sums(table: pa.Table) -> pa.Table:
     if table.num_rows == 0:
         return pa.table(
@@ -107,11 +125,17 @@ def final_sums(table: pa.Table) -> pa.Table:
 
 
 def make_job(
-    input_path: str | Path, output_path: str | Path, work: int = 0, name: str = "sales-by-region"
+    input_path: str | Path,
+    output_path: str | Path,
+    work: int = 0,
+    name: str = "sales-by-region",
+    io_s_per_row: float = 0.0,
 ) -> Job:
+    """The job; `work` is the CPU work per row (`score`), `io_s_per_row` the I/O-bound wait
+    per row before it (`fetch`)."""
     job = Job(name)
     sales = job.read_parquet(str(input_path), name="sales")
-    scored = sales.map_batches(lambda batch: score(batch, work), name="score")
+    scored = sales.map_batches(lambda batch: score(fetch(batch, io_s_per_row), work), name="score")
     partial = scored.map_in_arrow(partial_sums_of_batches, name="partial")
     totals = partial.partition_by("region").aggregate(
         revenue=("revenue", "sum"), orders=("orders", "sum"), name="final"
@@ -147,4 +171,9 @@ def main(params: dict[str, Any]) -> Job:
         generate(
             data, files=int(params.get("files", 8)), rows_per_file=int(params.get("rows", 20_000))
         )
-    return make_job(data, work_dir / "out" / "sales_by_region", work=int(params.get("work", 0)))
+    return make_job(
+        data,
+        work_dir / "out" / "sales_by_region",
+        work=int(params.get("work", 0)),
+        io_s_per_row=float(params.get("io_s_per_row", 0.0)),
+    )
