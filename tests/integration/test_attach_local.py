@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 
 import tailguard
 from tailguard.codec import codec_for
 from tailguard.log.archive import ArchiveReader
+from tailguard.log.signing import KEY_SETTING, RecordSigner, signing_keys
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.observer.translate import observed_job_id, stage_vertex
@@ -66,7 +67,10 @@ class RunningJob:
 
         def work(index: int, rows: Iterator[int]) -> Iterator[int]:
             Path(marks, f"started-{index}").touch()
-            time.sleep(task_s)  # the task's work: a wait, as I/O-bound work is
+            # The task's work: a wait, as I/O-bound work is, cut short when the test releases it.
+            release, deadline = Path(marks, "release"), time.monotonic() + task_s
+            while not release.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
             yield sum(rows)
 
         self.sc.setJobGroup(self.group, self.group)
@@ -91,16 +95,30 @@ class RunningJob:
         info = self.sc.statusTracker().getJobInfo(self.spark_job())
         return int(info.stageIds[0])
 
+    def release(self) -> None:
+        """Let the running tasks finish now."""
+        (self.marks / "release").touch()
+
     def join(self, timeout_s: float = 120.0) -> None:
         self._thread.join(timeout_s)
         assert not self._thread.is_alive(), "the job did not end"
 
 
-def _send(bootstrap: str, settings: Settings, *commands: r.Command) -> None:
+def _send(
+    bootstrap: str, settings: Settings, *commands: r.Command, signer: str | None = None
+) -> None:
+    """Write `commands` to the commands topic, unsigned, or signed as `signer` with the
+    settings' key."""
     codec = codec_for(settings)
     producer = Producer({"bootstrap.servers": bootstrap})
     for command in commands:
-        producer.produce(r.COMMANDS_TOPIC, codec.encode(command), command.job_id.encode())
+        value = codec.encode(command)
+        headers = []
+        if signer is not None:
+            key, _ = signing_keys(settings)
+            assert key is not None
+            headers = RecordSigner(key, signer).headers(r.COMMANDS_TOPIC, value)
+        producer.produce(r.COMMANDS_TOPIC, value, command.job_id.encode(), headers=headers)
     assert producer.flush(10) == 0
 
 
@@ -112,6 +130,33 @@ def _attached_job(
     job = RunningJob(spark, group, 2, task_s=task_s, marks=marks)
     spark_job, stage = job.spark_job(), job.running_stage(tasks=2)
     return attachment, job, observed_job_id(attachment.app_id, spark_job), stage
+
+
+def _await_outcomes(bootstrap: str, settings: Settings, job_id: str, count: int) -> None:
+    """Until `count` commands of `job_id` are answered on the events topic (the relay
+    publishes each CommandApplied / CommandRejected there as it happens)."""
+    codec = codec_for(settings)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-outcomes-{job_id}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([r.EVENTS_TOPIC])
+    answered: set[str] = set()
+    deadline = time.monotonic() + 120
+    try:
+        while len(answered) < count:
+            assert time.monotonic() < deadline, f"answered only {answered}"
+            message = consumer.poll(0.5)
+            if message is None or message.error() or message.key() != job_id.encode():
+                continue
+            record = codec.decode(message.value())
+            if isinstance(record, (r.CommandApplied, r.CommandRejected)):
+                answered.add(record.command_id)
+    finally:
+        consumer.close()
 
 
 def _archived(tmp_path: Path, app_id: str) -> list[r.Record]:
@@ -170,7 +215,7 @@ def test_a_restart_kills_the_attempt_and_spark_runs_it_again(
     spark = tailguard_local_spark
     settings = _settings(tmp_path, tailguard_broker.bootstrap)
     attachment, job, job_id, stage = _attached_job(
-        spark, settings, "attach-restart", 6, tmp_path / "marks"
+        spark, settings, "attach-restart", 120, tmp_path / "marks"
     )
     try:
         restart = r.RestartTasks(
@@ -182,8 +227,11 @@ def test_a_restart_kills_the_attempt_and_spark_runs_it_again(
             not_before_ts=0,
         )
         _send(tailguard_broker.bootstrap, Settings(settings), restart)
+        _await_outcomes(tailguard_broker.bootstrap, Settings(settings), job_id, 1)
+        job.release()  # the re-run, and the other task, finish at once
         job.join()
     finally:
+        job.release()
         assert attachment.close() == 0
 
     assert job.error is None and job.result == [sum(range(50)), sum(range(50, 100))]
@@ -220,3 +268,37 @@ def test_with_no_broker_the_application_runs_as_if_unattached_with_one_warning(
     assert "rdkafka" not in said  # no reconnect noise either
     records = _archived(tmp_path, attachment.app_id)  # the audit log is kept all the same
     assert any(isinstance(x, r.AttemptFinished) for x in records)
+
+
+def test_with_signing_on_forged_commands_are_refused_and_the_output_is_exact(
+    tailguard_local_spark: Any, tailguard_broker: Any, tmp_path: Path
+) -> None:
+    """The relay checks each command as the owned driver does: an unsigned FailJob, and one
+    signed with the key by a sender without the authority, are rejected with the reason; the
+    job runs to its exact result."""
+    spark = tailguard_local_spark
+    settings = {
+        **_settings(tmp_path, tailguard_broker.bootstrap),
+        KEY_SETTING: "attach-forged-commands-key-0123456789",
+    }
+    attachment, job, job_id, _ = _attached_job(
+        spark, settings, "attach-forged", 120, tmp_path / "marks"
+    )
+    try:
+        now = int(time.time() * 1000)
+        unsigned = r.FailJob(job_id=job_id, ts=now, id="failover-f1", reason="forged")
+        no_authority = r.FailJob(job_id=job_id, ts=now, id="failover-f2", reason="forged")
+        _send(tailguard_broker.bootstrap, Settings(settings), unsigned)
+        _send(tailguard_broker.bootstrap, Settings(settings), no_authority, signer="speculator")
+        # Both answered while the job runs; then its tasks may finish.
+        _await_outcomes(tailguard_broker.bootstrap, Settings(settings), job_id, 2)
+        job.release()
+        job.join()
+    finally:
+        job.release()
+        assert attachment.close() == 0
+
+    assert job.error is None and job.result == [sum(range(50)), sum(range(50, 100))]
+    outcomes = _outcomes(_archived(tmp_path, attachment.app_id))
+    assert "sign" in outcomes["failover-f1"], outcomes
+    assert "speculator" in outcomes["failover-f2"], outcomes
