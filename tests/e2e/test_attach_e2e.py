@@ -178,6 +178,8 @@ def test_the_deciders_ranges_plan_a_submitted_jobs_groupby_and_join_on_the_clust
     services = tailguard_harness.services_of(node)
     conf = tailguard.spark_conf(run_settings(tmp_path, services, ATTACH_POLICY).overrides())
     conf["spark.sql.autoBroadcastJoinThreshold"] = "-1"  # a sort-merge join: both sides shuffled
+    # The workers listen on loopback addresses: the driver must be reachable there too.
+    conf["spark.driver.host"] = conf["spark.driver.bindAddress"] = "127.0.0.1"
     rows, customers = 2_000_000, 50_000
     done = spark_submit(planned_job(rows, customers), tmp_path, conf, master=cluster.master_url)
     archive = assert_planned(done, tmp_path, rows, customers)
