@@ -50,9 +50,6 @@ class _Discard:
     def local(self, record: r.Record) -> None:
         pass
 
-    def received(self, record: r.Record) -> None:
-        pass
-
     def close(self) -> None:
         pass
 

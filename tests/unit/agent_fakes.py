@@ -137,16 +137,12 @@ class SteppedInbox(queue.Queue[InboxMessage]):
 class ListPublisher:
     def __init__(self) -> None:
         self.events: list[r.Record] = []
-        self.received_records: list[r.Record] = []
         self.local_records: list[r.Record] = []
         self.closed_after: int | None = None
 
     def publish(self, record: r.Record) -> None:
         assert self.closed_after is None, f"published {record!r} after close"
         self.events.append(record)
-
-    def received(self, record: r.Record) -> None:
-        self.received_records.append(record)
 
     def local(self, record: r.Record) -> None:
         self.local_records.append(record)

@@ -38,9 +38,6 @@ class Recording:
     def publish(self, record: r.Record) -> None:
         self.published.append(record)
 
-    def received(self, record: r.Record) -> None:
-        pass
-
     def local(self, record: r.Record) -> None:
         self.local_decisions.append(record)
 

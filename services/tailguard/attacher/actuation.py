@@ -3,9 +3,9 @@
 The relay (`observer/relay.py`) runs this on its one thread, between Spark's events, so the
 translator's picture of the application and the commands' outcomes stay in one order:
 
-1. `received`: a command from Kafka, with what its signature said. Checked here as the owned
-   driver checks it (`model.authority`: signature and who may send what; each id at most once,
-   after that check so a forgery cannot use up a real decision's id), then by its guard
+1. `received`: a command from Kafka, with what its signature said. Through the command intake
+   the owned driver uses too (`model.command_intake`: signature and who may send what, then each
+   id at most once, so a forgery cannot use up a real decision's id), then by its guard
    (`attacher.commands`). A rejection is answered with `CommandRejected` at once; an action is
    written to the JVM actuator, one line.
 2. `outcome`: the actuator's answer (`CO id OK` / `CO id NO reason`) becomes `CommandApplied`
@@ -32,7 +32,8 @@ from typing import IO
 from tailguard.agent.fleet_blocks import blocks_to_apply
 from tailguard.attacher import commands as ac
 from tailguard.model import records as r
-from tailguard.model.authority import Origin, authority_problem
+from tailguard.model.authority import Origin
+from tailguard.model.command_intake import CommandIntake, Duplicate, Rejected
 from tailguard.model.config import Settings
 from tailguard.model.fleet import FLEET_SETTING, FleetBlock
 from tailguard.observer.query_plans import PlanRequest
@@ -85,7 +86,7 @@ class Actuation(ac.AppView):
         self._max_fraction = settings.number("blocklist.max-blocked-fraction")
         self._fleet = settings.flag(FLEET_SETTING)
         self._blocks: dict[str, _Block] = {}
-        self._applied: set[str] = set()
+        self._intake = CommandIntake()
         self._pending: dict[str, _Pending] = {}
         self._unavailable: dict[str, str] = {}
         self._probed = False
@@ -155,13 +156,14 @@ class Actuation(ac.AppView):
     def received(self, command: r.Command, origin: Origin, now: int) -> list[r.Event]:
         """Events answering `command` now (a rejection), or none while the JVM applies it."""
         arrived = time.monotonic()
-        problem = authority_problem(command, origin)
-        if problem is not None:
-            log.warning("attach: rejected %s %s: %s", type(command).__name__, command.id, problem)
-            return self._rejected(command, problem, now)
-        if command.id in self._applied:
-            return []  # each id at most once: a restarted service re-emits the same ids
-        self._applied.add(command.id)
+        verdict = self._intake.take(command, origin)
+        if isinstance(verdict, Rejected):
+            log.warning(
+                "attach: rejected %s %s: %s", type(command).__name__, command.id, verdict.reason
+            )
+            return self._rejected(command, verdict.reason, now)
+        if isinstance(verdict, Duplicate):
+            return []  # a restarted service re-emits the same ids
         kind = _KIND.get(type(command))
         if kind is not None and kind in self._unavailable:
             return self._rejected(command, self._unavailable[kind], now)

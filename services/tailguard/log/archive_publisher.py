@@ -10,7 +10,10 @@ import threading
 
 from tailguard.codec import RecordCodec
 from tailguard.log.archive import ArchiveWriter
+from tailguard.log.consumer import Consumed
+from tailguard.log.signing import NoVerification, SignatureVerifier
 from tailguard.model import records as r
+from tailguard.model.authority import Origin, received_archive_topic
 
 
 class ArchivePublisher:
@@ -27,11 +30,21 @@ class ArchivePublisher:
         with self._lock:
             self._archive.append(topic or type(record).TOPIC, direction, record, record.ts)
 
+    def _archive_received(
+        self, item: Consumed, verifier: SignatureVerifier | NoVerification
+    ) -> Origin:
+        """Check the signature of a finding or command read back from the log, and archive it
+        as received, on arrival: the decision reader's thread is the one that writes what an
+        actuator received. One whose signature does not check out is kept apart
+        (`received_archive_topic`). Returns what the signature said, for the command intake."""
+        origin = verifier.verify(item.topic, item.raw, item.headers)
+        self._append(
+            item.record, "received", received_archive_topic(item.record, item.topic, origin)
+        )
+        return origin
+
     def publish(self, record: r.Record) -> None:
         self._append(record, "published")
-
-    def received(self, record: r.Record) -> None:
-        self._append(record, "received")
 
     def local(self, record: r.Record) -> None:
         self._append(record, "local")

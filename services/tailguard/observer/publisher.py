@@ -23,7 +23,7 @@ from tailguard.log.decision_reader import DecisionReader, start_margin_ms
 from tailguard.log.producer import DeliveryError, RecordProducer
 from tailguard.log.signing import signer_for, verifier_for
 from tailguard.model import records as r
-from tailguard.model.authority import AGENT, Origin, received_archive_topic
+from tailguard.model.authority import AGENT, Origin
 from tailguard.model.config import Settings
 
 log = logging.getLogger(__name__)
@@ -85,14 +85,12 @@ class ObservedAppPublisher(ArchivePublisher):
         record = item.record
         if not record.job_id.startswith(self.job_prefix):
             return False
-        # Recorded for the audit and the replay (observe mode applies nothing). As the agent
-        # archives it
-        # (KafkaPublisher._take): one whose signature does not check out is kept apart from the
-        # services' decisions, which the replay compares.
-        origin = self._verifier.verify(item.topic, item.raw, item.headers)
-        self._append(record, "received", received_archive_topic(record, item.topic, origin))
+        # Recorded for the audit and the replay (observe mode applies nothing), as the agent
+        # archives it: one whose signature does not check out is kept apart from the services'
+        # decisions, which the replay compares.
+        origin = self._archive_received(item, self._verifier)
         if self._on_command is not None and isinstance(record, r.Command):
-            # Attach mode: the relay checks and applies it, on its own thread.
+            # Attach mode: the relay's command intake judges it, on the relay's thread.
             self._on_command(record, origin)
         return True
 

@@ -6,10 +6,11 @@ keeps nothing once stopped). Decisions the agent made itself as fallbacks are ar
 direction `local`, so a replay can tell them from the services' own.
 
 With a signing key configured (`security.command-signing.key`), each command's signature is
-checked on arrival, and what was found travels with the command to the driver, which rejects
-what did not come from the right service. A command whose signature does not check out is
-archived under `UNAUTHENTICATED_COMMANDS_TOPIC`: kept for the audit, but apart from the services'
-decisions that a replay compares. The agent signs its own fallback decisions as `agent`.
+checked on arrival, and what was found travels with the command to the driver, whose command
+intake (`model/command_intake.py`) rejects what did not come from the right service. A command
+whose signature does not check out is archived under `UNAUTHENTICATED_COMMANDS_TOPIC`: kept for
+the audit, but apart from the services' decisions that a replay compares. The agent signs its
+own fallback decisions as `agent`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tailguard.log.decision_reader import DecisionReader
 from tailguard.log.producer import DeliveryError, Headers, QueueFull
 from tailguard.log.signing import NoVerification, signer_for, verifier_for
 from tailguard.model import records as r
-from tailguard.model.authority import AGENT, received_archive_topic
+from tailguard.model.authority import AGENT
 from tailguard.model.config import Settings
 
 log = logging.getLogger(__name__)
@@ -148,9 +149,9 @@ class KafkaPublisher(ArchivePublisher):
         record = item.record
         if record.job_id != self.job_id:  # its key said otherwise: a forged or broken record
             return False
-        origin = self._verifier.verify(item.topic, item.raw, item.headers)
-        # Archived on arrival, including what comes after the driver stopped applying.
-        self._append(record, "received", received_archive_topic(record, item.topic, origin))
+        # Archived on arrival, including what comes after the driver stopped applying; the
+        # driver's command intake judges the command by what its signature said.
+        origin = self._archive_received(item, self._verifier)
         if isinstance(record, r.Command):
             self._deliver(CommandReceived(record, origin))
         return True

@@ -331,9 +331,6 @@ class MeteredPublisher:
         self._inner.publish(record)
         self._job.observe(record)
 
-    def received(self, record: r.Record) -> None:
-        self._inner.received(record)
-
     def local(self, record: r.Record) -> None:
         self._inner.local(record)
         self._job.fallback(record)

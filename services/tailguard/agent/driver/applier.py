@@ -1,6 +1,6 @@
-"""Applying commands: the services' (once each, from an authorised sender) and the local
-fallbacks' when due, each through its handler's guard and apply (`commands.py`), answered with
-`CommandApplied` or `CommandRejected`."""
+"""Applying commands: the services' (through the command intake, `model/command_intake.py`:
+from an authorised sender, once each) and the local fallbacks' when due, each through its
+handler's guard and apply (`commands.py`), answered with `CommandApplied` or `CommandRejected`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tailguard.agent.driver.context import JobContext
 from tailguard.agent.driver.fallbacks import LocalFallbacks
 from tailguard.agent.driver.ports import CommandReceived
 from tailguard.model import records as r
-from tailguard.model.authority import authority_problem
+from tailguard.model.command_intake import CommandIntake, Duplicate, Rejected
 
 log = logging.getLogger("tailguard.agent")
 
@@ -22,8 +22,9 @@ class CommandApplier:
         self._ctx = ctx
         self._actions = actions
         self.fallbacks = fallbacks
-        # Command ids handled (applied or rejected after the authority check), once each.
-        self.applied: set[str] = set()
+        # Who sent each command, and the ids handled (the services' and the fallbacks'): once
+        # each. The takeover restores the dead driver's.
+        self.intake = CommandIntake()
         self.fallback_notes: list[str] = []
         self.rejected: list[tuple[str, str, str]] = []
         self.taken = 0
@@ -32,30 +33,28 @@ class CommandApplier:
         command = message.command
         if command.job_id != self._ctx.job_id:
             return
-        # Before the id counts as handled: decision ids are predictable, and a forged command
-        # must not use up the id of the service's own, nor settle a pending fallback.
-        problem = authority_problem(command, message.origin)
-        if problem is not None:
+        # A forgery is rejected before its id counts as handled, so it settles no pending
+        # fallback either: the decider's and failover's ids are predictable.
+        verdict = self.intake.take(command, message.origin)
+        if isinstance(verdict, Rejected):
             log.warning(
                 "rejected %s %s: %s",
                 type(command).__name__,
                 command.id,
-                problem,
+                verdict.reason,
                 extra={"record_id": command.id},
             )
-            self._reject(command, problem)
+            self._reject(command, verdict.reason)
             return
-        if command.id in self.applied:
-            return  # each id at most once: a restarted service re-emits the same ids
-        self.applied.add(command.id)
+        if isinstance(verdict, Duplicate):
+            return  # a restarted service re-emits the same ids
         self.fallbacks.settle(command.id)
         self._apply(command, fallback=False)
 
     def apply_due_fallbacks(self) -> None:
         for due in self.fallbacks.due(self._ctx.now()):
-            if due.command.id in self.applied:
+            if not self.intake.claim(due.command.id):
                 continue
-            self.applied.add(due.command.id)
             self.fallback_notes.append(due.note)
             log.info(due.note, extra={"record_id": due.command.id})
             self._ctx.events.publisher.local(due.command)

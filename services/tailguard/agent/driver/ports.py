@@ -112,12 +112,10 @@ class Runtime(Protocol):
 
 
 class Publisher(Protocol):
-    """Where facts go (Kafka and the archive, or the archive alone)."""
+    """Where facts go (Kafka and the archive, or the archive alone). What the services send
+    back is archived by the adapter's reader thread as it arrives, never from the driver's."""
 
     def publish(self, record: r.Record) -> None: ...
-
-    def received(self, record: r.Record) -> None:
-        """A finding or command from the services (archived on arrival)."""
 
     def local(self, record: r.Record) -> None:
         """A decision the agent made itself as a fallback."""

@@ -29,7 +29,7 @@ def take_over(
     ctx.events.sequence = rebuilt.last_sequence
     # Handled ids stay handled; the local cores see the job's history as the services did,
     # so a decision pending at the crash is still taken (under the id the service gives it).
-    applier.applied = set(rebuilt.handled)
+    applier.intake.restore(rebuilt.handled)
     for command_id in rebuilt.handled:
         applier.fallbacks.settle(command_id)
     for event in rebuilt.events:
