@@ -383,3 +383,12 @@ def run_all(h: Harness) -> RunResult:
         cancelled = d.key in {k for _, k in h.runtime.cancelled}
         h.post(h.runtime.execute(d.key, cancel=cancelled))
     return h.result()
+
+
+def one_subtask_job(tmp_path: Path) -> Harness:
+    """One source subtask into a sink on host h1, the services on (so nothing falls back): the
+    driver the command tests send their commands to. Not started."""
+    job = Job("one")
+    source = job.read_parquet(str(write_parquet_input(tmp_path / "in.parquet")), name="src")
+    source.with_parallelism(1).write_parquet(str(tmp_path / "out"), name="out", parallelism=1)
+    return Harness(job, FakeRuntime.hosts(h1=1), Storage(str(tmp_path / "st")), services=True)

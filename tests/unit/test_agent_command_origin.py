@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from agent_fakes import FakeRuntime, Harness, run_all, write_parquet_input
+from agent_fakes import FakeRuntime, Harness, one_subtask_job, run_all, write_parquet_input
 from test_agent_commands import answers
 
 from tailguard.agent.driver.ports import CommandReceived
@@ -37,12 +37,7 @@ def send(h: Harness, command: r.Command, origin: Origin) -> None:
 
 @pytest.fixture
 def driver(tmp_path: Path) -> Iterator[Harness]:
-    """One source subtask into a sink on one host, the services on (so nothing falls back)."""
-    job = Job("one")
-    source = job.read_parquet(str(write_parquet_input(tmp_path / "in.parquet")), name="src")
-    source.with_parallelism(1).write_parquet(str(tmp_path / "out"), name="out", parallelism=1)
-    h = Harness(job, FakeRuntime.hosts(h1=1), Storage(str(tmp_path / "st")), services=True)
-    h.start()
+    h = one_subtask_job(tmp_path).start()
     yield h
     h.stop()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_fakes import FakeRuntime, Harness, write_parquet_input
+from agent_fakes import Harness, one_subtask_job
 
 from tailguard.agent.driver import plans
 from tailguard.agent.driver.commands import (
@@ -25,7 +25,6 @@ from tailguard.agent.driver.slots import (
 )
 from tailguard.agent.driver.state import Attempt, AttemptStatus, ExecutionState
 from tailguard.agent.executor.sources import Split
-from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
 from tailguard.agent.graph.chaining import chain
 from tailguard.model import records as r
@@ -412,11 +411,7 @@ class Bogus(r.Command):
 
 @pytest.fixture
 def driver(tmp_path: Path):
-    job = Job("one")
-    source = job.read_parquet(str(write_parquet_input(tmp_path / "in.parquet")), name="src")
-    source.with_parallelism(1).write_parquet(str(tmp_path / "out"), name="out", parallelism=1)
-    h = Harness(job, FakeRuntime.hosts(h1=1), Storage(str(tmp_path / "st")), services=True)
-    h.start()
+    h = one_subtask_job(tmp_path).start()
     yield h
     h.stop()
 

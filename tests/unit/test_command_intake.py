@@ -12,12 +12,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from agent_fakes import FakeRuntime, Harness, write_parquet_input
+from agent_fakes import Harness, one_subtask_job
 from test_agent_commands import answers
 
 from tailguard.agent.driver.ports import CommandReceived
-from tailguard.agent.executor.storage import Storage
-from tailguard.agent.graph.api import Job
 from tailguard.attacher.actuation import Actuation
 from tailguard.model import records as r
 from tailguard.model.authority import AGENT, Origin, Signed, Unauthentic, Unchecked
@@ -111,12 +109,7 @@ def test_a_fallback_claims_an_id_the_intake_then_calls_a_duplicate() -> None:
 
 @pytest.fixture
 def driver(tmp_path: Path) -> Iterator[Harness]:
-    """One source subtask into a sink on host h1, the services on (so nothing falls back)."""
-    job = Job("one")
-    source = job.read_parquet(str(write_parquet_input(tmp_path / "in.parquet")), name="src")
-    source.with_parallelism(1).write_parquet(str(tmp_path / "out"), name="out", parallelism=1)
-    h = Harness(job, FakeRuntime.hosts(h1=1), Storage(str(tmp_path / "st")), services=True)
-    h.start()
+    h = one_subtask_job(tmp_path).start()
     yield h
     h.stop()
 
