@@ -159,13 +159,15 @@ def run_case(
     work: Path,
     *,
     work_per_row: int,
+    io_s_per_row: float = 0.0,
     settings: dict[str, str] | None = None,
     storage: str | None = None,
     replay_ignores: Callable[[r.Record], bool] | None = None,
 ) -> JobRun | None:
     """Run the sales job under `fault` and fill `result` with what happened. `replay_ignores`
     names records the case itself put in the job's log (forged ones) that replay is right to
-    flag: they are counted apart, in the note."""
+    flag: they are counted apart, in the note. `work_per_row` and `io_s_per_row` are the job's
+    CPU and I/O-bound work per row (`sales_by_region.make_job`)."""
     # The driver caches its build digest once per process, and the executors compute theirs
     # at each job's start: a .py file edited since this process's first job (other work in
     # the same tree) would refuse every later job's runners ("build differs"). Each case
@@ -173,7 +175,9 @@ def run_case(
     tailguard_build.cache_clear()
     began = time.monotonic()
     try:
-        job = example.make_job(data.path, work / "out", work=work_per_row, name=result.case)
+        job = example.make_job(
+            data.path, work / "out", work_per_row, result.case, io_s_per_row=io_s_per_row
+        )
         run = run_job(
             job,
             spark,

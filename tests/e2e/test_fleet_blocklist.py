@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tailguard.demo import DEMO_POLICY
+from tailguard.demo import DEMO_POLICY, IO_S_PER_ROW, SLOW_MODE
 from tailguard.examples import sales_by_region as example
 from tailguard.log import fleet_topic
 from tailguard.model import records as r
@@ -50,13 +50,17 @@ pytestmark = [
         os.environ.get("TAILGUARD_FLEET_E2E") != "1",
         reason="fleet blocklist end to end: make test-fleet (TAILGUARD_FLEET_E2E=1)",
     ),
-    pytest.mark.tailguard_cluster(workers=3, slow={SLOW_HOST: 5}),
+    # The slow host as the demo's (io mode, job A's work I/O-bound): three executors outnumber
+    # this machine's two cores, so pausing one (cpu mode) would hand its CPU to the others.
+    pytest.mark.tailguard_cluster(workers=3, slow={SLOW_HOST: 5}, slow_mode=SLOW_MODE),
     pytest.mark.tailguard_services(settings=FLEET_POLICY),
 ]
 
 
-def _run(harness: Harness, node: Any, work: Path, data: Path, name: str, load: int) -> JobRun:
-    job = example.make_job(data, work / "out" / name, work=load, name=name)
+def _run(
+    harness: Harness, node: Any, work: Path, data: Path, name: str, io_s_per_row: float
+) -> JobRun:
+    job = example.make_job(data, work / "out" / name, name=name, io_s_per_row=io_s_per_row)
     run = run_job(
         job,
         harness.spark_of(node),
@@ -79,7 +83,7 @@ def test_a_block_earned_by_one_job_holds_for_the_next_until_it_expires(
     data = example.generate(tmp_path / "data", files=6, rows_per_file=8_000)
     settings = tailguard_harness.services_of(node).settings
     with tailguard_harness.slow_hosts_of(node):
-        a = _run(tailguard_harness, node, tmp_path, data, "fleet-a", 100_000)
+        a = _run(tailguard_harness, node, tmp_path, data, "fleet-a", IO_S_PER_ROW)
         assert_blocked(a, SLOW_HOST)
         a_findings = {f.id for f in a.records if isinstance(f, r.SlowTasksDetected)}
         now = int(time.time() * 1000)
