@@ -6,11 +6,12 @@ STAMP  := $(VENV)/.installed
 VENV35  := .venv-spark35
 STAMP35 := $(VENV35)/.installed
 
-.PHONY: help venv test test-default test-spark35 test-spark35-core test-packaging test-multihost test-secure-kafka test-audit lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe bench-observe-within bench-attach test-observe test-attach test-fleet bench-load bench-restart chaos clean
+.PHONY: help venv test test-default test-long test-spark35 test-spark35-core test-packaging test-multihost test-secure-kafka test-audit lint unit demo bench bench-quick bench-log bench-policy bench-agent bench-sim bench-memory bench-fleet bench-observe bench-observe-within bench-attach test-observe test-attach test-fleet bench-load bench-restart chaos clean
 
 help:
 	@echo "make demo   run the main job on the embedded default (broker, local cluster, services)"
 	@echo "make test   lint, type-check, the whole test suite, and the Spark tests again on PySpark 3.5"
+	@echo "make test-long      the tests marked long and the property tests at full strength (CI runs it after make test)"
 	@echo "make test-spark35   every Spark integration and e2e test, in $(VENV35) (PySpark 3.5; make test runs a core subset)"
 	@echo "make test-packaging a fresh venv: '.[services]' pulls no pyspark and its services come up"
 	@echo "make chaos  the fault-injection suite: kills, garbage, lost partitions, storage down (minutes; not in make test)"
@@ -35,16 +36,29 @@ lint: $(STAMP)
 
 # `make test` (the README's test command, and what CI runs) covers both supported PySpark lines:
 # the whole suite on the newest PySpark 4.x in $(VENV), then, on PySpark 3.5, the Spark tests that
-# exercise PySpark's own API (session, executors, Arrow transfer, standalone cluster, Spark UI).
+# exercise PySpark's own API on local[2] (session, executors, Arrow transfer, Spark UI, spark-avro).
 # Running every Spark test twice took the suite past its 20-minute budget on 2 cores; the rest of
 # them test tailguard's own logic, which does not depend on the PySpark line. CI runs the whole
-# 3.5 pass too (`make test-spark35`, in .ci/run).
+# 3.5 pass too, the standalone cluster included (`make test-spark35`, in .ci/run).
 test: test-default test-spark35-core
 
+# Property tests draw a quarter of their examples here (tests/examples_budget.py) and the tests
+# marked `long` (minutes each: brokers killed and restarted, inner pytest runs, a browser, the
+# join on the cluster) run in `make test-long`, which CI runs after this: make test stays under
+# its 20-minute budget on 2 cores with a short case of every feature. --durations shows where
+# the time goes.
 test-default: lint
-	$(BIN)/python -m pytest -q tests -k "not spark_avro"
+	TAILGUARD_PROPERTY_EXAMPLES=0.25 $(BIN)/python -m pytest -q tests -k "not spark_avro" \
+	  -m "not packaging and not chaos and not long" --durations=25
 	# spark-avro must be on the JVM's classpath when it starts: in a process of its own.
 	$(BIN)/python -m pytest -q tests/integration/test_spark_ui.py -k spark_avro
+
+# The tests marked `long`, and every property test with all its examples (CI runs this after
+# `make test`).
+PROPERTY_TESTS = $(shell grep -l "examples(" tests/unit/*.py)
+test-long: $(STAMP)
+	$(BIN)/python -m pytest -q tests -m "long and not packaging and not chaos"
+	$(BIN)/python -m pytest -q $(PROPERTY_TESTS)
 
 # A second venv with the oldest supported PySpark line; the project is installed editable, so
 # both venvs run the same source tree.
@@ -61,7 +75,7 @@ test-spark35: $(STAMP35)
 
 SPARK35_CORE := tests/integration/test_agent_local.py tests/integration/test_streaming_local.py \
 	tests/integration/test_plain_spark.py tests/integration/test_executor_environment.py \
-	tests/integration/test_spark_ui.py tests/integration/test_agent_cluster.py
+	tests/integration/test_spark_ui.py
 
 test-spark35-core: $(STAMP35)
 	$(VENV35)/bin/python -m pytest -q -m spark $(SPARK35_CORE) -k "not spark_avro"

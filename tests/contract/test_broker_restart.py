@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tailguard.log.broker import EmbeddedBroker
@@ -85,6 +86,7 @@ def test_killed_broker_restarts_on_its_port_and_queued_records_arrive_in_order(
         broker.stop()
 
 
+@pytest.mark.long
 def test_restart_on_a_taken_port_listens_elsewhere_and_says_so(tmp_path: Path) -> None:
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
@@ -103,6 +105,7 @@ def test_restart_on_a_taken_port_listens_elsewhere_and_says_so(tmp_path: Path) -
         holder.close()
 
 
+@pytest.mark.long
 def test_cli_up_after_a_crash_names_what_was_lost(tmp_path: Path) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -126,6 +129,7 @@ def test_cli_up_after_a_crash_names_what_was_lost(tmp_path: Path) -> None:
         cli("down")
 
 
+@pytest.mark.long
 def test_a_reader_follows_a_restarted_broker_to_its_new_log_from_its_start(
     tmp_path: Path,
 ) -> None:

@@ -81,6 +81,7 @@ def test_cli_start_status_stop(tmp_path: Path) -> None:
     assert both.returncode == 2 and "give one of up, down, status" in both.stderr
 
 
+@pytest.mark.long
 def test_cli_reads_work_dir_from_settings(tmp_path: Path) -> None:
     (tmp_path / "tailguard.toml").write_text('[tailguard]\nwork-dir = "from-toml"\n')
     started = tailguard("broker", "up", "--mock", cwd=tmp_path)
@@ -130,6 +131,7 @@ def read_all(settings: dict[str, str], group: str) -> tuple[list[bytes | None], 
         reader.close()
 
 
+@pytest.mark.long
 def test_the_embedded_broker_is_told_apart_by_its_cluster_id(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -184,6 +186,7 @@ def test_bootstrap_servers_setting_wins(tmp_path: Path) -> None:
     assert resolve_bootstrap(settings) == "kafka:9092"
 
 
+@pytest.mark.long
 def test_cli_foreground_until_interrupted(tmp_path: Path) -> None:
     work = tmp_path / "fg"
     process = subprocess.Popen(
@@ -220,6 +223,7 @@ def test_cli_foreground_until_interrupted(tmp_path: Path) -> None:
     assert not (work / "broker.json").exists()
 
 
+@pytest.mark.long
 def test_concurrent_starts_share_one_broker(tmp_path: Path) -> None:
     results: list[str] = []
     threads = [
@@ -239,6 +243,7 @@ def test_concurrent_starts_share_one_broker(tmp_path: Path) -> None:
         broker.stop()
 
 
+@pytest.mark.long
 def test_resume_past_trimmed_records_warns(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

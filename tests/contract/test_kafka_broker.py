@@ -13,6 +13,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
@@ -21,6 +22,9 @@ from tailguard.log.kafka_server import DATA_DIR, KAFKA_DIR
 from tailguard.log.topics import declared_topics
 from tailguard.model.fleet import BLOCKLIST_TOPIC
 from tailguard.model.records import EVENTS_TOPIC
+
+# Long (make test-long); make test keeps the shorter cases of the same feature.
+pytestmark = pytest.mark.long
 
 
 def cli(work: Path, *args: str) -> subprocess.CompletedProcess[str]:

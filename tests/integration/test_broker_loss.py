@@ -64,6 +64,7 @@ def topic_events(bootstrap: str, job_id: str) -> list[str]:
         reader.close()
 
 
+@pytest.mark.long
 def test_broker_killed_mid_job_and_restarted(tailguard_local_spark: Any, tmp_path: Path) -> None:
     broker = EmbeddedBroker(tmp_path / "broker")
     bootstrap = broker.start()

@@ -13,7 +13,7 @@ from tests.integration.join_jobs import POLICY, assert_every_join_exact_and_spil
 
 from tailguard.testing import run_job
 
-pytestmark = [pytest.mark.spark, pytest.mark.tailguard_cluster(workers=3)]
+pytestmark = [pytest.mark.long, pytest.mark.spark, pytest.mark.tailguard_cluster(workers=3)]
 
 
 def test_every_join_type_is_exact_on_three_hosts(tailguard_spark: Any, tmp_path: Path) -> None:

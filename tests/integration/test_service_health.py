@@ -9,10 +9,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tailguard.log.broker import EmbeddedBroker
 from tailguard.shell.broker_watch import BrokerWatch
 from tailguard.shell.metrics_http import MetricsServer
 from tailguard.shell.worker import ServiceState
+
+# Long (make test-long); make test keeps the shorter cases of the same feature.
+pytestmark = pytest.mark.long
 
 
 def health(port: int) -> tuple[int, str]:

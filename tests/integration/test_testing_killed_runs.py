@@ -18,6 +18,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from tailguard.cluster import procs
 from tailguard.testing import leftovers
 from tailguard.testing.leftovers import LedgerFile, Started
@@ -114,6 +116,7 @@ def test_sigterm_runs_the_teardown_that_stops_the_broker(tmp_path: Path) -> None
     assert not list((tmp_path / "ledgers").glob("session-*")), "a clean end leaves no ledger"
 
 
+@pytest.mark.long
 def test_after_a_sigkill_the_next_session_stops_what_it_left(tmp_path: Path) -> None:
     run, broker = _holding_broker(tmp_path)
     # The watchdog killed too (a CI runner that kills every process of the job): the ledger
@@ -173,6 +176,7 @@ def _left_after(mark: str, named: list[Started], deadline: float) -> list[str]:
         time.sleep(0.5)  # other processes' ends: no event to wait on from here
 
 
+@pytest.mark.long
 def test_nothing_of_a_sigterm_killed_run_is_left_a_minute_later(tmp_path: Path) -> None:
     run, mark, named = _marked_run(tmp_path, "test_hold_everything")
     killed_at = time.monotonic()
@@ -184,6 +188,7 @@ def test_nothing_of_a_sigterm_killed_run_is_left_a_minute_later(tmp_path: Path) 
     assert run.returncode == 2, output
 
 
+@pytest.mark.long
 def test_a_sigkilled_runs_watchdog_stops_what_it_left_within_a_minute(tmp_path: Path) -> None:
     run, mark, named = _marked_run(tmp_path, "test_hold_services")
     ledger = _ledger(tmp_path)

@@ -51,6 +51,7 @@ def test_the_broker_fixture_stops_the_broker_it_started(tmp_path: Path) -> None:
     assert "embedded broker" in done.stdout  # the summary of what the harness started
 
 
+@pytest.mark.long
 def test_a_broker_already_running_in_the_work_dir_is_used_and_left_running(
     tmp_path: Path,
 ) -> None:
@@ -101,6 +102,7 @@ def test_a_bad_option_is_a_usage_error(tmp_path: Path) -> None:
     assert "tailguard_workers must be a whole number of at least 1, got 'two'" in done.stderr
 
 
+@pytest.mark.long
 def test_without_a_jdk_spark_tests_are_skipped_with_the_reason(tmp_path: Path) -> None:
     # Only the venv's own commands on PATH, no JAVA_HOME: no `java` to find.
     venv_bin = str(Path(sys.executable).parent)
@@ -120,6 +122,7 @@ def test_without_a_jdk_spark_tests_are_skipped_with_the_reason(tmp_path: Path) -
     assert "`java` not found" in done.stdout
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("marker", ["tailguard_cluster", "tailguard_spark", "tailguard_services"])
 def test_the_markers_are_registered(tmp_path: Path, marker: str) -> None:
     done = pytest_in(tmp_path, "def test_x():\n    pass\n", "--markers")

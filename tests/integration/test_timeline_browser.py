@@ -31,6 +31,9 @@ from tailguard.inspect.reading import archived
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 
+# Long (make test-long); make test keeps the shorter cases of the same feature.
+pytestmark = pytest.mark.long
+
 CHROMIUM = next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
 )

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.examples_budget import examples
 
 from tailguard.agent.executor.exchange import (
     NULL_KEY_SUBPARTITION,
@@ -107,7 +108,7 @@ def test_temporal_keys_are_hashed():
     assert h[0] == h[2] != h[1]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.lists(st.one_of(st.none(), st.text(max_size=8)), max_size=60),
     st.integers(min_value=1, max_value=9),
@@ -193,7 +194,7 @@ def test_invalid_arguments_are_refused():
         hash_partition(sample(10), [], 3)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.lists(st.binary(max_size=70), min_size=1, max_size=40))
 def test_both_byte_hash_methods_compute_the_same_polynomial(values):
     from tailguard.agent.executor.exchange import _polynomial_horner, _polynomial_per_buffer

@@ -25,6 +25,7 @@ import pytest
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.examples_budget import examples
 from tests.strategies import records
 
 from tailguard.codec import SingleObjectCodec, to_avro
@@ -93,7 +94,9 @@ def old_entries(path: Path) -> list[Envelope]:
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     st.lists(

@@ -9,6 +9,7 @@ from fleet_histories import fleet_history
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from speculation_histories import SimulationParams, simulate, slow_finding
+from tests.examples_budget import examples
 
 from tailguard.blocklist.fleet import FleetBlocklist
 from tailguard.blocklist.policy import BlocklistTracker, BlockRule, forget_after_ms
@@ -60,7 +61,7 @@ def replay(tracker: BlocklistTracker, stream: list[SlowTasksDetected]) -> list[R
     return [c for f in stream for c in tracker.handle(f)]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(finding_streams(), fractions, modes)
 def test_same_findings_give_same_commands(
     stream: list[SlowTasksDetected], fraction: str, mode: dict[str, str]
@@ -69,7 +70,7 @@ def test_same_findings_give_same_commands(
     assert replay(BlocklistTracker(config), stream) == replay(BlocklistTracker(config), stream)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(finding_streams(), fractions, modes)
 def test_never_blocks_past_the_fraction(
     stream: list[SlowTasksDetected], fraction: str, mode: dict[str, str]
@@ -91,7 +92,7 @@ def test_never_blocks_past_the_fraction(
         assert len(active) <= min(limit, len(finding.hosts) - 1)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.integers(0, 2**32), st.integers(0, 4), fractions)
 def test_closed_loop_never_blocks_past_the_fraction(seed: int, slow: int, fraction: str) -> None:
     config = Settings({"blocklist.max-blocked-fraction": fraction})
@@ -100,7 +101,7 @@ def test_closed_loop_never_blocks_past_the_fraction(seed: int, slow: int, fracti
         assert blocked <= math.floor(float(fraction) * registered)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(finding_streams(), modes)
 def test_a_new_block_always_has_enough_fresh_evidence(
     stream: list[SlowTasksDetected], mode: dict[str, str]
@@ -153,7 +154,7 @@ def run(fleet: FleetBlocklist, findings: list[SlowTasksDetected]) -> list[Record
     return [out for f in findings for out in fleet.handle(f)]
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(st.integers(0, 2**32), st.integers(5, 60), skews, fleet_modes)
 def test_forgetting_changes_no_decision(
     seed: int, jobs: int, skew_ms: int, mode: dict[str, str]
@@ -170,7 +171,7 @@ def test_forgetting_changes_no_decision(
         assert forgetting.held()["jobs"] < never.held()["jobs"]  # it did forget
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.integers(0, 2**32), st.floats(0, 1), fleet_modes)
 def test_a_state_taken_anywhere_decides_as_the_uninterrupted_core(
     seed: int, at: float, mode: dict[str, str]

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.examples_budget import examples
 
 from tailguard.agent.executor.partitions import (
     read_completion,
@@ -378,7 +379,7 @@ _EXCHANGES: dict[str, Callable[[Dataset], Exchanged]] = {
 }
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     links=st.lists(
         st.tuples(

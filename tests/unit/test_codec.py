@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.examples_budget import examples
 from tests.strategies import record_of, records
 
 from tailguard.codec import (
@@ -317,7 +318,7 @@ def test_realistic_record_round_trips(codec: RecordCodec, cls: type[r.Record]) -
     assert type(decoded) is cls
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(record=records())
 def test_any_record_round_trips_single_object(record: r.Record) -> None:
     codec = SingleObjectCodec()
@@ -329,14 +330,14 @@ def test_any_record_round_trips_single_object(record: r.Record) -> None:
 _shared_confluent = _confluent()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(record=records())
 def test_any_record_round_trips_confluent(record: r.Record) -> None:
     assert _shared_confluent.decode(_shared_confluent.encode(record)) == record
 
 
 @pytest.mark.parametrize("cls", r.RECORD_TYPES, ids=lambda c: c.__name__)
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(data=st.data())
 def test_each_record_type_round_trips_through_both_codecs(
     cls: type[r.Record], data: st.DataObject

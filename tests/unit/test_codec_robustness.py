@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from tests.examples_budget import examples
 from tests.strategies import records
 
 from tailguard.codec import ConfluentCodec, DecodeError, RecordCodec, SingleObjectCodec
@@ -15,7 +16,9 @@ from tailguard.model.records import Record, UnblockNodes
 SINGLE = SingleObjectCodec()
 CONFLUENT = ConfluentCodec(_registry_client({"schema-registry.url": "mock://test-robustness"}))
 CODECS = (SINGLE, CONFLUENT)
-ROBUST = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ROBUST = settings(
+    max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def _decode_or_decode_error(codec: RecordCodec, data: bytes) -> Record | None:

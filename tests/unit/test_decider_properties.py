@@ -10,6 +10,7 @@ import random
 from decider_history import Sim, edge, op, source
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.examples_budget import examples
 
 from tailguard.decider.policy.ranges import balanced_ranges, count_ranges, range_sums
 from tailguard.model import records as r
@@ -208,7 +209,7 @@ def sub_ranges_of(d: r.SetParallelism, producer: str) -> list[tuple[int, int]]:
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(jobs())
 def test_decisions_are_bounded_complete_and_cover_every_input_exactly_once(job):
     sim = simulate(job)
@@ -239,7 +240,7 @@ def test_decisions_are_bounded_complete_and_cover_every_input_exactly_once(job):
                 )
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(jobs())
 def test_same_history_same_decisions(job):
     first, second = simulate(job), simulate(job)

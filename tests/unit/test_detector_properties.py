@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from profiles import both_profiles  # noqa: F401  (each test under both profiles)
 from speculation_histories import SimulationParams, simulate
+from tests.examples_budget import examples
 
 from tailguard.detector.policy import SlowTaskDetector
 from tailguard.model.config import Settings
@@ -32,7 +33,7 @@ def detect(events: list[Record]) -> list[Record]:
     return [finding for event in events for finding in detector.handle(event)]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(params)
 def test_same_events_give_same_findings(p: SimulationParams) -> None:
     events = simulate(p).events
@@ -40,7 +41,7 @@ def test_same_events_give_same_findings(p: SimulationParams) -> None:
     assert first == detect(list(events))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(params)
 def test_findings_only_on_ticks_and_only_live_attempts_listed(p: SimulationParams) -> None:
     run = simulate(p)

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from slow_host_histories import INTERVAL_MS, MB, Job, Run, run_job
 from speculation_histories import JobEvents, one_split_each, source
+from tests.examples_budget import examples
 
 from tailguard.detector.policy import SlowTaskDetector
 from tailguard.detector.policy.slow_host import median_without
@@ -16,7 +17,7 @@ from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.replay.engine import Recorded, replay
 
-EXAMPLES = settings(max_examples=25, deadline=None)
+EXAMPLES = settings(max_examples=examples(25), deadline=None)
 
 noise = st.floats(0.7, 1.3)
 
@@ -119,7 +120,7 @@ def _log(run: Run) -> list[Recorded]:
     )
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=examples(8), deadline=None)
 @given(st.data(), st.sampled_from([None, 5.0]))
 def test_replay_reproduces_every_verdict_and_its_commands(
     data: st.DataObject, factor: float | None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
+from tests.examples_budget import examples
 from tests.strategies import records
 from tests.unit.inspect_records import (
     DEMO_ARCHIVE,
@@ -178,6 +179,6 @@ def test_every_record_type_is_described() -> None:
 
 
 @given(records())
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_any_record_can_be_described(record: r.Record) -> None:
     assert describe_module.describe(record, 0)

@@ -12,6 +12,7 @@ from failover_history import AgentSim
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_failover_policy import FLIP1_JOB, reads
+from tests.examples_budget import examples
 
 from tailguard.failover.policy import FailoverStrategy
 from tailguard.model.config import Settings
@@ -128,7 +129,7 @@ def _reference_region(topology: ExecutionTopology, task: TaskRef) -> set[TaskRef
     return component
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(histories())
 def test_a_restart_always_contains_the_failed_tasks_region(sim: AgentSim) -> None:
     topology = ExecutionTopology(
@@ -146,7 +147,7 @@ def test_a_restart_always_contains_the_failed_tasks_region(sim: AgentSim) -> Non
             assert command.not_before_ts >= event.ts
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(histories())
 def test_outputs_are_well_formed(sim: AgentSim) -> None:
     ids = [o.id for o in sim.outputs]
@@ -162,7 +163,7 @@ def test_outputs_are_well_formed(sim: AgentSim) -> None:
         assert failed_at == len(sim.outputs) - 1, "nothing after FailJob"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(histories())
 def test_replaying_the_events_gives_the_same_outputs(sim: AgentSim) -> None:
     replay = FailoverStrategy(Settings())
@@ -208,7 +209,7 @@ def test_outputs_do_not_depend_on_string_hashing() -> None:
 _CHECKSUM = st.sampled_from(["x", "y"])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     old=st.tuples(_CHECKSUM, _CHECKSUM, _CHECKSUM, _CHECKSUM),
     new=st.tuples(_CHECKSUM, _CHECKSUM, _CHECKSUM, _CHECKSUM),

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.examples_budget import examples
 from tests.join_reference import spark_join
 
 from tailguard.agent.executor.joins import JoinSpec, default_build, hash_join
@@ -101,7 +102,7 @@ def sides(draw: Any, two_keys: bool) -> tuple[pa.Table, pa.Table]:
     return table("a"), table("b")
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     data=st.data(),
     two_keys=st.booleans(),
@@ -132,7 +133,7 @@ def _kept_build_rows(build: pa.Table, on: tuple[str, ...], how: str) -> int:
     return int((~frame[list(on)].isna().any(axis=1)).sum())
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(data=st.data(), how=st.sampled_from(HOWS), memory=st.sampled_from([1, 10**9]))
 def test_the_output_does_not_depend_on_how_the_input_was_batched(
     data: Any, how: str, memory: int
@@ -143,7 +144,7 @@ def test_the_output_does_not_depend_on_how_the_input_was_batched(
     assert first.equals(again), "the same rows in other batches gave other output"
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(data=st.data(), how=st.sampled_from(["inner", "left", "right"]))
 def test_either_side_may_be_the_build_side_where_the_type_allows(data: Any, how: str) -> None:
     left, right = data.draw(sides(False))

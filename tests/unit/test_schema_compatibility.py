@@ -14,6 +14,7 @@ from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibi
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.examples_budget import examples
 from tests.strategies import record_of
 
 from tailguard.codec import SingleObjectCodec, from_avro, to_avro
@@ -182,7 +183,7 @@ def test_v1_job_submitted_decodes_with_no_operators() -> None:
 
 
 @pytest.mark.parametrize("version", sorted(released_schemas()))
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(data=st.data())
 def test_datum_written_with_released_schema_reads_with_current(
     version: str, data: st.DataObject

@@ -47,6 +47,7 @@ def rows(params: ScenarioParams) -> dict[str, dict[str, Any]]:
 # --------------------------------------------------------------------------- reproducibility
 
 
+@pytest.mark.long
 def test_same_seed_gives_the_same_table_and_another_seed_does_not() -> None:
     params = ScenarioParams(seed=11, **SMALL)
     first = simulate.run(params)["rows"]
@@ -54,6 +55,7 @@ def test_same_seed_gives_the_same_table_and_another_seed_does_not() -> None:
     assert simulate.run(ScenarioParams(seed=12, **SMALL))["rows"] != first
 
 
+@pytest.mark.long
 def test_same_seed_gives_the_same_table_in_another_process(tmp_path: Path) -> None:
     """Nothing may depend on string hashing (randomised per process) or on wall time."""
     out = tmp_path / "result.json"
@@ -70,6 +72,7 @@ def test_same_seed_gives_the_same_table_in_another_process(tmp_path: Path) -> No
 # --------------------------------------------------------------------------- sanity
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("seed", [1, 2])
 def test_with_slow_hosts_tailguard_and_late_finish_sooner_than_none(seed: int) -> None:
     result = rows(ScenarioParams(seed=seed, slow_fraction=0.1, skew_fraction=0.0, **SMALL))
@@ -97,6 +100,7 @@ def test_without_slow_hosts_or_skew_speculation_stays_rare() -> None:
     assert result["LATE"]["speculative_wins"] <= 5
 
 
+@pytest.mark.long
 def test_tailguard_does_not_mirror_tasks_slow_only_from_their_input_bytes() -> None:
     params = ScenarioParams(
         seed=4, slow_fraction=0.0, skew_fraction=0.02, sigma=0.05, attempt_sigma=0.05, **SMALL

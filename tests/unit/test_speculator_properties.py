@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from speculation_histories import SimulationParams, simulate
+from tests.examples_budget import examples
 
 from tailguard.model.config import Settings
 from tailguard.model.records import LaunchSpeculativeAttempts, SlowTasksDetected
@@ -26,7 +27,7 @@ def config(limit: int) -> Settings:
     return Settings({"execution.batch.speculative.max-concurrent-executions": str(limit)})
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(params, limits)
 def test_same_findings_give_same_commands(p: SimulationParams, limit: int) -> None:
     findings = simulate(p, config(limit)).findings
@@ -37,7 +38,7 @@ def test_same_findings_give_same_commands(p: SimulationParams, limit: int) -> No
     assert runs[0] == runs[1]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(params, limits)
 def test_live_attempts_never_exceed_max_concurrent(p: SimulationParams, limit: int) -> None:
     run = simulate(p, config(limit))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.examples_budget import examples
 from tests.unit.inspect_records import (
     DEMO_ARCHIVE,
     DEMO_FINDING,
@@ -260,7 +261,7 @@ def lifecycles(draw: st.DrawFn) -> list[r.Record]:
 
 
 @given(lifecycles())
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_placement_never_overlaps_and_keeps_each_bar_on_its_host(records: list) -> None:
     timeline = build_timeline(history_of(records))
     announced = {x.host: x.slots for x in records if isinstance(x, r.NodeAdded)}

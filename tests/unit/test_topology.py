@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.examples_budget import examples
 
 from tailguard.model.records import (
     Distribution,
@@ -382,7 +383,7 @@ def _region_graph_is_acyclic(t: ExecutionTopology) -> bool:
     return visited == t.region_count
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(job_topologies())
 def test_regions_partition_tasks_along_pipelined_edges(
     case: tuple[JobGraphSpec, dict[str, int]],
@@ -408,7 +409,7 @@ def test_regions_partition_tasks_along_pipelined_edges(
             assert region.index in t.region_consumers(producer)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(job_topologies())
 def test_producer_and_consumer_views_agree(case: tuple[JobGraphSpec, dict[str, int]]) -> None:
     spec, parallelism = case
@@ -418,7 +419,7 @@ def test_producer_and_consumer_views_agree(case: tuple[JobGraphSpec, dict[str, i
             assert task in t.consumers_of(producer.vertex, producer.subtask)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(job_topologies())
 def test_all_blocking_needs_one_slot_and_all_pipelined_at_least_max_parallelism(
     case: tuple[JobGraphSpec, dict[str, int]],
