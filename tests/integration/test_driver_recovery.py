@@ -33,7 +33,13 @@ SETTINGS = {
     "restart-strategy.type": "fixed-delay",
     "restart-strategy.fixed-delay.delay": "100 ms",
 }
-pytestmark = [pytest.mark.spark, pytest.mark.tailguard_services(settings=SETTINGS)]
+# A driver killed and another taking over (minutes): make test-long; the recovery logic is
+# tested in tests/unit/test_agent_recovery.py.
+pytestmark = [
+    pytest.mark.long,
+    pytest.mark.spark,
+    pytest.mark.tailguard_services(settings=SETTINGS),
+]
 
 # Seconds each batch of the last stage takes: long enough that the final stage is still running
 # when its first subtask commits (4 subtasks on 2 slots), short enough for the default suite.
