@@ -24,9 +24,9 @@ from typing import Any
 from confluent_kafka import Producer
 
 from tailguard.agent.adapters.kafka import KafkaPublisher
+from tailguard.archive import ArchiveWriter
+from tailguard.broker.embedded import EmbeddedBroker
 from tailguard.codec import codec_for
-from tailguard.log.archive import ArchiveWriter
-from tailguard.log.broker import EmbeddedBroker
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 

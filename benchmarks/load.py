@@ -49,10 +49,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from policy_throughput import Shape, SyntheticJob
+from tailguard.broker.embedded import EmbeddedBroker
 from tailguard.codec import codec_for
-from tailguard.log.broker import EmbeddedBroker
-from tailguard.log.consumer import RecordConsumer
-from tailguard.log.producer import RecordProducer
+from tailguard.kafka.consumer import RecordConsumer
+from tailguard.kafka.producer import RecordProducer
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.model.ids import event_id

@@ -26,10 +26,10 @@ from collections.abc import Iterator
 
 from tqdm import tqdm
 
+from tailguard.broker.embedded import EmbeddedBroker
 from tailguard.codec import RecordCodec, codec_for
-from tailguard.log.broker import EmbeddedBroker
-from tailguard.log.consumer import RecordConsumer
-from tailguard.log.producer import RecordProducer
+from tailguard.kafka.consumer import RecordConsumer
+from tailguard.kafka.producer import RecordProducer
 from tailguard.model.config import Settings
 from tailguard.model.percentile import percentile
 from tailguard.model.records import AttemptFinished, Record, Tick

@@ -323,7 +323,7 @@ def spread(values: list[float]) -> str:
 
 
 def tasks_per_job(archive_dir: Path) -> str:
-    from tailguard.log.archive import ArchiveReader
+    from tailguard.archive import ArchiveReader
     from tailguard.model import records as r
 
     archives = sorted(archive_dir.glob("*.avro"), key=lambda p: p.stat().st_mtime)

@@ -54,11 +54,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from load import as_job, recorded_job
 from tailguard.bench.report import spread
+from tailguard.broker.embedded import EmbeddedBroker
 from tailguard.codec import codec_for
-from tailguard.log.broker import EmbeddedBroker
-from tailguard.log.consumer import RecordConsumer
-from tailguard.log.producer import RecordProducer
-from tailguard.log.topic_scan import read_only_consumer, watermarks
+from tailguard.kafka.consumer import RecordConsumer
+from tailguard.kafka.producer import RecordProducer
+from tailguard.kafka.topic_scan import read_only_consumer, watermarks
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.shell import supervisor

@@ -20,7 +20,7 @@ from tailguard.model.config import ConfigError
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "broker": ("tailguard.log.broker_cli", "the embedded broker, Apache Kafka: up, down, status"),
+    "broker": ("tailguard.broker.cli", "the embedded broker, Apache Kafka: up, down, status"),
     "services": (
         "tailguard.shell.services_cli",
         "the services: up, down, status, or run one in the foreground",

@@ -20,7 +20,7 @@ def _quiet(_message: str) -> None:
 
 @contextlib.contextmanager
 def broker(work_dir: Path, say: Report = _quiet) -> Iterator[str]:
-    from tailguard.log.broker import EmbeddedBroker
+    from tailguard.broker.embedded import EmbeddedBroker
 
     # Apache Kafka's broker: its first start resolves its jars and formats its storage, and
     # every start waits for it to answer; `say` shows each step.

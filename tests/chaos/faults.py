@@ -19,11 +19,11 @@ from tests.chaos.toolkit import HEAD, Fault
 from tests.driver_inbox import wait_until_received
 
 from tailguard.agent.executor.partitions import partition_dir
+from tailguard.broker.embedded import EmbeddedBroker
 from tailguard.cluster import procs
 from tailguard.codec import codec_for
-from tailguard.log.broker import EmbeddedBroker
-from tailguard.log.dead_letters import dlq_topic
-from tailguard.log.producer import RecordProducer
+from tailguard.kafka.dead_letters import dlq_topic
+from tailguard.kafka.producer import RecordProducer
 from tailguard.model import records as r
 from tailguard.model.authority import UNAUTHENTICATED_COMMANDS_TOPIC
 from tailguard.model.ids import derived_id

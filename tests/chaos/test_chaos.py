@@ -38,12 +38,12 @@ from tests.chaos.toolkit import CaseResult, Fault, SalesData, run_case, sales_da
 
 from tailguard import filesystems
 from tailguard.agent.executor.sinks import committed_files
+from tailguard.broker.embedded import EmbeddedBroker
 from tailguard.cluster import procs
 from tailguard.cluster.local import free_port
 from tailguard.demo import DEMO_POLICY, IO_S_PER_ROW, SLOW_MODE
 from tailguard.examples import sales_by_region as example
-from tailguard.log.broker import EmbeddedBroker
-from tailguard.log.signing import KEY_SETTING
+from tailguard.kafka.signing import KEY_SETTING
 from tailguard.model import records as r
 from tailguard.system.services import SERVICE_NAMES
 from tailguard.testing import Broker, Harness, Services, run_settings
@@ -280,7 +280,7 @@ def _await_first_head_finish(
     """The job id of the driver's job once its first head attempt finished (read from the
     events topic, as any consumer would), and when the driver started."""
     from tailguard.codec import codec_for
-    from tailguard.log.consumer import RecordConsumer
+    from tailguard.kafka.consumer import RecordConsumer
 
     began = time.monotonic()
     settings = dict(services.settings.overrides())

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tailguard.log.broker import EmbeddedBroker
+from tailguard.broker.embedded import EmbeddedBroker
 from tailguard.model.config import Settings
 from tailguard.testing import Broker
 

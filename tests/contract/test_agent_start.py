@@ -12,9 +12,9 @@ from confluent_kafka import Producer
 
 from tailguard.agent.adapters.kafka import KafkaPublisher
 from tailguard.agent.driver.ports import CommandReceived
+from tailguard.archive import ArchiveWriter
 from tailguard.codec import codec_for
-from tailguard.log.archive import ArchiveWriter
-from tailguard.log.dead_letters import DeadLetterReader
+from tailguard.kafka.dead_letters import DeadLetterReader
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from tailguard.log.broker import EmbeddedBroker
-from tailguard.log.broker_state import BrokerState, is_broker_process, read_state, write_state
+from tailguard.broker.embedded import EmbeddedBroker
+from tailguard.kafka.broker_state import BrokerState, is_broker_process, read_state, write_state
 
 
 def kill_9(broker: EmbeddedBroker) -> BrokerState:
@@ -136,7 +136,7 @@ def test_a_reader_follows_a_restarted_broker_to_its_new_log_from_its_start(
     """The new log numbers from 0 again. A reader at offset 3 with the new log holding 1 record
     is not out of range (3 > 1 is, 1 == 1 would not be), so librdkafka would wait at its old
     position and never hand out the new log's first records: the reader rewinds itself."""
-    from tailguard.log.topic_reader import TopicReader
+    from tailguard.kafka.topic_reader import TopicReader
 
     broker = EmbeddedBroker(tmp_path, mock=True)
     bootstrap = broker.start()

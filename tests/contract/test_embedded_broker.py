@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tailguard.log import kafka_config
-from tailguard.log.broker import BrokerError, EmbeddedBroker, resolve_bootstrap
-from tailguard.log.broker_state import BrokerState, is_broker_process, write_state
-from tailguard.log.kafka_config import KAFKA_FETCH_WAIT_MS, fetch_wait, is_embedded_cluster
-from tailguard.log.producer import RecordProducer
-from tailguard.log.topic_reader import EMBEDDED_FETCH_WAIT_MS, TopicReader
+from tailguard.broker.embedded import EmbeddedBroker
+from tailguard.kafka import config as kafka_config
+from tailguard.kafka.bootstrap import BrokerError, resolve_bootstrap
+from tailguard.kafka.broker_state import BrokerState, is_broker_process, write_state
+from tailguard.kafka.config import KAFKA_FETCH_WAIT_MS, fetch_wait, is_embedded_cluster
+from tailguard.kafka.producer import RecordProducer
+from tailguard.kafka.topic_reader import EMBEDDED_FETCH_WAIT_MS, TopicReader
 from tailguard.shell.broker_watch import BrokerWatch
 
 
@@ -272,7 +273,7 @@ def test_resume_past_trimmed_records_warns(
             producer.send_bytes("trimmed", b"one-key", b"x" * 1000)
         producer.flush(30)
         reader = TopicReader(settings, ["trimmed"], "behind")
-        with caplog.at_level(logging.WARNING, logger="tailguard.log.topic_reader"):
+        with caplog.at_level(logging.WARNING, logger="tailguard.kafka.topic_reader"):
             first = read(reader, 1)[0]
         reader.close()
     assert first > 10

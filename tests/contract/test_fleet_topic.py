@@ -9,8 +9,8 @@ import uuid
 import pytest
 
 from tailguard import cli
-from tailguard.log import fleet_topic
-from tailguard.log.signing import SIGNER_HEADER
+from tailguard.blocklist import fleet_topic
+from tailguard.kafka.signing import SIGNER_HEADER
 from tailguard.model.config import Settings
 from tailguard.model.fleet import FleetBlock, current_entries
 from tailguard.testing import Broker

@@ -17,9 +17,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from tailguard.log.broker_state import is_broker_process, read_state
-from tailguard.log.kafka_server import DATA_DIR, KAFKA_DIR
-from tailguard.log.topics import declared_topics
+from tailguard.broker.kafka_server import DATA_DIR, KAFKA_DIR
+from tailguard.kafka.broker_state import is_broker_process, read_state
+from tailguard.kafka.topics import declared_topics
 from tailguard.model.fleet import BLOCKLIST_TOPIC
 from tailguard.model.records import EVENTS_TOPIC
 

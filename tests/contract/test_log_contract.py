@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tailguard.log.archive import ArchiveReader, ArchiveWriter, Direction
-from tailguard.log.consumer import Consumed, RecordConsumer
-from tailguard.log.dead_letters import DeadLetterReader
-from tailguard.log.producer import DeliveryError, RecordProducer
+from tailguard.archive import ArchiveReader, ArchiveWriter, Direction
+from tailguard.kafka.consumer import Consumed, RecordConsumer
+from tailguard.kafka.dead_letters import DeadLetterReader
+from tailguard.kafka.producer import DeliveryError, RecordProducer
 from tailguard.model.config import Settings
 from tailguard.model.records import AttemptFinished, Record, Tick
 

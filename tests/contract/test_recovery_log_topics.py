@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 
 from tailguard.agent.adapters.job_log import read_recovery_log
 from tailguard.codec import codec_for
-from tailguard.log.signing import KEY_SETTING, RecordSigner, SigningKey
+from tailguard.kafka.signing import KEY_SETTING, RecordSigner, SigningKey
 from tailguard.model import records as r
 from tailguard.model.authority import AGENT
 from tailguard.model.config import Settings

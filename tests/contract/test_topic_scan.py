@@ -3,8 +3,8 @@ rebuild and the fleet list read topics this way)."""
 
 from __future__ import annotations
 
-from tailguard.log.producer import Headers, RecordProducer
-from tailguard.log.topic_scan import read_only_consumer, read_to_end, watermarks
+from tailguard.kafka.producer import Headers, RecordProducer
+from tailguard.kafka.topic_scan import read_only_consumer, read_to_end, watermarks
 from tailguard.model.config import Settings
 
 KEYS = [f"job-{k}".encode() for k in range(8)]
@@ -134,7 +134,7 @@ def test_replay_reads_the_topics_as_the_services_and_the_agent_took_them(
     import uuid
 
     from tailguard.codec import codec_for
-    from tailguard.log.signing import KEY_SETTING, signer_for
+    from tailguard.kafka.signing import KEY_SETTING, signer_for
     from tailguard.model import records as r
     from tailguard.model.authority import (
         AGENT,

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from tailguard.log.archive import ArchiveReader
+from tailguard.archive import ArchiveReader
 from tailguard.model import records as r
 from tailguard.observer.query_plans import PLAN_VERTEX
 

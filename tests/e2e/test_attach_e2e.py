@@ -27,7 +27,7 @@ from tests.e2e.submitted_job import (
 )
 
 import tailguard
-from tailguard.log.archive import ArchiveReader
+from tailguard.archive import ArchiveReader
 from tailguard.model import records as r
 from tailguard.replay.engine import replay
 from tailguard.replay.inputs import read_archive

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from tailguard.blocklist import fleet_topic
 from tailguard.demo import DEMO_POLICY, IO_S_PER_ROW, SLOW_MODE
 from tailguard.examples import sales_by_region as example
-from tailguard.log import fleet_topic
 from tailguard.model import records as r
 from tailguard.model.fleet import FLEET_CAUSE_PREFIX, current_entries
 from tailguard.testing import (

@@ -21,8 +21,8 @@ import pytest
 from tests.e2e.submitted_job import SUBMITTED_JOB
 
 import tailguard
-from tailguard.log import fleet_topic
-from tailguard.log.archive import ArchiveReader
+from tailguard.archive import ArchiveReader
+from tailguard.blocklist import fleet_topic
 from tailguard.model import records as r
 from tailguard.model.fleet import current_entries
 from tailguard.observer import listener_jar

@@ -19,9 +19,9 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 import tailguard
+from tailguard.archive import ArchiveReader
 from tailguard.codec import codec_for
-from tailguard.log.archive import ArchiveReader
-from tailguard.log.signing import KEY_SETTING, RecordSigner, signing_keys
+from tailguard.kafka.signing import KEY_SETTING, RecordSigner, signing_keys
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.observer.translate import observed_job_id, stage_vertex

@@ -18,9 +18,9 @@ from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.driver.ports import AgentThreadFailed
 from tailguard.agent.entry import JobIdInUse, run
 from tailguard.agent.graph.api import Job
+from tailguard.broker.embedded import EmbeddedBroker
 from tailguard.examples import sales_by_region
-from tailguard.log.broker import EmbeddedBroker
-from tailguard.log.topic_reader import TopicReader
+from tailguard.kafka.topic_reader import TopicReader
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.testing import Broker, JobRun, assert_replay_clean, ship_job_code

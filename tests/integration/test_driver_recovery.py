@@ -19,7 +19,7 @@ import pytest
 import tailguard
 from tailguard.codec import codec_for
 from tailguard.examples import sales_by_region
-from tailguard.log.consumer import RecordConsumer
+from tailguard.kafka.consumer import RecordConsumer
 from tailguard.model import records as r
 from tailguard.testing import JobRun, assert_output_equals, assert_replay_clean, assert_succeeded
 from tailguard.testing.harness import Services

@@ -27,11 +27,11 @@ from tests.driver_inbox import wait_until_received
 from tailguard.agent.driver.driver import JobDriver
 from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.driver.ports import CommandReceived
+from tailguard.archive import ArchiveReader, ArchiveWriter
 from tailguard.codec import DecodeError, codec_for
 from tailguard.examples import sales_by_region as example
-from tailguard.log.archive import ArchiveReader, ArchiveWriter
-from tailguard.log.dead_letters import DeadLetterReader
-from tailguard.log.signing import KEY_SETTING, RecordSigner, SigningKey
+from tailguard.kafka.dead_letters import DeadLetterReader
+from tailguard.kafka.signing import KEY_SETTING, RecordSigner, SigningKey
 from tailguard.model import records as r
 from tailguard.model.authority import (
     AGENT,

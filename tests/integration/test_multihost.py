@@ -176,9 +176,9 @@ def lab() -> Iterator[Lab]:
     if LONG:
         pytest.skip("long (minutes): run it with `make test-multihost` (TAILGUARD_MULTIHOST=1)")
     from tailguard.agent.packed_env import packed_environment
+    from tailguard.broker.embedded import EmbeddedBroker
     from tailguard.cluster.local import LocalCluster, Node, spark_home
     from tailguard.examples import sales_by_region as example
-    from tailguard.log.broker import EmbeddedBroker
     from tailguard.settings_file import load_settings
     from tailguard.shell import supervisor
 
@@ -302,8 +302,7 @@ def lab() -> Iterator[Lab]:
             )
         took(f"driver done (exit {done.returncode})")
         assert result_path.is_file(), (
-            f"the driver wrote no result (exit {done.returncode}): "
-            f"{driver_log.read_text()[-3000:]}"
+            f"the driver wrote no result (exit {done.returncode}): {driver_log.read_text()[-3000:]}"
         )
         settings = load_settings(config, environ={})
         yield Lab(
@@ -398,7 +397,7 @@ def test_the_slow_worker_is_speculated_around(lab: Lab, log: list[Any]) -> None:
     assert copies, "no speculative attempt ran"
     assert all(c.host != lab.slow_host for c in copies)
     assert all(c.command_id and c.command_id.startswith("speculator-") for c in copies)
-    won = {
-        (f.vertex, f.subtask, f.attempt) for f in log if isinstance(f, r.AttemptFinished)
-    } & {(c.vertex, c.subtask, c.attempt) for c in copies}
+    won = {(f.vertex, f.subtask, f.attempt) for f in log if isinstance(f, r.AttemptFinished)} & {
+        (c.vertex, c.subtask, c.attempt) for c in copies
+    }
     print(f"speculative copies {len(copies)}, won {len(won)}")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import tailguard
-from tailguard.log.archive import ArchiveReader
+from tailguard.archive import ArchiveReader
 from tailguard.model import records as r
 
 pytestmark = [pytest.mark.spark]

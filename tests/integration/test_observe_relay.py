@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tailguard.log.archive import ArchiveReader
+from tailguard.archive import ArchiveReader
 from tailguard.model import records as r
 
 LINES = [

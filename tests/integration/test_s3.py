@@ -32,8 +32,8 @@ from tailguard.agent.executor.sinks import (
     stage_sink_output,
 )
 from tailguard.agent.executor.storage import Storage
+from tailguard.archive import PARTS_SUFFIX, ArchiveReader, ArchiveWriter, Direction
 from tailguard.examples import sales_by_region
-from tailguard.log.archive import PARTS_SUFFIX, ArchiveReader, ArchiveWriter, Direction
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 

@@ -34,8 +34,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from tailguard import stack
+from tailguard.archive import ArchiveReader
 from tailguard.examples import sales_by_region
-from tailguard.log.archive import ArchiveReader
 from tailguard.model import records as r
 from tailguard.replay.inputs import read_archive
 from tailguard.settings_file import load_settings

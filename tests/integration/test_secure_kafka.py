@@ -29,10 +29,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from tailguard.agent.driver.driver import JobDriver
 from tailguard.agent.driver.hooks import JobHooks
-from tailguard.codec import codec_for
-from tailguard.examples import sales_by_region as example
-from tailguard.log.broker import EmbeddedBroker
-from tailguard.log.kafka_acls import (
+from tailguard.broker.acls import (
     ADMIN,
     AGENT,
     AUDITOR,
@@ -40,10 +37,13 @@ from tailguard.log.kafka_acls import (
     principals,
     service_principal,
 )
-from tailguard.log.kafka_secure import SecureBroker, existing
-from tailguard.log.kafka_server import kafka_dir
-from tailguard.log.signing import KEY_SETTING
-from tailguard.log.topics import declared_topics
+from tailguard.broker.embedded import EmbeddedBroker
+from tailguard.broker.kafka_server import kafka_dir
+from tailguard.broker.secure import SecureBroker, existing
+from tailguard.codec import codec_for
+from tailguard.examples import sales_by_region as example
+from tailguard.kafka.signing import KEY_SETTING
+from tailguard.kafka.topics import declared_topics
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.replay.engine import replay

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tailguard.log.broker import EmbeddedBroker
+from tailguard.broker.embedded import EmbeddedBroker
 from tailguard.shell.broker_watch import BrokerWatch
 from tailguard.shell.metrics_http import MetricsServer
 from tailguard.shell.worker import ServiceState

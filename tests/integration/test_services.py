@@ -11,9 +11,9 @@ import pytest
 
 from tailguard.codec import codec_for
 from tailguard.decider.policy import ParallelismDecider
-from tailguard.log.consumer import RecordConsumer
-from tailguard.log.dead_letters import DeadLetterReader
-from tailguard.log.producer import RecordProducer
+from tailguard.kafka.consumer import RecordConsumer
+from tailguard.kafka.dead_letters import DeadLetterReader
+from tailguard.kafka.producer import RecordProducer
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.testing import Services
@@ -34,7 +34,7 @@ def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 def committed_all(settings: Settings, service: str) -> bool:
     """Whether the service's group has committed every record on the events topic."""
-    from tailguard.log.topic_scan import read_only_consumer, watermarks
+    from tailguard.kafka.topic_scan import read_only_consumer, watermarks
     from tailguard.shell.rebuild import committed_offsets
     from tailguard.system.services import service_named
 

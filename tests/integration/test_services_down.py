@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tailguard.codec import codec_for
-from tailguard.log.consumer import RecordConsumer
-from tailguard.log.producer import RecordProducer
+from tailguard.kafka.consumer import RecordConsumer
+from tailguard.kafka.producer import RecordProducer
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.shell.snapshot import SnapshotStore
@@ -58,7 +58,7 @@ def committed(settings: Settings, group: str, topic: str) -> int:
     """The offsets `group` has committed on `topic`, summed over its partitions."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from tailguard.log.kafka_config import client_config
+    from tailguard.kafka.config import client_config
 
     consumer = Consumer(client_config(settings, "consumer", {"group.id": group}))
     try:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tailguard.log.broker import EmbeddedBroker
-from tailguard.log.broker_state import is_broker_process
+from tailguard.broker.embedded import EmbeddedBroker
+from tailguard.kafka.broker_state import is_broker_process
 
 
 def pytest_in(

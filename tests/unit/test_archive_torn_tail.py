@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tailguard.log.archive import ArchiveReader, ArchiveWriter
+from tailguard.archive import ArchiveReader, ArchiveWriter
 from tailguard.model import records as r
 
 

@@ -28,12 +28,12 @@ from hypothesis import strategies as st
 from tests.examples_budget import examples
 from tests.strategies import records
 
+from tailguard.archive import ArchiveError, ArchiveReader, ArchiveWriter, Direction, Envelope
+from tailguard.archive.entries import LEGACY_SCHEMA, entry_schema
 from tailguard.codec import SingleObjectCodec, to_avro
 from tailguard.codec.record_union import current_union, record_union, release_union
 from tailguard.codec.schemas import current_schemas, released_schemas
 from tailguard.inspect.reading import archived
-from tailguard.log.archive import ArchiveError, ArchiveReader, ArchiveWriter, Direction, Envelope
-from tailguard.log.archive_entries import LEGACY_SCHEMA, entry_schema
 from tailguard.model import records as r
 from tailguard.model.authority import UNAUTHENTICATED_COMMANDS_TOPIC
 from tailguard.model.config import Settings

@@ -28,8 +28,8 @@ def test_a_broker_replaced_faster_than_a_probe_counts_as_lost(tmp_path) -> None:
     import os
     import signal
 
+    from tailguard.broker.embedded import EmbeddedBroker
     from tailguard.cluster import procs
-    from tailguard.log.broker import EmbeddedBroker
 
     broker = EmbeddedBroker(tmp_path, mock=True)
     bootstrap = broker.start()

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from faust.auth import GSSAPICredentials, SASLCredentials, SSLCredentials
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-from tailguard.log.kafka_config import (
+from tailguard.kafka.config import (
     KAFKA_FETCH_WAIT_MS,
     client_config,
     configured_fetch_wait_ms,
@@ -35,9 +35,9 @@ from tailguard.log.kafka_config import (
     is_embedded_cluster,
     security_settings,
 )
-from tailguard.log.producer import PRODUCER_DEFAULTS, producer_config
-from tailguard.log.topic_reader import READER_DEFAULTS
-from tailguard.log.topic_scan import read_only_config
+from tailguard.kafka.producer import PRODUCER_DEFAULTS, producer_config
+from tailguard.kafka.topic_reader import READER_DEFAULTS
+from tailguard.kafka.topic_scan import read_only_config
 from tailguard.model.config import ConfigError
 
 BOOTSTRAP = "k1.example:9093,k2.example:9093"

@@ -4,7 +4,7 @@ services' processor and the log's consumer build them through one function."""
 from __future__ import annotations
 
 from tailguard.codec import codec_for
-from tailguard.log.dead_letters import HEADER_OFFSET, HEADER_TOPIC, dead_letter
+from tailguard.kafka.dead_letters import HEADER_OFFSET, HEADER_TOPIC, dead_letter
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 from tailguard.shell.processor import Processor

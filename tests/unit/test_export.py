@@ -10,12 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 from tests.unit.inspect_records import DEMO_ARCHIVE, DEMO_HEAD, DEMO_LAUNCH, JobLog
 
+from tailguard.archive import ArchiveWriter, Direction
 from tailguard.cli import main
 from tailguard.codec import current_schemas, from_avro
 from tailguard.inspect.describe import COMMON_FIELDS
 from tailguard.inspect.export import arrow_schema
 from tailguard.inspect.reading import archived
-from tailguard.log.archive import ArchiveWriter, Direction
 from tailguard.model import records as r
 from tailguard.model.config import REDACTED, Settings
 

@@ -13,7 +13,7 @@ import avro.schema
 import pytest
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
 
-from tailguard.log import fleet_topic
+from tailguard.blocklist import fleet_topic
 from tailguard.model.fleet import FleetBlock
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
@@ -21,9 +21,13 @@ RELEASED = sorted(SCHEMAS.glob("released/*/blocklist/FleetBlock.avsc"))
 
 
 def _compatible(reader: dict[str, Any], writer: dict[str, Any]) -> Any:
-    return ReaderWriterCompatibilityChecker().get_compatibility(
-        avro.schema.parse(json.dumps(reader)), avro.schema.parse(json.dumps(writer))
-    ).compatibility
+    return (
+        ReaderWriterCompatibilityChecker()
+        .get_compatibility(
+            avro.schema.parse(json.dumps(reader)), avro.schema.parse(json.dumps(writer))
+        )
+        .compatibility
+    )
 
 
 def test_the_schema_mirrors_the_record() -> None:

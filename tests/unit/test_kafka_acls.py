@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tailguard.log import kafka_secure
-from tailguard.log.kafka_acls import (
+from tailguard.broker import secure as kafka_secure
+from tailguard.broker.acls import (
     ADMIN,
     AGENT,
     AUDITOR,
@@ -26,8 +26,8 @@ from tailguard.log.kafka_acls import (
     principals,
     service_principal,
 )
-from tailguard.log.kafka_config import ssl_context
-from tailguard.log.kafka_tls import make_broker_tls
+from tailguard.broker.tls import make_broker_tls
+from tailguard.kafka.config import ssl_context
 
 SECURITY_DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 ROLES = ("agent", *SERVICE_TOPICS, "auditors")

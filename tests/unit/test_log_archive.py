@@ -10,7 +10,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from tailguard import filesystems
-from tailguard.log.archive import (
+from tailguard.archive import (
     PARTS_SUFFIX,
     ArchiveError,
     ArchiveReader,

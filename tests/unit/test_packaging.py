@@ -134,16 +134,17 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_services_path_imports_no_spark_module(tmp_path: Path) -> None:
-    """Every module of the services, the log, the codecs, replay and inspect, and the CLI's
-    dispatch of their commands, in a fresh interpreter: none imports pyspark."""
+    """Every module of the services, the Kafka clients, the broker operations, the archive,
+    the codecs, replay and inspect, and the CLI's dispatch of their commands, in a fresh
+    interpreter: none imports pyspark."""
     result = _python(
         f"""
         import importlib, pkgutil, sys
         import tailguard
         from tailguard.cli import build_parser, main
         from tailguard.shell import services_cli
-        packages = ["shell", "log", "codec", "replay", "inspect", "model", "detector",
-                    "speculator", "blocklist", "decider", "failover"]
+        packages = ["shell", "kafka", "broker", "archive", "codec", "replay", "inspect", "model",
+                    "detector", "speculator", "blocklist", "decider", "failover"]
         for name in packages:
             package = importlib.import_module(f"tailguard.{{name}}")
             for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):

@@ -9,7 +9,7 @@ import pytest
 
 from tailguard.agent.adapters.job_log import read_recovery_log
 from tailguard.agent.driver.recovery import RecoveryError
-from tailguard.log.archive import ArchiveWriter
+from tailguard.archive import ArchiveWriter
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from tests.unit.speculation_histories import SIMULATION_CONFIG, SimulationParams, simulate
 
+from tailguard.archive import ArchiveWriter
 from tailguard.decider.policy import ParallelismDecider
 from tailguard.failover.policy import FailoverStrategy
-from tailguard.log.archive import ArchiveWriter
 from tailguard.model import records as r
 from tailguard.model.config import FLIP_168, Settings
 from tailguard.replay import cli

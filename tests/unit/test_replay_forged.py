@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from tailguard.archive import ArchiveWriter
 from tailguard.decider.policy import ParallelismDecider
-from tailguard.log.archive import ArchiveWriter
 from tailguard.model import records as r
 from tailguard.model.authority import NOT_PERMITTED, UNAUTHENTICATED_COMMANDS_TOPIC
 from tailguard.model.config import Settings

@@ -190,8 +190,8 @@ def test_services_up_refuses_a_fetch_wait_that_is_no_milliseconds(
 def test_replay_what_if_never_prints_a_secret(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    from tailguard.archive import ArchiveWriter
     from tailguard.cli import main
-    from tailguard.log.archive import ArchiveWriter
     from tailguard.model import records as r
 
     archive = tmp_path / "job.avro"

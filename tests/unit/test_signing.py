@@ -1,4 +1,4 @@
-"""Signing records (`log.signing`): a round trip, every kind of tampering, wrong and rotated keys,
+"""Signing records (`kafka.signing`): a round trip, every kind of tampering, wrong and rotated keys,
 unsigned records, the settings, and the services' processor signing what it emits."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tailguard.codec import codec_for
-from tailguard.log.dead_letters import HEADER_ERROR
-from tailguard.log.signing import (
+from tailguard.kafka.dead_letters import HEADER_ERROR
+from tailguard.kafka.signing import (
     KEY_ID_HEADER,
     KEY_SETTING,
     PREVIOUS_KEYS_SETTING,

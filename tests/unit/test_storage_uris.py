@@ -25,8 +25,8 @@ from tailguard.agent.executor.sinks import (
 )
 from tailguard.agent.executor.sources import SourceDef, SourceError, discover_splits, read_splits
 from tailguard.agent.executor.storage import Storage
+from tailguard.archive import ArchiveError, ArchiveReader, ArchiveWriter, Direction
 from tailguard.filesystems import LocationError, S3Options, normalise
-from tailguard.log.archive import ArchiveError, ArchiveReader, ArchiveWriter, Direction
 from tailguard.model.config import ConfigError
 from tailguard.model.records import Tick
 

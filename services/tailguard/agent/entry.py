@@ -25,8 +25,8 @@ from tailguard.agent.driver.result import RunResult
 from tailguard.agent.executor import partitions
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
-from tailguard.log.archive import ArchiveWriter, archive_exists
-from tailguard.log.decision_reader import start_margin_ms
+from tailguard.archive import ArchiveWriter, archive_exists
+from tailguard.kafka.decision_reader import start_margin_ms
 from tailguard.logs import hide_secrets, job_context
 from tailguard.model import records as r
 from tailguard.model.authority import Unauthentic
@@ -142,7 +142,7 @@ def run(
         use_services = services and log_mode == "kafka"
         options = RunOptions(services=use_services, storage=store, progress=progress)
         if use_services:
-            from tailguard.log.fleet_topic import read_changes
+            from tailguard.blocklist.fleet_topic import read_changes
 
             options.fleet_list = functools.partial(read_changes, settings)
 
@@ -174,7 +174,7 @@ def run(
                 on_failure=thread_failed,
             )
         else:
-            from tailguard.log.archive_publisher import ArchivePublisher
+            from tailguard.archive.publisher import ArchivePublisher
 
             publisher = ArchivePublisher(archive, codec)
         runtime = SparkRuntime(spark, settings, job_name=job.name)

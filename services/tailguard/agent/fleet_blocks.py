@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # the driver imports this module
 
 log = logging.getLogger(__name__)
 
-# What reads the list's changes (the Kafka adapter: `tailguard.log.fleet_topic.read_changes`).
+# What reads the list's changes (the Kafka adapter: `tailguard.blocklist.fleet_topic.read_changes`).
 FleetListReader = Callable[[], list[FleetBlock]]
 
 

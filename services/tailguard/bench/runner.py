@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from tailguard.archive import ArchiveReader
 from tailguard.bench import io_job, plain_spark, report
 from tailguard.bench.scenarios import (
     CONTENDERS,
@@ -32,7 +33,6 @@ from tailguard.bench.scenarios import (
 )
 from tailguard.cluster import slowness
 from tailguard.examples import sales_by_region as example
-from tailguard.log.archive import ArchiveReader
 from tailguard.model import records as r
 
 Say = Callable[[str], None]

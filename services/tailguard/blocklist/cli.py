@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 
 from confluent_kafka import KafkaException
 
+from tailguard.blocklist import fleet_topic
 from tailguard.blocklist.export import FORMATS, export_hosts
-from tailguard.log import fleet_topic
-from tailguard.log.broker import BrokerError
+from tailguard.kafka.bootstrap import BrokerError
 from tailguard.model.authority import OPERATOR
 from tailguard.model.config import ConfigError, parse_duration_ms
 from tailguard.model.fleet import FleetBlock, current_entries

@@ -1,7 +1,7 @@
 """Every record type in one Avro schema: the union a typed archive entry holds.
 
 An archive stores records of all types in one Avro object container file, whose single schema
-therefore holds a union of the record schemas (`tailguard.log.archive_entries`). Two rules make
+therefore holds a union of the record schemas (`tailguard.archive.entries`). Two rules make
 that union a schema any Avro implementation accepts and keep it stable across releases:
 
 - **One definition per named type.** Record schemas are self-contained files, so a named type

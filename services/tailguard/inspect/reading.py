@@ -7,8 +7,8 @@ import sys
 from collections.abc import Iterator
 
 from tailguard import filesystems
+from tailguard.archive import ArchiveError, open_archive
 from tailguard.inspect.history import Archived, History, HistoryError, history_of
-from tailguard.log.archive import ArchiveError, open_archive
 from tailguard.model.config import ConfigError, Settings
 from tailguard.settings_file import load_settings
 

@@ -2,7 +2,7 @@
 
 The agent takes a command only from the service whose job it is to decide it (the table
 `PERMITTED`). Whether a command came from that service is what its signature says (see
-`tailguard.log.signing`): the adapter that receives the command checks the signature and hands
+`tailguard.kafka.signing`): the adapter that receives the command checks the signature and hands
 the driver an `Origin`; `authority_problem` turns an origin into the reason a command is
 rejected, or None.
 

@@ -16,6 +16,9 @@ from typing import ClassVar
 from tailguard.model.records import Record
 
 BLOCKLIST_TOPIC = "tailguard.blocklist"
+# Its topic settings for a real Kafka cluster (`kafka-topics --create --config ...`): keep the
+# last value per host, and drop tombstones a day after they were written (`kafka/topics.py`).
+BLOCKLIST_TOPIC_CONFIG = {"cleanup.policy": "compact", "delete.retention.ms": "86400000"}
 
 # BlockNodes the fleet sends to a job, and NodeBlocked a job records for a fleet entry, have a
 # cause that starts with this: a reader of one job's archive tells a block the job earned from

@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable
 
 from tailguard import filesystems
+from tailguard.archive import ArchiveWriter
+from tailguard.archive.publisher import ArchivePublisher
 from tailguard.codec import codec_for
-from tailguard.log.archive import ArchiveWriter
-from tailguard.log.archive_publisher import ArchivePublisher
-from tailguard.log.consumer import Consumed, RecordConsumer
-from tailguard.log.decision_reader import DecisionReader, start_margin_ms
-from tailguard.log.producer import DeliveryError, RecordProducer
-from tailguard.log.signing import signer_for, verifier_for
+from tailguard.kafka.consumer import Consumed, RecordConsumer
+from tailguard.kafka.decision_reader import DecisionReader, start_margin_ms
+from tailguard.kafka.producer import DeliveryError, RecordProducer
+from tailguard.kafka.signing import signer_for, verifier_for
 from tailguard.model import records as r
 from tailguard.model.authority import AGENT, Origin
 from tailguard.model.config import Settings

@@ -272,7 +272,7 @@ def _broker_problem(settings: Settings) -> str | None:
     """Why no broker can take the application's events (None: one answered)."""
     from confluent_kafka import KafkaException, Producer
 
-    from tailguard.log.kafka_config import client_config
+    from tailguard.kafka.config import client_config
 
     # librdkafka would log every reconnect attempt; the one warning above says it all.
     client = Producer(client_config(settings, "producer", {"log_level": 0}))
@@ -286,7 +286,7 @@ def _broker_problem(settings: Settings) -> str | None:
 def _read_fleet(settings: Settings, into: queue.Queue[_Item], stop: threading.Event) -> None:
     """The fleet list, read now and every `FLEET_REFRESH_S` until `stop`."""
     from tailguard.attacher.actuation import FLEET_REFRESH_S
-    from tailguard.log.fleet_topic import read_changes
+    from tailguard.blocklist.fleet_topic import read_changes
 
     warned = False
     while not stop.is_set():

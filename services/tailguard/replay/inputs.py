@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tailguard import filesystems
+from tailguard.archive import ArchiveError, open_archive
 from tailguard.codec import DecodeError, codec_for
-from tailguard.log.archive import ArchiveError, open_archive
-from tailguard.log.signing import verifier_for
+from tailguard.kafka.signing import verifier_for
 from tailguard.model import records as r
 from tailguard.model.authority import input_problem, received_archive_topic
 from tailguard.model.config import Settings
@@ -44,7 +44,7 @@ def read_archive(location: str | Path, settings: Settings) -> Iterator[Recorded]
 def _read_topic(settings: Settings, topic: str, timeout_s: float = 10.0) -> list[Message]:
     """Every message of `topic` from its oldest to its current end, in partition-offset order."""
     # Here, not at the top: a replay of archives needs no Kafka client.
-    from tailguard.log.topic_scan import TopicReadStalled, read_only_consumer, read_to_end
+    from tailguard.kafka.topic_scan import TopicReadStalled, read_only_consumer, read_to_end
 
     # Assigned, never subscribed, never committed: a replay moves nobody's offsets.
     consumer = read_only_consumer(settings, "tailguard-replay")
@@ -68,7 +68,7 @@ def read_topic(settings: Settings, topic: str, job: str | None = None) -> Iterat
     dead letter for every service, and no fact of the job's), a finding the services refused
     and a command whose signature does not check out come under the archive's topics for them,
     so the topics replay like the archives."""
-    from tailguard.log.consumer import message_headers  # a Kafka client: see `_read_topic`
+    from tailguard.kafka.consumer import message_headers  # a Kafka client: see `_read_topic`
 
     codec = codec_for(settings)
     verifier = verifier_for(settings)

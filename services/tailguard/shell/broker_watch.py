@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaException, Producer
 
-from tailguard.log.kafka_config import client_config
+from tailguard.kafka.config import client_config
 
 log = logging.getLogger("tailguard.service")
 

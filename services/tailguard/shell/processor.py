@@ -11,10 +11,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tailguard.blocklist import fleet_topic
 from tailguard.codec import DecodeError, RecordCodec
-from tailguard.log import fleet_topic
-from tailguard.log.dead_letters import dead_letter_headers, dlq_topic
-from tailguard.log.signing import ReceivedHeaders, signer_for, verifier_for
+from tailguard.kafka.dead_letters import dead_letter_headers, dlq_topic
+from tailguard.kafka.signing import ReceivedHeaders, signer_for, verifier_for
 from tailguard.model.authority import input_problem
 from tailguard.model.config import Settings
 from tailguard.model.fleet import FleetBlock

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, TopicPartition
 
-from tailguard.log.consumer import message_headers
-from tailguard.log.signing import ReceivedHeaders
-from tailguard.log.topic_scan import read_only_consumer, read_to_end, watermarks
+from tailguard.kafka.consumer import message_headers
+from tailguard.kafka.signing import ReceivedHeaders
+from tailguard.kafka.topic_scan import read_only_consumer, read_to_end, watermarks
 from tailguard.shell.snapshot import Position, digest
 
 

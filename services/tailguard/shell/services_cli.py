@@ -18,14 +18,14 @@ import sys
 import threading
 from pathlib import Path
 
+from tailguard.broker.acls import service_principal
+from tailguard.broker.secure import SecureBrokerError, login_environment
 from tailguard.extras import require
-from tailguard.log.kafka_acls import service_principal
-from tailguard.log.kafka_config import (
+from tailguard.kafka.config import (
     configured_fetch_wait_ms,
     faust_credentials,
     security_settings,
 )
-from tailguard.log.kafka_secure import SecureBrokerError, login_environment
 from tailguard.logs import add_format_argument
 from tailguard.settings_file import load_settings
 from tailguard.shell.supervisor import ServiceError, running, start, stop

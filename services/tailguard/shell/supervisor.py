@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tailguard.log.broker_state import pid_alive
+from tailguard.kafka.broker_state import pid_alive
 from tailguard.shell import stop_report
 from tailguard.system.services import SERVICE_NAMES
 
@@ -115,7 +115,7 @@ def start(
 ) -> dict[str, RunningService]:
     """Start the named services that are not already running; wait until all are ready.
     `env` is added to each one's environment, and `env_of(name)` to that service's own (its
-    Kafka login, where each service is a principal of its own: log/kafka_secure.py).
+    Kafka login, where each service is a principal of its own: broker/secure.py).
     `log_format` ("text", "json") is how they write their log files (default text);
     `on_launch(name, pid)` is called as each process is launched, before the wait (the test
     harness writes it down then, so a run killed during the wait leaves none behind)."""

@@ -34,8 +34,8 @@ from faust.worker import Worker
 
 from tailguard import logs
 from tailguard.codec import codec_for
-from tailguard.log.kafka_config import configured_fetch_wait_ms, faust_app_options, fetch_wait
-from tailguard.log.topic_scan import read_only_consumer, read_to_end
+from tailguard.kafka.config import configured_fetch_wait_ms, faust_app_options, fetch_wait
+from tailguard.kafka.topic_scan import read_only_consumer, read_to_end
 from tailguard.model.config import ConfigError, Settings
 from tailguard.settings_file import load_settings
 from tailguard.shell import stop_report

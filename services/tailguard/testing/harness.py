@@ -274,7 +274,7 @@ class Harness:
 
     def broker(self) -> Broker:
         if self._broker is None:
-            from tailguard.log.broker import EmbeddedBroker
+            from tailguard.broker.embedded import EmbeddedBroker
 
             mock = self.defaults.broker == "mock"
             embedded = EmbeddedBroker(self.root / "broker", mock=mock)
@@ -493,7 +493,7 @@ class Harness:
         broker, self._broker = self._broker, None
         if broker is None or not broker.started_here:
             return
-        from tailguard.log.broker import EmbeddedBroker
+        from tailguard.broker.embedded import EmbeddedBroker
 
         embedded = EmbeddedBroker(broker.work_dir)
         state = embedded.status()

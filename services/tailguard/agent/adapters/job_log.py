@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from tailguard import filesystems
 from tailguard.agent.driver.recovery import JobLog, RecoveryError, sequence_of
-from tailguard.log.archive import ArchiveError, archive_exists
+from tailguard.archive import ArchiveError, archive_exists
 from tailguard.model import records as r
 from tailguard.model.authority import UNAUTHENTICATED_COMMANDS_TOPIC
 from tailguard.model.config import Settings

@@ -20,13 +20,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tailguard.agent.driver.ports import CommandReceived
+from tailguard.archive import ArchiveWriter
+from tailguard.archive.publisher import ArchivePublisher
 from tailguard.codec import RecordCodec
-from tailguard.log.archive import ArchiveWriter
-from tailguard.log.archive_publisher import ArchivePublisher
-from tailguard.log.consumer import Consumed, RecordConsumer
-from tailguard.log.decision_reader import DecisionReader
-from tailguard.log.producer import DeliveryError, Headers, QueueFull
-from tailguard.log.signing import NoVerification, signer_for, verifier_for
+from tailguard.kafka.consumer import Consumed, RecordConsumer
+from tailguard.kafka.decision_reader import DecisionReader
+from tailguard.kafka.producer import DeliveryError, Headers, QueueFull
+from tailguard.kafka.signing import NoVerification, signer_for, verifier_for
 from tailguard.model import records as r
 from tailguard.model.authority import AGENT
 from tailguard.model.config import Settings
@@ -77,7 +77,7 @@ class KafkaPublisher(ArchivePublisher):
         drain_quiet_ms: int = 750,
         drain_max_ms: int = 5000,
     ) -> None:
-        from tailguard.log.producer import RecordProducer
+        from tailguard.kafka.producer import RecordProducer
 
         super().__init__(archive, codec)
         self.job_id = job_id

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from tailguard.log.broker import resolve_bootstrap
+from tailguard.kafka.bootstrap import resolve_bootstrap
 from tailguard.model.config import ConfigError
 
 if TYPE_CHECKING:

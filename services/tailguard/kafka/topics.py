@@ -10,20 +10,19 @@ topic) is created on its first produce with the broker's default of 4 partitions
   durable record of a finished job.
 - The dead-letter and unauthenticated topics are read by people after an incident: a month.
 - `tailguard.blocklist` is a table (the last value per host): compacted, a tombstone kept a day
-  so every reader folds it before it goes (`log/fleet_topic.py`).
+  so every reader folds it before it goes (`blocklist/fleet_topic.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tailguard.log.dead_letters import dlq_topic
-from tailguard.log.fleet_topic import TOPIC_CONFIG as FLEET_TOPIC_CONFIG
+from tailguard.kafka.dead_letters import dlq_topic
 from tailguard.model.authority import (
     UNAUTHENTICATED_COMMANDS_TOPIC,
     UNAUTHENTICATED_FINDINGS_TOPIC,
 )
-from tailguard.model.fleet import BLOCKLIST_TOPIC
+from tailguard.model.fleet import BLOCKLIST_TOPIC, BLOCKLIST_TOPIC_CONFIG
 from tailguard.model.records import COMMANDS_TOPIC, EVENTS_TOPIC, FINDINGS_TOPIC
 
 # Records of one job share a key, so a partition count only spreads jobs: 4 is what topics
@@ -55,5 +54,5 @@ def declared_topics() -> tuple[TopicSpec, ...]:
     return (
         *(TopicSpec(name, config=_deleted_after(RECORDS_RETENTION_MS)) for name in records),
         *(TopicSpec(name, config=_deleted_after(AUDIT_RETENTION_MS)) for name in audit),
-        TopicSpec(BLOCKLIST_TOPIC, config=dict(FLEET_TOPIC_CONFIG)),
+        TopicSpec(BLOCKLIST_TOPIC, config=dict(BLOCKLIST_TOPIC_CONFIG)),
     )

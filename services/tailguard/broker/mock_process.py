@@ -1,13 +1,13 @@
 """The embedded broker's own process: holds librdkafka's mock cluster until SIGTERM/SIGINT.
 
 librdkafka's mock cluster lives exactly as long as the client handle that created it, so this
-process holds one (`broker_listener`). With a port given (the one a crashed broker recorded),
+process holds one (`mock_listener.py`). With a port given (the one a crashed broker recorded),
 the cluster listens there, so the clients of the crashed broker find the new one. The
 bootstrap address is written to `<work_dir>/broker.json` atomically (write to a
 temporary file, then rename) so a reader never sees a half-written state file. On SIGTERM or
 SIGINT the state file is removed and the process exits with status 0.
 
-Run as `python -m tailguard.log.broker_process WORK_DIR [PORT]`.
+Run as `python -m tailguard.broker.mock_process WORK_DIR [PORT]`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from tailguard.log.broker_listener import MockCluster, start_mock_cluster
-from tailguard.log.broker_state import BrokerState, remove_state, write_state
+from tailguard.broker.mock_listener import MockCluster, start_mock_cluster
+from tailguard.kafka.broker_state import BrokerState, remove_state, write_state
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def serve(
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (1, 2) or (len(args) == 2 and not args[1].isdigit()):
-        print("usage: python -m tailguard.log.broker_process WORK_DIR [PORT]", file=sys.stderr)
+        print("usage: python -m tailguard.broker.mock_process WORK_DIR [PORT]", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stop = threading.Event()

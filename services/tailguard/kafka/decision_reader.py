@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tailguard.log.consumer import Consumed, RecordConsumer
+from tailguard.kafka.consumer import Consumed, RecordConsumer
 from tailguard.model.config import Settings, parse_duration_ms
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """A certificate authority and the broker's certificate, made on the spot for the secured broker.
 
-`tailguard broker up --secure` (log/kafka_secure.py) needs TLS without a PKI to ask: it makes a
+`tailguard broker up --secure` (broker/secure.py) needs TLS without a PKI to ask: it makes a
 CA of its own (kept beside the broker's data, so a restart serves the same certificate and its
 clients keep trusting it) and a certificate for the broker's address, signed by it. Kafka reads
 both as PEM (`ssl.keystore.type=PEM`): the key is unencrypted PKCS#8, as Kafka takes it without

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import threading
 
+from tailguard.archive import ArchiveWriter
 from tailguard.codec import RecordCodec
-from tailguard.log.archive import ArchiveWriter
-from tailguard.log.consumer import Consumed
-from tailguard.log.signing import NoVerification, SignatureVerifier
+from tailguard.kafka.consumer import Consumed
+from tailguard.kafka.signing import NoVerification, SignatureVerifier
 from tailguard.model import records as r
 from tailguard.model.authority import Origin, received_archive_topic
 

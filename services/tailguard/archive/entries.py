@@ -38,9 +38,9 @@ from fastavro.schema import to_parsing_canonical_form
 
 from tailguard.codec import DecodeError, to_avro
 from tailguard.codec.convert import from_avro
+from tailguard.codec.protocol import RecordCodec
 from tailguard.codec.record_union import current_union, record_union
 from tailguard.codec.schemas import RecordSchema
-from tailguard.log.codec_api import Codec
 from tailguard.model.records import RECORD_TYPES_BY_NAME, Record
 
 ENTRY_NAME = "tailguard.archive.ArchiveEntry"
@@ -166,7 +166,9 @@ class EntryDecoder(Protocol):
         """Entry number `n` (for messages), read from `buffer`'s position."""
 
 
-def decoder_for(file_schema: dict[str, Any], location: str, legacy_codec: Codec) -> EntryDecoder:
+def decoder_for(
+    file_schema: dict[str, Any], location: str, legacy_codec: RecordCodec
+) -> EntryDecoder:
     """How to read the entries of a file written with `file_schema` (parsed); ArchiveError for a
     file that is not a tailguard archive."""
     name = file_schema.get("name")
@@ -224,7 +226,7 @@ class _TypedDecoder:
 
 
 class _LegacyDecoder:
-    def __init__(self, writer: dict[str, Any], location: str, codec: Codec) -> None:
+    def __init__(self, writer: dict[str, Any], location: str, codec: RecordCodec) -> None:
         self._writer = writer
         self._location = location
         self._codec = codec

@@ -18,7 +18,7 @@ class BrokerState:
     pid: int
     bootstrap: str
     started_at: float
-    # "kafka": Apache Kafka's broker (log/kafka_server.py); "mock": librdkafka's mock cluster.
+    # "kafka": Apache Kafka's broker (broker/kafka_server.py); "mock": librdkafka's mock cluster.
     kind: str = "mock"
 
     @property
@@ -81,7 +81,7 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-BROKER_MODULE = "tailguard.log.broker_process"
+BROKER_MODULE = "tailguard.broker.mock_process"
 # The Kafka broker's main class and the settings file only tailguard's embedded one runs with.
 KAFKA_MAIN_CLASS = "kafka.Kafka"
 KAFKA_PROPERTIES_FILE = "tailguard-kafka.properties"

@@ -8,8 +8,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from tailguard.log.codec_api import Codec
-from tailguard.log.kafka_config import client_config
+from tailguard.kafka.codec_api import Codec
+from tailguard.kafka.config import client_config
 from tailguard.model.records import Record
 
 # Throughput: batch for up to 2 ms and send large batches, without giving up per-key order.

@@ -4,11 +4,11 @@ Key: the host (UTF-8). Value: a `FleetBlock` in Avro single-object encoding (`C3
 schema's CRC-64-AVRO fingerprint, the body: the records' `SingleObjectCodec`; schema
 `schemas/blocklist/FleetBlock.avsc`), or no value at all (a tombstone) once the host is no
 longer blocked. With `cleanup.policy=compact` Kafka keeps the last value per host (the embedded
-Kafka broker creates the topic so, `log/topics.py`); compaction runs only now and then, and the
+Kafka broker creates the topic so, `kafka/topics.py`); compaction runs only now and then, and the
 mock broker does not compact, so readers fold the whole topic the same way (last value per key
 wins, a tombstone deletes), which is what a compacted topic gives them anyway.
 
-Every value is signed like the services' other outputs (`log/signing.py`): by `blocklist` for
+Every value is signed like the services' other outputs (`kafka/signing.py`): by `blocklist` for
 the service's decisions, by `operator` for `tailguard blocklist add|remove`. With signing on, a
 reader ignores (and logs) an entry whose signature does not check out or whose signer may not
 write the list (`model/authority.py`, `INPUT_WRITERS`).
@@ -27,17 +27,13 @@ from confluent_kafka import Message
 from tailguard.codec.errors import DecodeError
 from tailguard.codec.schemas import record_schema, schema_root
 from tailguard.codec.single_object import SingleObjectCodec
-from tailguard.log.producer import Headers, RecordProducer
-from tailguard.log.signing import signer_for, verifier_for
-from tailguard.log.topic_scan import read_only_consumer, read_to_end
+from tailguard.kafka.producer import Headers, RecordProducer
+from tailguard.kafka.signing import signer_for, verifier_for
+from tailguard.kafka.topic_scan import read_only_consumer, read_to_end
 from tailguard.model.authority import input_problem
 from tailguard.model.fleet import BLOCKLIST_TOPIC, FleetBlock
 
 log = logging.getLogger(__name__)
-
-# Topic settings for a real Kafka cluster (`kafka-topics --create --config ...`): keep the last
-# value per host, and drop tombstones a day after they were written.
-TOPIC_CONFIG = {"cleanup.policy": "compact", "delete.retention.ms": "86400000"}
 
 _TIMEOUT_S = 10.0
 

@@ -30,20 +30,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from tailguard.jdk import java_path
-from tailguard.log import kafka_secure
-from tailguard.log.broker_state import KAFKA_MAIN_CLASS, KAFKA_PROPERTIES_FILE
-from tailguard.log.kafka_acls import Acl
-from tailguard.log.kafka_jars import kafka_classpath
-from tailguard.log.kafka_secure import (
+from tailguard.broker import secure as kafka_secure
+from tailguard.broker.acls import Acl
+from tailguard.broker.kafka_jars import kafka_classpath
+from tailguard.broker.secure import (
     PROTOCOL,
     SecureBroker,
     scram_arguments,
     server_settings,
     write_argument_file,
 )
-from tailguard.log.kafka_tls import write_owner_only
-from tailguard.log.topics import TopicSpec, declared_topics
+from tailguard.broker.tls import write_owner_only
+from tailguard.jdk import java_path
+from tailguard.kafka.broker_state import KAFKA_MAIN_CLASS, KAFKA_PROPERTIES_FILE
+from tailguard.kafka.topics import TopicSpec, declared_topics
 
 KAFKA_DIR = "kafka"
 DATA_DIR = "data"
@@ -149,7 +149,7 @@ def address_for(work_dir: Path, listen: str | None) -> Address:
 
 def server_properties(address: Address, data_dir: Path, secure: SecureBroker | None = None) -> str:
     """The broker's settings: a PLAINTEXT listener for clients, or with `secure` a SASL_SSL one
-    (log/kafka_secure.py)."""
+    (broker/secure.py)."""
     listen_host = "" if address.host == "0.0.0.0" else address.host
     client = PROTOCOL if secure is not None else "PLAINTEXT"
     settings = {
@@ -200,7 +200,7 @@ def launch(
 ) -> tuple[subprocess.Popen[bytes], Address, SecureBroker | None]:
     """Start the broker process (formatting its storage first if new); not yet ready. With
     `secure`, or if its storage was formatted secured, it is the secured broker
-    (log/kafka_secure.py), whose material comes back too."""
+    (broker/secure.py), whose material comes back too."""
     libs = kafka_classpath(report)
     java = _java()
     directory = kafka_dir(work_dir).resolve()

@@ -1,7 +1,7 @@
 """Reading a topic once, from its start (or given offsets) up to ends fixed before the read.
 
 What a replay, a service's rebuild and the fleet list's readers need: not a live stream
-(`tailguard.log.topic_reader.TopicReader` is that) but "everything there is now", read by a
+(`tailguard.kafka.topic_reader.TopicReader` is that) but "everything there is now", read by a
 consumer that is assigned its partitions, never subscribes and never commits, so reading moves
 nobody's offsets and joins no group.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
-from tailguard.log.kafka_config import client_config
+from tailguard.kafka.config import client_config
 
 _READ_ONLY: Mapping[str, Any] = {
     "enable.auto.commit": False,

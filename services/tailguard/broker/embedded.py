@@ -3,8 +3,8 @@
     with EmbeddedBroker("work") as bootstrap:
         ...  # clients connect to `bootstrap`
 
-By default it is **Apache Kafka**, one node in KRaft combined mode (`log/kafka_server.py`), its
-jars resolved from Maven Central once (`log/kafka_jars.py`). Its log is on disk under
+By default it is **Apache Kafka**, one node in KRaft combined mode (`broker/kafka_server.py`), its
+jars resolved from Maven Central once (`broker/kafka_jars.py`). Its log is on disk under
 `<work_dir>/kafka/`: a broker stopped, or killed -9, starts again on its data and its address,
 and `stop(purge=True)` deletes them.
 
@@ -26,11 +26,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-from tailguard.log.broker_state import (
+from tailguard.broker.acls import ADMIN, declared_acls
+from tailguard.kafka.bootstrap import DEFAULT_WORK_DIR, BrokerError
+from tailguard.kafka.broker_state import (
     BROKER_MODULE,
     BrokerState,
     is_broker_process,
@@ -39,15 +41,9 @@ from tailguard.log.broker_state import (
     state_path,
     write_state,
 )
-from tailguard.log.kafka_acls import ADMIN, declared_acls
 
-DEFAULT_WORK_DIR = "work"
 LOG_FILE = "broker.log"
 LOCK_FILE = "broker.lock"
-
-
-class BrokerError(RuntimeError):
-    """The embedded broker could not be started, found or stopped."""
 
 
 def _wait_for(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:
@@ -78,7 +74,7 @@ class EmbeddedBroker:
         Kafka to listen on and advertise (default: the address of its last start, else a free
         port on 127.0.0.1); `report` is told the progress of a start (resolving the jars,
         formatting, waiting); `secure`: Kafka with SASL_SSL, SCRAM logins and ACLs
-        (log/kafka_secure.py; a broker made so stays so)."""
+        (broker/secure.py; a broker made so stays so)."""
         self.work_dir = Path(work_dir)
         self.mock = mock
         self.listen = listen
@@ -151,7 +147,7 @@ class EmbeddedBroker:
         return state.bootstrap
 
     def _start_kafka(self) -> str:
-        from tailguard.log import kafka_server
+        from tailguard.broker import kafka_server
 
         try:
             with (self.work_dir / LOG_FILE).open("ab") as log:
@@ -189,7 +185,7 @@ class EmbeddedBroker:
 
     def purge(self) -> bool:
         """Delete the Kafka broker's data (it must not be running); whether there was any."""
-        from tailguard.log import kafka_server
+        from tailguard.broker import kafka_server
 
         if self.status() is not None:
             raise BrokerError("the broker is running: stop it before deleting its data")
@@ -234,19 +230,3 @@ def _reaped_or_gone(pid: int) -> bool:
     except ChildProcessError:
         pass  # not our child: someone else reaps it
     return not is_broker_process(pid)
-
-
-def resolve_bootstrap(settings: Mapping[str, str]) -> str:
-    """`bootstrap.servers` if set, else the embedded broker's address from its state file."""
-    configured = settings.get("bootstrap.servers", "").strip()
-    if configured:
-        return configured
-    work_dir = settings.get("tailguard.work-dir", "") or DEFAULT_WORK_DIR
-    state = EmbeddedBroker(work_dir).status()
-    if state is None:
-        raise BrokerError(
-            f"no Kafka broker: bootstrap.servers is not set and no embedded broker is running "
-            f"under {work_dir!r} (no live {state_path(work_dir)}). Start one with "
-            f"`tailguard broker up` or set bootstrap.servers."
-        )
-    return state.bootstrap

@@ -1,8 +1,8 @@
 """The secured embedded broker: SASL_SSL with SCRAM-SHA-512, and the ACLs of docs/security.md.
 
 `tailguard broker up --secure` starts Apache Kafka with one listener for clients, SASL_SSL:
-TLS with a certificate made on the spot (log/kafka_tls.py) and SCRAM-SHA-512 logins, one
-principal per role (log/kafka_acls.py). Kafka's StandardAuthorizer denies whatever no ACL
+TLS with a certificate made on the spot (broker/tls.py) and SCRAM-SHA-512 logins, one
+principal per role (broker/acls.py). Kafka's StandardAuthorizer denies whatever no ACL
 allows; `tailguard-admin` is the only super user. Everything lives under
 `<work_dir>/kafka/secure/`, readable by the owner only:
 
@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tailguard.log.kafka_acls import ADMIN, principals
-from tailguard.log.kafka_tls import (
+from tailguard.broker.acls import ADMIN, principals
+from tailguard.broker.tls import (
     BrokerTls,
     existing_broker_tls,
     make_broker_tls,

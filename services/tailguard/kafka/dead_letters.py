@@ -19,8 +19,8 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from tailguard.log.producer import Headers
-from tailguard.log.topic_reader import TopicReader
+from tailguard.kafka.producer import Headers
+from tailguard.kafka.topic_reader import TopicReader
 
 DLQ_SUFFIX = ".dlq"
 HEADER_TOPIC = "tailguard.topic"

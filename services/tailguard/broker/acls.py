@@ -29,12 +29,12 @@ SERVICE_PRINCIPAL = "tailguard-{service}"
 # The agents' consumer groups: one per job, `tailguard-agent-<job id>`.
 AGENT_GROUPS = "tailguard-agent-"
 REPLAY_GROUP = "tailguard-replay"
-# The dead-letter reader's groups (log/dead_letters.py): `tailguard-dlq-reader-<uuid>`.
+# The dead-letter reader's groups (kafka/dead_letters.py): `tailguard-dlq-reader-<uuid>`.
 DLQ_READER_GROUPS = "tailguard-dlq-reader-"
 
 
 def _dlq(topic: str) -> str:
-    # log/dead_letters.dlq_topic, without importing the consumer side here.
+    # kafka/dead_letters.dlq_topic, without importing the consumer side here.
     return f"{topic}.dlq"
 
 

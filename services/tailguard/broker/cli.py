@@ -18,9 +18,10 @@ import threading
 import time
 from pathlib import Path
 
-from tailguard.log.broker import BrokerError, EmbeddedBroker
-from tailguard.log.broker_process import serve
-from tailguard.log.broker_state import BrokerState, read_state
+from tailguard.broker.embedded import EmbeddedBroker
+from tailguard.broker.mock_process import serve
+from tailguard.kafka.bootstrap import BrokerError
+from tailguard.kafka.broker_state import BrokerState, read_state
 from tailguard.settings_file import load_settings
 
 IN_MEMORY_NOTE = (
@@ -35,7 +36,7 @@ ON_DISK_NOTE = (
 
 
 def _note(state: BrokerState, work_dir: Path) -> str:
-    from tailguard.log.kafka_server import DATA_DIR, kafka_dir
+    from tailguard.broker.kafka_server import DATA_DIR, kafka_dir
 
     if state.kind == "kafka":
         return ON_DISK_NOTE.format(data=kafka_dir(work_dir) / DATA_DIR)
@@ -112,7 +113,7 @@ def _action(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     action = _action(args)
     if action == "acls":
-        from tailguard.log.kafka_acls import acl_commands
+        from tailguard.broker.acls import acl_commands
 
         print("# the ACLs of docs/security.md; tailguard-admin (or your admin) is the super user")
         for line in acl_commands():
@@ -171,9 +172,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_logins(work_dir: Path) -> None:
     """A secured broker's client settings: what to give each role (never a password)."""
-    from tailguard.log.kafka_acls import AGENT, principals
-    from tailguard.log.kafka_secure import PASSWORD_ENV, existing
-    from tailguard.log.kafka_server import kafka_dir
+    from tailguard.broker.acls import AGENT, principals
+    from tailguard.broker.kafka_server import kafka_dir
+    from tailguard.broker.secure import PASSWORD_ENV, existing
 
     secured = existing(kafka_dir(work_dir).resolve())
     if secured is None:

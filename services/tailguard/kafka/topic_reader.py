@@ -36,7 +36,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from tailguard.log.kafka_config import FETCH_WAIT_KEY, client_config, fetch_wait
+from tailguard.kafka.config import FETCH_WAIT_KEY, client_config, fetch_wait
 
 log = logging.getLogger(__name__)
 

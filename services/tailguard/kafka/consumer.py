@@ -14,10 +14,10 @@ from typing import Any
 
 from confluent_kafka import Message
 
-from tailguard.log.codec_api import Codec
-from tailguard.log.dead_letters import dead_letter
-from tailguard.log.producer import RecordProducer
-from tailguard.log.topic_reader import TopicReader
+from tailguard.kafka.codec_api import Codec
+from tailguard.kafka.dead_letters import dead_letter
+from tailguard.kafka.producer import RecordProducer
+from tailguard.kafka.topic_reader import TopicReader
 from tailguard.model.records import Record
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ class Consumed:
     # Broker or producer timestamp, ms since the epoch.
     timestamp: int
     raw: bytes
-    # The message's headers in the order they were sent (a signature, see `log.signing`).
+    # The message's headers in the order they were sent (a signature, see `kafka/signing.py`).
     headers: tuple[tuple[str, bytes], ...] = ()
 
 

@@ -1,0 +1,1 @@
+"""Broker operations: the embedded broker, its security, `tailguard broker` (docs/log.md)."""

@@ -1,0 +1,1 @@
+"""The Kafka client layer: configuration, producers, consumers, signing, the topics."""
