@@ -237,6 +237,7 @@ def test_replay_reproduces_every_decision(
     assert by_name["decider"].reproduced >= 2
 
 
+@pytest.mark.long
 def test_service_killed_mid_job_changes_nothing(system: Stack) -> None:
     victim = "decider"
     restarted = threading.Event()
@@ -257,6 +258,7 @@ def test_service_killed_mid_job_changes_nothing(system: Stack) -> None:
     assert_replay_clean(job_run)
 
 
+@pytest.mark.long
 def test_lost_partition_with_many_queued_consumers_is_recovered(system: Stack) -> None:
     """Issue 9's crash: a deleted HEAD#0 partition under a 12-subtask final chain. The failover
     service restarts HEAD#0 and the consumers that read it while other consumers are queued

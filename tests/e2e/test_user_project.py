@@ -71,6 +71,7 @@ def test_the_sample_projects_local_test_passes(project: Path) -> None:
     assert "Spark session on local[2]" in done.stdout
 
 
+@pytest.mark.long
 @pytest.mark.spark
 @pytest.mark.slow
 def test_the_whole_sample_project_passes(project: Path, tailguard_harness: Harness) -> None:

@@ -34,7 +34,9 @@ def test_executors_without_tailguard_fail_the_job_at_once(
 
     from tailguard.agent.entry import run
 
-    # The same Python as the driver's, in a venv of its own: everything but tailguard.
+    # The same Python as the driver's, in a venv of its own: everything but tailguard (and no
+    # PYTHONPATH of the run's, which could name a source tree with tailguard in it).
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     python = bare / "bin" / "python"
