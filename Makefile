@@ -55,7 +55,7 @@ test-default: lint
 
 # The tests marked `long`, and every property test with all its examples (CI runs this after
 # `make test`).
-PROPERTY_TESTS = $(shell grep -l "examples(" tests/unit/*.py)
+PROPERTY_TESTS = $(shell grep -l "max_examples=examples" tests/unit/*.py)
 test-long: $(STAMP)
 	$(BIN)/python -m pytest -q tests -m "long and not packaging and not chaos"
 	$(BIN)/python -m pytest -q $(PROPERTY_TESTS)

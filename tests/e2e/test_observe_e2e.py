@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tests.e2e.submitted_job import SUBMITTED_JOB
+from tests.e2e.submitted_job import SUBMITTED_JOB, spark_submit
 
 import tailguard
 from tailguard.archive import ArchiveReader
@@ -133,28 +132,14 @@ def test_an_unmodified_job_has_its_stragglers_found_and_the_host_listed(
 def test_the_spark_submit_form_needs_no_code_in_the_job(tmp_path: Path) -> None:
     """`--jars` + `spark.extraListeners` + `spark.tailguard.*` settings: the relay starts with
     the application and has published everything when spark-submit returns."""
-    job = tmp_path / "job.py"
-    job.write_text(SUBMITTED_JOB)
-    jar = listener_jar()
-    done = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "spark-submit"),
-            "--master", "local[2]",
-            "--jars", str(jar),
-            "--conf", "spark.extraListeners=tailguard.observe.TaskEventListener",
-            "--conf", "spark.ui.enabled=false",
-            "--conf", f"spark.tailguard.observe.python={sys.executable}",
-            "--conf", "spark.tailguard.tailguard.observe.log-mode=archive",
-            "--conf", f"spark.tailguard.tailguard.archive-dir={tmp_path / 'archive'}",
-            str(job),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=tmp_path,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-    )  # fmt: skip
+    conf = {
+        "spark.jars": str(listener_jar()),
+        "spark.extraListeners": "tailguard.observe.TaskEventListener",
+        "spark.tailguard.observe.python": sys.executable,
+        "spark.tailguard.tailguard.observe.log-mode": "archive",
+        "spark.tailguard.tailguard.archive-dir": str(tmp_path / "archive"),
+    }
+    done = spark_submit(SUBMITTED_JOB, tmp_path, conf)
     assert done.returncode == 0, done.stderr[-3000:]
     [archive] = (tmp_path / "archive").glob("*.avro")
     records = [e.record for e in ArchiveReader(archive)]
