@@ -140,3 +140,12 @@ def test_an_application_that_opted_out_takes_nothing_from_the_fleet_list() -> No
     entry = FleetBlock(job_id="x", ts=T0, id="blocklist-f1", host="h2", until_ts=T0 + 60_000)
     actuation.fleet([entry], T0 + 10)
     assert channel.getvalue() == b""
+
+
+def test_the_probe_gives_the_jvm_the_decision_timeout_in_milliseconds() -> None:
+    actuation, _, channel = _actuation()
+    actuation.probe()
+    assert channel.getvalue() == b"PROBE\t2000\n"
+    actuation, _, channel = _actuation(**{"tailguard.attach.decision-timeout": "750 ms"})
+    actuation.probe()
+    assert channel.getvalue() == b"PROBE\t750\n"

@@ -34,13 +34,18 @@ from tailguard.attacher import commands as ac
 from tailguard.model import records as r
 from tailguard.model.authority import Origin
 from tailguard.model.command_intake import CommandIntake, Duplicate, Rejected
-from tailguard.model.config import Settings
+from tailguard.model.config import Settings, parse_duration_ms
 from tailguard.model.fleet import FLEET_SETTING, FleetBlock
 from tailguard.observer.query_plans import PlanRequest
 from tailguard.observer.translate import RunningTask, SparkEventTranslator
 from tailguard.system.services import issuer_of
 
 log = logging.getLogger("tailguard.attach")
+
+# How long the query-stage rule waits for the decider's ranges before Spark's own stand
+# (docs/attach.md#setparallelism says why 2 s).
+DECISION_TIMEOUT_KEY = "tailguard.attach.decision-timeout"
+DECISION_TIMEOUT = "2 s"
 
 # How often the relay reads the fleet list again: a host listed while the application runs is
 # blocked in it within this time.
@@ -85,6 +90,10 @@ class Actuation(ac.AppView):
         self._channel = channel
         self._max_fraction = settings.number("blocklist.max-blocked-fraction")
         self._fleet = settings.flag(FLEET_SETTING)
+        # Parsed here, with the project's one duration parser; the JVM gets milliseconds.
+        self._decision_timeout_ms = parse_duration_ms(
+            settings.get(DECISION_TIMEOUT_KEY) or DECISION_TIMEOUT
+        )
         self._blocks: dict[str, _Block] = {}
         self._intake = CommandIntake()
         self._pending: dict[str, _Pending] = {}
@@ -130,8 +139,9 @@ class Actuation(ac.AppView):
     # ------------------------------------------------------------------ the JVM
 
     def probe(self) -> None:
-        """Ask the actuator which command kinds this Spark build lacks (answered by `AV`)."""
-        self._write("PROBE\n")
+        """Ask the actuator which command kinds this Spark build lacks (answered by `AV`), and
+        tell it how long a query stage waits for the decider's ranges (`PROBE ms`)."""
+        self._write(f"PROBE\t{self._decision_timeout_ms}\n")
 
     def available(self, fields: Sequence[str]) -> None:
         """An `AV kind reason` line; the empty kind ends the list."""

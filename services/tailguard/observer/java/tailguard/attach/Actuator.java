@@ -51,9 +51,6 @@ public final class Actuator {
     public static final String FAIL = "FailJob";
     public static final String PARALLELISM = "SetParallelism";
     public static final String EXTENSIONS_CLASS = "tailguard.attach.AttachExtensions";
-    // How long a query stage's planning waits for the decider, by default: see docs/attach.md.
-    static final long DEFAULT_DECISION_TIMEOUT_MS = 2000;
-    static final String DECISION_TIMEOUT_KEY = "spark.tailguard.tailguard.attach.decision-timeout";
 
     /** Where the actuator writes lines to the relay (the listener's pipe). */
     public interface Channel {
@@ -85,14 +82,12 @@ public final class Actuator {
     private boolean probed;
     private HealthTracker tracker;
     private boolean trackerInstalled;
-    private final QueryStagePlanner planner;
+    // Made when the relay says it acts, with its decision timeout (tailguard.attach.decision-timeout).
+    private volatile QueryStagePlanner planner;
     private volatile Channel channel;
-    private volatile boolean relayActs;
 
     public Actuator(SparkContext sc) {
         this.sc = sc;
-        this.planner = new QueryStagePlanner(QueryStagePlanner.parseMillis(
-            sc.conf().get(DECISION_TIMEOUT_KEY, ""), DEFAULT_DECISION_TIMEOUT_MS));
         ACTIVE.put(sc, this);
     }
 
@@ -101,19 +96,21 @@ public final class Actuator {
         this.channel = channel;
     }
 
-    public void relayActs() {
-        relayActs = true;
+    /** The relay acts on the services' commands; a query stage waits `decisionTimeoutMs` for ranges. */
+    public void relayActs(long decisionTimeoutMs) {
+        if (planner == null) planner = new QueryStagePlanner(decisionTimeoutMs);
     }
 
     /** Whether the query-stage rule should ask for ranges: a relay that acts, and the kind on. */
     public boolean plansQueryStages() {
-        return relayActs && channel != null && !probe().containsKey(PARALLELISM);
+        return planner != null && channel != null && !probe().containsKey(PARALLELISM);
     }
 
     /** Reducer ranges for a query stage's reads (see {@link QueryStagePlanner#ranges}), or null. */
     public int[] ranges(int[] shuffles, long[][] bytes, int partitions, int floor) {
         Channel out = channel;
-        return out == null ? null : planner.ranges(out, shuffles, bytes, partitions, floor);
+        QueryStagePlanner plans = planner;
+        return out == null || plans == null ? null : plans.ranges(out, shuffles, bytes, partitions, floor);
     }
 
     // ------------------------------------------------------------------ members
@@ -201,7 +198,8 @@ public final class Actuator {
                 case "KILL":
                     return kill(split(f[3]), f[2]);
                 case "RANGES":
-                    return planner.answer(f[2], f[3]);
+                    QueryStagePlanner plans = planner;
+                    return plans == null ? no("no query stage plan was requested") : plans.answer(f[2], f[3]);
                 default:
                     sc.cancelJob(Integer.parseInt(f[2]), f[3]);
                     return ok();

@@ -143,19 +143,4 @@ final class QueryStagePlanner {
         request.answer.complete(ends);
         return new String[] {"OK"};
     }
-
-    /** A duration setting: a number with a unit (ms, s, min), or a bare number of milliseconds. */
-    static long parseMillis(String text, long fallback) {
-        if (text == null || text.trim().isEmpty()) return fallback;
-        String t = text.trim().toLowerCase().replace(" ", "");
-        try {
-            if (t.endsWith("ms")) return Long.parseLong(t.substring(0, t.length() - 2));
-            if (t.endsWith("min")) return Long.parseLong(t.substring(0, t.length() - 3)) * 60_000L;
-            if (t.endsWith("s")) return (long) (Double.parseDouble(t.substring(0, t.length() - 1)) * 1000);
-            return Long.parseLong(t);
-        } catch (NumberFormatException e) {
-            System.err.println("tailguard attach: tailguard.attach.decision-timeout " + text + " is not a duration; using " + fallback + " ms");
-            return fallback;
-        }
-    }
 }

@@ -298,7 +298,8 @@ public class TaskEventListener extends SparkListener {
             while ((line = lines.readLine()) != null) {
                 String[] f = line.split("\t", -1);
                 if (f[0].equals("PROBE")) {
-                    actuator.relayActs();  // the relay probes only when it acts
+                    // The relay probes only when it acts, and gives the decision timeout in ms.
+                    if (f.length > 1) actuator.relayActs(Long.parseLong(f[1]));
                     for (Map.Entry<String, String> kind : actuator.probe().entrySet()) {
                         send("AV", kind.getKey(), kind.getValue());
                     }
