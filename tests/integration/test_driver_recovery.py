@@ -84,13 +84,6 @@ def _await_first_commit(
     )
 
 
-@pytest.mark.xfail(
-    reason="known bug since the services announce their settings (issue 28 item 1): the "
-    "recovered driver's archive lacks the detector's FindingSettings (recovery re-archives the "
-    "events the dead driver lost, not its findings), so replay cannot reproduce the speculator's "
-    "and blocklist's announcements: 2 differences (make test-long, 22:53 UTC 2026-11-27)",
-    strict=False,
-)
 def test_driver_killed_mid_job_is_recovered_exactly(
     tailguard_local_spark: Any, tailguard_services: Services, tmp_path: Path
 ) -> None:

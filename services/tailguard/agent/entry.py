@@ -138,6 +138,8 @@ def run(
             # The archive gets the whole log: what only the topic kept goes in before the new.
             for event in recovering.not_archived:
                 archive.append(r.EVENTS_TOPIC, "published", event, event.ts)
+            for item in recovering.decisions_not_archived:
+                archive.append(item.topic, "received", item.record, item.record.ts)
         codec = codec_for(settings)
         use_services = services and log_mode == "kafka"
         options = RunOptions(services=use_services, storage=store, progress=progress)

@@ -32,6 +32,10 @@ class RecoveryLog:
     job_log: JobLog
     # Events of the log that the archive does not hold (in order): archived first on recovery.
     not_archived: tuple[r.Event, ...]
+    # The services' decisions and announcements on the topics that the archive does not hold
+    # (the dead driver received them but lost them with its unflushed records): archived as
+    # received, so a replay of the archive has every service's input and output.
+    decisions_not_archived: tuple[Recorded, ...] = ()
 
 
 def _archive_records(location: str, settings: Settings) -> list[Recorded] | None:
@@ -48,13 +52,14 @@ def _archive_records(location: str, settings: Settings) -> list[Recorded] | None
 
 
 def _topic_records(job_id: str, settings: Settings) -> list[Recorded] | None:
-    """The job's events and commands on the topics, or None when the broker cannot be read."""
+    """The job's events, findings and commands on the topics, or None when the broker cannot be
+    read."""
     from tailguard.replay.inputs import LogReadError, read_topic
 
     try:
         return [
             item
-            for topic in (r.EVENTS_TOPIC, r.COMMANDS_TOPIC)
+            for topic in (r.EVENTS_TOPIC, r.FINDINGS_TOPIC, r.COMMANDS_TOPIC)
             for item in read_topic(settings, topic, job_id)
         ]
     except LogReadError as err:
@@ -93,13 +98,27 @@ def read_recovery_log(
 
     take(archived or [])
     in_archive = set(events)
+    archived_decisions = {
+        (item.topic, item.record.id)
+        for item in archived or []
+        if item.record.job_id == job_id and item.topic != r.EVENTS_TOPIC
+    }
     take(on_topics or [])
     ordered = sorted(events.values(), key=lambda e: sequence_of(job_id, e))
     not_archived = tuple(e for e in ordered if e.id not in in_archive)
+    decisions_not_archived = tuple(
+        item
+        for item in on_topics or []
+        if item.record.job_id == job_id
+        and item.topic != r.EVENTS_TOPIC
+        and (item.topic, item.record.id) not in archived_decisions
+    )
     if archived is None:
         source = "the events topic (no archive)"
     elif not_archived:
         source = f"the archive and the events topic ({len(not_archived)} events not archived)"
     else:
         source = "the archive"
-    return RecoveryLog(JobLog(job_id, tuple(ordered), commands, source), not_archived)
+    return RecoveryLog(
+        JobLog(job_id, tuple(ordered), commands, source), not_archived, decisions_not_archived
+    )
