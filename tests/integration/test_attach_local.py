@@ -104,6 +104,11 @@ class RunningJob:
         assert not self._thread.is_alive(), "the job did not end"
 
 
+def _nonempty(seq: Any) -> Any:
+    """A Scala sequence if it has elements, else None (py4j objects are always true)."""
+    return seq if seq.size() > 0 else None
+
+
 def _send(
     bootstrap: str, settings: Settings, *commands: r.Command, signer: str | None = None
 ) -> None:
@@ -183,8 +188,11 @@ def test_commands_for_a_running_job_are_applied_or_refused_with_their_reason(
     )
     try:
         now = int(time.time() * 1000)
-        executors = spark.sparkContext._jsc.sc().statusStore().executorList(True)
-        host = executors.apply(0).hostPort().rsplit(":", 1)[0]  # local[N]: the driver's
+        # The host Spark's tasks report (local[N]: the driver's), as the relay names it; the
+        # executor list's host can differ (Spark 3.5 names local tasks by canonical host name).
+        store = spark.sparkContext._jsc.sc().statusStore()
+        tasks = _wait_for(lambda: _nonempty(store.taskList(stage, 0, 1)), "the tasks' data")
+        host = tasks.apply(0).host()
         copy = r.LaunchSpeculativeAttempts(
             job_id=job_id,
             ts=now,
