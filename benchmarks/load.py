@@ -46,6 +46,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from policy_throughput import Shape, SyntheticJob
@@ -237,6 +239,15 @@ def run_load(
     )
 
 
+def services_cpu_s(work: Path) -> dict[str, float]:
+    """Each running service's CPU time so far (user + system, s), by name."""
+    spent: dict[str, float] = {}
+    for name, service in supervisor.running(work).items():
+        times = psutil.Process(service.pid).cpu_times()
+        spent[name] = times.user + times.system
+    return spent
+
+
 def clock(at: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"
 
@@ -304,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'max ms':>8} {'p99 1st':>8} {'late ms':>8}  load"
             )
             for n in counts:
+                cpu_before = services_cpu_s(work)
                 row, hops, slowest = run_load(
                     settings,
                     template,
@@ -321,6 +333,22 @@ def main(argv: list[str] | None = None) -> int:
                     f"{row['p99']:>8.1f} {row['max']:>8.1f} {row['p99_first']:>8.1f} "
                     f"{row['publisher_late_ms']:>8.0f}  "
                     f"{os.getloadavg()[0]:.1f}{verdict}",
+                    flush=True,
+                )
+                cpu = {
+                    name: spent - cpu_before.get(name, 0.0)
+                    for name, spent in services_cpu_s(work).items()
+                }
+                # Per event the agents sent: the services' CPU for the whole row (each reads
+                # the events, their findings or commands), and each service's share.
+                per_event = sum(cpu.values()) / row["events"] * 1e6
+                print(
+                    f"      services' CPU per event sent: {per_event:.0f} µs ("
+                    + ", ".join(
+                        f"{name} {spent / row['events'] * 1e6:.0f}"
+                        for name, spent in sorted(cpu.items())
+                    )
+                    + f"); load {os.getloadavg()[0]:.1f}",
                     flush=True,
                 )
                 for kind, (count, p50, p99, top) in hops.items():
