@@ -105,16 +105,30 @@ def run(args: argparse.Namespace) -> int:
             f"{k}={v}" for k, v in result.spark_defaults.items()
         ),
     }
+    if result.policy_changes:
+        header["policy changed for the second job"] = ", ".join(
+            f"{k}={v}" for k, v in result.policy_changes.items()
+        ) + (
+            f" (the bench's is {sc.BENCH_POLICY[sc.BLOCK_DURATION_KEY]}: the fleet block must "
+            "outlast a session's start-up)"
+        )
+        header["second job"] = (
+            f"after each {sc.ATTACH_CONTENDER} run with the node slow throughout, a second "
+            "attached application on the same cluster, the host still slow "
+            f"(row '{sc.SECOND_JOB}'); every other run that reads the fleet list starts with "
+            "it cleared"
+        )
     text = summary.markdown(raw, [s.name for s in chosen], header, io)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # Date and time: a second run on the same day must not overwrite the first one's figures.
     stem = time.strftime("%Y-%m-%d-%H%M", time.gmtime()) + ("-quick" if args.quick else "")
+    policy: dict[str, str] = {**sc.policy_for(size, io), **result.policy_changes}
     document = {
         **header,
         "size": asdict(size),
         "io_size": asdict(io),
-        "policy": sc.policy_for(size, io),
+        "policy": policy,
         "scenarios": [asdict(s) for s in chosen],
         "spark_defaults": result.spark_defaults,
         "runs_raw": raw,

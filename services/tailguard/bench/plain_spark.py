@@ -19,7 +19,7 @@ import sys
 import time
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from tailguard.agent.executor.exchange import round_robin_partition
 from tailguard.bench import io_job
-from tailguard.bench.report import StageWork
+from tailguard.bench.report import SparkTask, StageWork, lost_copy_s, spark_stage_work
 from tailguard.cluster import slowness
 from tailguard.examples import sales_by_region as example
 
@@ -172,6 +172,9 @@ class PlainRun:
     tasks: int  # partitions of the CPU stage
     speculative_tasks: int  # speculative copies Spark launched
     stage_work: list[StageWork]
+    # Task-seconds of the attempts killed because their twin won (Spark's own record).
+    lost_copy_s: float = 0.0
+    spark_tasks: list[SparkTask] = field(default_factory=list)
 
 
 def stage_ids(sc: Any) -> set[int]:
@@ -180,49 +183,62 @@ def stage_ids(sc: Any) -> set[int]:
     return {stages.apply(i).stageId() for i in range(stages.size())}
 
 
-def task_stats(sc: Any, skip: set[int]) -> tuple[int, list[StageWork]]:
-    """Spark's own record of the tasks (its status store, which exists with the UI off):
-    the speculative copies launched, and per stage the successful tasks' summed and longest
-    durations. Stages in `skip` (the warm-up's) are left out."""
+def spark_tasks(sc: Any, skip: set[int]) -> list[SparkTask]:
+    """Spark's own record of the task attempts (its status store, which exists with the UI
+    off), leaving out the stages in `skip` (the warm-up's)."""
     store = sc._jsc.sc().statusStore()
     no_quantiles = sc._gateway.new_array(sc._jvm.double, 0)
     stages = store.stageList(None, False, False, no_quantiles, None)
-    speculative = 0
-    work: list[StageWork] = []
-    for i in sorted(range(stages.size()), key=lambda i: stages.apply(i).stageId()):
+    out: list[SparkTask] = []
+    for i in range(stages.size()):
         stage = stages.apply(i)
         if stage.stageId() in skip:
             continue
-        tasks = store.taskList(stage.stageId(), stage.attemptId(), 1_000_000)
-        durations = []
-        for j in range(tasks.size()):
-            task = tasks.apply(j)
-            speculative += bool(task.speculative())
-            if task.status() == "SUCCESS" and task.duration().isDefined():
-                durations.append(task.duration().get() / 1000.0)
-        work.append(
-            StageWork(f"stage-{stage.stageId()}", sum(durations), max(durations, default=0.0))
-        )
-    return speculative, work
+        listed = store.taskList(stage.stageId(), stage.attemptId(), 1_000_000)
+        for j in range(listed.size()):
+            task = listed.apply(j)
+            duration = task.duration().get() / 1000.0 if task.duration().isDefined() else None
+            out.append(
+                SparkTask(
+                    stage.stageId(),
+                    stage.attemptId(),
+                    task.index(),
+                    str(task.status()),
+                    bool(task.speculative()),
+                    str(task.host()),
+                    duration,
+                )
+            )
+    return out
+
+
+def settled_tasks(sc: Any, skip: set[int], timeout_s: float = 30.0) -> list[SparkTask]:
+    """`spark_tasks` once no attempt is running: a copy that lost is killed after its twin
+    has finished, so it may still be running when the job has returned its result."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        tasks = spark_tasks(sc, skip)
+        if all(t.status != "RUNNING" for t in tasks) or time.monotonic() > deadline:
+            return tasks
+        time.sleep(0.2)  # the status store has no callback reachable from Python
 
 
 def task_seconds_by_host(sc: Any, skip: set[int], tasks: int) -> dict[str, list[float]]:
     """Spark's own record of where the time went (its status store): per host, the durations of
     the successful tasks of the stages of `tasks` tasks (the job's per-split stage: not the
     reduce), leaving out the stages in `skip`."""
-    store = sc._jsc.sc().statusStore()
-    no_quantiles = sc._gateway.new_array(sc._jvm.double, 0)
-    stages = store.stageList(None, False, False, no_quantiles, None)
+    listed = spark_tasks(sc, skip)
+    indices: dict[int, set[int]] = {}
+    for task in listed:
+        indices.setdefault(task.stage, set()).add(task.index)
     by_host: dict[str, list[float]] = {}
-    for i in range(stages.size()):
-        stage = stages.apply(i)
-        if stage.stageId() in skip or stage.numTasks() != tasks:
-            continue
-        listed = store.taskList(stage.stageId(), stage.attemptId(), 1_000_000)
-        for j in range(listed.size()):
-            task = listed.apply(j)
-            if task.status() == "SUCCESS" and task.duration().isDefined():
-                by_host.setdefault(task.host(), []).append(task.duration().get() / 1000.0)
+    for task in listed:
+        if (
+            len(indices[task.stage]) == tasks
+            and task.status == "SUCCESS"
+            and task.duration_s is not None
+        ):
+            by_host.setdefault(task.host, []).append(task.duration_s)
     return by_host
 
 
@@ -285,5 +301,13 @@ def run_job(
     output.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, output / "part-00000.parquet")
     duration = time.monotonic() - started
-    speculative, stage_work = task_stats(sc, before)
-    return PlainRun(duration, table.num_rows, len(splits), speculative, stage_work)
+    tasks = settled_tasks(sc, before)
+    return PlainRun(
+        duration,
+        table.num_rows,
+        len(splits),
+        sum(t.speculative for t in tasks),
+        spark_stage_work(tasks),
+        lost_copy_s(tasks),
+        tasks,
+    )

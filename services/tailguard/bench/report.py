@@ -152,6 +152,48 @@ def io_limit(
     raise AssertionError("unreachable: the healthy hosts alone finish every task")
 
 
+# ----------------------------------------------------------------- Spark's own task record
+
+
+@dataclass(frozen=True)
+class SparkTask:
+    """One task attempt as Spark's status store lists it (`TaskData`)."""
+
+    stage: int
+    stage_attempt: int
+    index: int  # the partition: an original and its speculative copy share it
+    status: str  # SUCCESS, KILLED, FAILED, RUNNING, ...
+    speculative: bool
+    host: str
+    duration_s: float | None  # None: Spark has no duration for it (still running)
+
+
+def lost_copy_s(tasks: Iterable[SparkTask]) -> float:
+    """The extra work of duplicated tasks: the task-seconds of the attempts that were killed
+    because another attempt of the same task (its speculative copy, or the original it was a
+    copy of) succeeded. A kill with no successful twin (a job cancelled) is not a lost race."""
+    listed = list(tasks)
+    succeeded = {(t.stage, t.stage_attempt, t.index) for t in listed if t.status == "SUCCESS"}
+    return sum(
+        t.duration_s or 0.0
+        for t in listed
+        if t.status == "KILLED" and (t.stage, t.stage_attempt, t.index) in succeeded
+    )
+
+
+def spark_stage_work(tasks: Iterable[SparkTask]) -> list[StageWork]:
+    """Per stage, in stage order: the successful tasks' summed and longest durations."""
+    durations: dict[int, list[float]] = {}
+    for t in tasks:
+        mine = durations.setdefault(t.stage, [])
+        if t.status == "SUCCESS" and t.duration_s is not None:
+            mine.append(t.duration_s)
+    return [
+        StageWork(f"stage-{stage}", sum(d), max(d, default=0.0))
+        for stage, d in sorted(durations.items())
+    ]
+
+
 # ----------------------------------------------------------------- dispatch overhead
 
 DISPATCH_P50_GOAL_MS = 5.0
@@ -329,6 +371,7 @@ class Row:
     blocked: Sequence[int | None] = ()
     failed: int = 0
     load: Sequence[float] = ()  # the 1-minute load average at the end of each run
+    lost_copy_s: Sequence[float | None] = ()  # per run: task-seconds of copies that lost
 
 
 def _mean_count(values: Sequence[int | None]) -> str:
@@ -336,6 +379,11 @@ def _mean_count(values: Sequence[int | None]) -> str:
     if not known:
         return "–"
     return f"{sum(known) / len(known):.1f}"
+
+
+def _median_s(values: Sequence[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    return fmt_s(spread(known).median) if known else "–"
 
 
 def scenario_table(
@@ -347,14 +395,14 @@ def scenario_table(
     ref = medians.get(reference) if reference else None
     lines = [
         "| contender | median s | min–max s | runs | vs best plain | speculative attempts "
-        "| blocked hosts | load 1 min |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| lost copies task-s | blocked hosts | load 1 min per run |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        load = fmt_s(spread(row.load).median) if row.load else "–"
+        load = ", ".join(f"{v:.1f}" for v in row.load) or "–"
         if not row.times_s:
             lines.append(
-                f"| {row.contender} | – | – | 0 (failed {row.failed}) | – | – | – | {load} |"
+                f"| {row.contender} | – | – | 0 (failed {row.failed}) | – | – | – | – | {load} |"
             )
             continue
         s = spread(row.times_s)
@@ -362,12 +410,22 @@ def scenario_table(
         runs = f"{s.n}" + (f" (+{row.failed} failed)" if row.failed else "")
         lines.append(
             f"| {row.contender} | {s.median:.1f} | {s.low:.1f}–{s.high:.1f} | {runs} "
-            f"| {fmt_ratio(ratio)} | {_mean_count(row.speculative)} | {_mean_count(row.blocked)} "
-            f"| {load} |"
+            f"| {fmt_ratio(ratio)} | {_mean_count(row.speculative)} "
+            f"| {_median_s(row.lost_copy_s)} | {_mean_count(row.blocked)} | {load} |"
         )
     for label, value in extra.items():
-        lines.append(f"| *{label}* | {fmt_s(value)} | | | | | | |")
+        lines.append(f"| *{label}* | {fmt_s(value)} | | | | | | | |")
     return "\n".join(lines)
+
+
+def relay_to_outcome_line(ms: Sequence[float]) -> str:
+    """Attach mode: a command from reaching the relay to Spark's answer."""
+    if not ms:
+        return "command at the relay → Spark's answer: no command"
+    return (
+        f"command at the relay → Spark's answer p50 {percentile(ms, 50):.1f} ms, "
+        f"p99 {percentile(ms, 99):.1f} ms over {len(ms)} commands"
+    )
 
 
 def latency_table(named: Mapping[str, Sequence[float]]) -> str:

@@ -22,7 +22,10 @@ import pandas as pd
 from tailguard.archive import ArchiveReader
 from tailguard.bench import io_job, plain_spark, report
 from tailguard.bench.scenarios import (
+    BLOCK_DURATION_KEY,
     CONTENDERS,
+    SECOND_JOB,
+    SECOND_JOB_BLOCK,
     Contender,
     DataSize,
     IoSize,
@@ -73,6 +76,12 @@ class RunRecord:
     relay_to_outcome_ms: list[float] = field(default_factory=list)
     commands_applied: int | None = None
     commands_rejected: int | None = None
+    # Spark contenders and attach mode, from Spark's status store: the task-seconds of the
+    # attempts killed because their twin won, and the tasks started on the slow host.
+    lost_copy_s: float | None = None
+    slow_host_tasks: int | None = None
+    # The second job: the hosts on the fleet list when its application started.
+    fleet_listed: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -80,6 +89,8 @@ class BenchRun:
     records: list[RunRecord]
     spark_defaults: dict[str, str]
     wall_s: float
+    # The bench policy's values this run changed, and why.
+    policy_changes: dict[str, str] = field(default_factory=dict)
 
 
 def write_settings(
@@ -178,13 +189,21 @@ class Bench:
         self.contenders = contenders
         self._references: dict[Path, pd.DataFrame] = {}
 
+    @property
+    def second_jobs(self) -> bool:
+        """Whether an attached run on a node slow throughout is followed by a second job."""
+        return any(c.attach for c in self.contenders) and any(
+            s.mode == "io" and s.slow_throughout for s in self.scenarios
+        )
+
     def run(self) -> BenchRun:
         from tailguard import stack
         from tailguard.settings_file import load_settings
 
         started = time.monotonic()
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        config = write_settings(self.work_dir, self.size, self.io)
+        changes = {BLOCK_DURATION_KEY: SECOND_JOB_BLOCK} if self.second_jobs else {}
+        config = write_settings(self.work_dir, self.size, self.io, changes)
         settings = load_settings(config, environ={})
         data = {
             s.name: prepare_data(self.work_dir, self.io if s.mode == "io" else self.size, s)
@@ -206,12 +225,11 @@ class Bench:
                     for scenario in (s for s in self.scenarios if s.mode == mode):
                         for i in range(self.runs):
                             for contender in self.contenders:
-                                records.append(
-                                    self._logged(
-                                        cluster, settings, scenario, contender, i, data, defaults
-                                    )
-                                )
-        return BenchRun(records, defaults, time.monotonic() - started)
+                                run = (cluster, settings, scenario, contender, i, data, defaults)
+                                records.append(self._logged(*run))
+                                if contender.attach and scenario.slow_throughout:
+                                    records.append(self._logged(*run, second=True))
+        return BenchRun(records, defaults, time.monotonic() - started, changes)
 
     def _logged(
         self,
@@ -222,10 +240,12 @@ class Bench:
         index: int,
         data: dict[str, Path],
         defaults: dict[str, str],
+        second: bool = False,
     ) -> RunRecord:
-        label = f"{scenario.name} run {index + 1}/{self.runs}: {contender.name}"
+        name = SECOND_JOB if second else contender.name
+        label = f"{scenario.name} run {index + 1}/{self.runs}: {name}"
         self.say(f"{label} ...")
-        rec = self._one(cluster, settings, scenario, contender, index, data, defaults)
+        rec = self._one(cluster, settings, scenario, contender, index, data, defaults, second)
         outcome = f"{rec.job_s:.1f} s" if rec.ok and rec.job_s else f"FAILED {rec.error}"
         self.say(f"{label}: {outcome} (load {rec.load_after})")
         return rec
@@ -241,34 +261,45 @@ class Bench:
         index: int,
         data: dict[str, Path],
         defaults: dict[str, str],
+        second: bool = False,
     ) -> RunRecord:
+        """One contender's run in a session of its own. `second`: the attached contender's
+        second job, which follows its run on a node slow throughout: a new application on the
+        same cluster, the host still slow and (if the first blocked it) on the fleet list."""
         from pyspark import SparkContext
 
         from tailguard import stack
-        from tailguard.agent.adapters.spark import session_builder
 
-        slug = contender.name.replace(" ", "").replace("(", "-").replace(")", "").replace("+", "-")
-        output = self.work_dir / "out" / f"{scenario.name}-{slug}-{index}"
+        name = SECOND_JOB if second else contender.name
+        slug = name.replace(" ", "").replace("(", "-").replace(")", "").replace("+", "-")
+        output = self.work_dir / "out" / f"{scenario.name}-{slug.replace(',', '-')}-{index}"
         shutil.rmtree(output, ignore_errors=True)
-        app = f"bench {scenario.name} {contender.name}"
-        if contender.tailguard:
-            # UI off as for the plain contenders (plain_spark): the same conditions for all.
-            builder = session_builder(cluster.master_url, app_name=app).config(
-                "spark.ui.enabled", "false"
-            )
-        else:
-            builder = plain_spark.session_builder(cluster.master_url, app, contender.spark_conf)
-        rec = RunRecord(scenario.name, contender.name, index, None, False)
+        rec = RunRecord(scenario.name, name, index, None, False)
         slow = cluster.hosts()[-1]
-        spark = builder.getOrCreate()
+        listed: set[str] = set()
+        try:
+            if second:
+                listed = fleet_hosts(settings)
+                rec.fleet_listed = sorted(listed)
+            elif self.second_jobs and (contender.attach or contender.services):
+                # A block lasts SECOND_JOB_BLOCK here: only the second job may start with one.
+                fleet_clear(settings)
+        except Exception as err:  # the run goes on; the second job's report shows the list
+            self.say(f"the fleet list could not be read or cleared: {err}")
+        spark = self._builder(
+            cluster.master_url, f"bench {scenario.name} {name}", contender, settings
+        ).getOrCreate()
+        app_id: str | None = None
         try:
             spark.sparkContext.setLogLevel("ERROR")
             if not defaults:
                 defaults.update(_speculation_defaults(spark))
             stack.await_executors(spark, cluster.hosts())
-            plain_spark.warm_up(spark.sparkContext, cluster.hosts())
+            # A listed host gets no task, not even the warm-up's (it would wait for it).
+            usable = [h for h in cluster.hosts() if h not in listed]
+            plain_spark.warm_up(spark.sparkContext, usable)
             if scenario.mode == "io":
-                _check_slowness_reaches_tasks(spark.sparkContext, cluster)
+                _check_slowness_reaches_tasks(spark.sparkContext, cluster, usable)
             if scenario.has_slow_node:
                 # CPU mode: after registration (a throttled executor registers late).
                 cluster.throttle(
@@ -279,27 +310,26 @@ class Bench:
             if contender.tailguard:
                 self._run_tailguard(spark, settings, scenario, contender, data, output, rec)
             else:
-                attachment = _attach(spark, settings) if contender.attach else None
-                try:
-                    run = plain_spark.run_job(
-                        spark,
-                        scenario.shape,
-                        data[scenario.name],
-                        output,
-                        self.size.work,
-                        self.io.task_s,
-                        self.io.rows_per_split,
-                        self.io.stages,
-                    )
-                finally:
-                    if attachment is not None:
-                        attachment.close()
-                if attachment is not None:
-                    _from_attached(settings, attachment.app_id, rec)
+                # The session was built with `tailguard.spark_conf`: attached from its start;
+                # `attach` gives the handle (its application id).
+                app_id = _attach(spark, settings).app_id if contender.attach else None
+                run = plain_spark.run_job(
+                    spark,
+                    scenario.shape,
+                    data[scenario.name],
+                    output,
+                    self.size.work,
+                    self.io.task_s,
+                    self.io.rows_per_split,
+                    self.io.stages,
+                )
                 rec.job_s = run.duration_s
                 rec.ok = True
                 rec.speculative_attempts = run.speculative_tasks
                 rec.stage_work = [asdict(w) for w in run.stage_work]
+                rec.lost_copy_s = round(run.lost_copy_s, 3)
+                if scenario.has_slow_node:
+                    rec.slow_host_tasks = sum(t.host == slow for t in run.spark_tasks)
         except Exception as err:  # a failed run is reported, the bench goes on
             rec.ok = False
             rec.error = f"{type(err).__name__}: {err}"[:500]
@@ -310,6 +340,9 @@ class Bench:
                 raise RuntimeError("the SparkContext is still active after spark.stop()")
             with contextlib.suppress(Exception):
                 cluster.unthrottle(slow)
+        if app_id is not None:
+            # The plugin's relay ends with the application: its summary is complete now.
+            _from_attached(settings, app_id, rec)
         if rec.ok:
             rec.output_equal = self._output_equal(data[scenario.name], output)
             rec.ok = bool(rec.output_equal)
@@ -317,6 +350,22 @@ class Bench:
                 rec.error = "output differs from the pandas reference"
         shutil.rmtree(output, ignore_errors=True)
         return rec
+
+    @staticmethod
+    def _builder(master: str, app: str, contender: Contender, settings: Any) -> Any:
+        """The contender's session: UI off for all (the same conditions); the attached one
+        built as docs/attach.md tells a user, with `tailguard.spark_conf` (the plugin, the
+        query-stage rule, the 2 s executor heartbeat the slow-host rule needs)."""
+        from tailguard.agent.adapters.spark import session_builder
+
+        if contender.tailguard:
+            return session_builder(master, app_name=app).config("spark.ui.enabled", "false")
+        conf = list(contender.spark_conf)
+        if contender.attach:
+            import tailguard
+
+            conf += tailguard.spark_conf(settings.overrides()).items()
+        return plain_spark.session_builder(master, app, conf)
 
     def _run_tailguard(
         self,
@@ -408,11 +457,34 @@ def _from_attached(settings: Any, app_id: str, rec: RunRecord) -> None:
         rec.speculative_wins = sum(isinstance(e, r.SpeculativeAttemptWon) for e in events)
 
 
-def _check_slowness_reaches_tasks(sc: Any, cluster: Any) -> None:
+def fleet_hosts(settings: Any) -> set[str]:
+    """The hosts on the fleet list (`tailguard.blocklist`) now, as an application starting
+    now would read them."""
+    from tailguard.blocklist.fleet_topic import read_changes
+    from tailguard.model.fleet import current_entries
+
+    return set(current_entries(read_changes(settings), int(time.time() * 1000)))
+
+
+def fleet_clear(settings: Any) -> None:
+    """Take every host off the fleet list, as `tailguard blocklist remove HOST` does."""
+    from tailguard.blocklist.fleet_topic import publish
+    from tailguard.model.authority import OPERATOR
+    from tailguard.model.fleet import FleetBlock
+    from tailguard.model.ids import derived_id
+
+    for host in sorted(fleet_hosts(settings)):
+        now = int(time.time() * 1000)
+        entry_id = derived_id(OPERATOR, "remove", host, now)
+        entry = FleetBlock(job_id=OPERATOR, ts=now, id=entry_id, host=host, until_ts=None)
+        publish(settings, entry, OPERATOR)
+
+
+def _check_slowness_reaches_tasks(sc: Any, cluster: Any, hosts: list[str]) -> None:
     """Every host's tasks read the slowness file `tailguard cluster` writes for that host, and
     are healthy before the scenario starts: otherwise an I/O-mode run would measure nothing."""
-    seen = plain_spark.probe_slowness(sc, cluster.hosts())
-    for host in cluster.hosts():
+    seen = plain_spark.probe_slowness(sc, hosts)
+    for host in hosts:
         want = str(slowness.slowness_file(cluster.work_dir, host))
         path, factor = seen.get(host, (None, 0.0))
         if path != want:

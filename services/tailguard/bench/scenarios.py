@@ -43,6 +43,11 @@ class Scenario:
     def has_slow_node(self) -> bool:
         return self.slow_factor > 1.0
 
+    @property
+    def slow_throughout(self) -> bool:
+        """One node slow for the whole job (and after it: the second job's case)."""
+        return self.has_slow_node and self.slow_for_s is None
+
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -106,7 +111,16 @@ CONTENDERS: tuple[Contender, ...] = (
 )
 SERVICES_CONTENDER = CONTENDERS[0].name
 TAILGUARD_CONTENDERS = tuple(c.name for c in CONTENDERS if c.tailguard)
-PLAIN_CONTENDERS = tuple(c.name for c in CONTENDERS if not c.tailguard)
+# Spark's own mechanisms: the plain contenders, not the attached one.
+PLAIN_CONTENDERS = tuple(c.name for c in CONTENDERS if not c.tailguard and not c.attach)
+PYSPARK_CONTENDER = "pyspark"
+TUNED_SPECULATION_CONTENDER = "pyspark+speculation(flink-like)"
+ATTACH_CONTENDER = CONTENDERS[-1].name
+# Not a contender of its own: after each attached run on a node slow for the whole job, a
+# second attached application on the same cluster, the host still slow (`Bench._second_job`).
+SECOND_JOB = f"{ATTACH_CONTENDER}, second job"
+# The order of the tables' rows: the second job under the run it follows.
+ROW_ORDER = (*(c.name for c in CONTENDERS), SECOND_JOB)
 # `make bench-attach`: the unmodified job, plain, with Spark's speculation both ways, attached.
 ATTACH_CONTENDERS = (
     "pyspark",
@@ -114,6 +128,12 @@ ATTACH_CONTENDERS = (
     "pyspark+speculation(flink-like)",
     "pyspark+tailguard-attach",
 )
+# The second job must start while the first attached application's fleet block is in force:
+# after a session's start-up (tens of seconds on a loaded machine), so longer than the 6 s
+# of BENCH_POLICY, which suits one job (`Bench` uses it when a second job runs; it clears the
+# fleet list before every other run that reads it, so no other run inherits the block).
+SECOND_JOB_BLOCK = "2 min"
+BLOCK_DURATION_KEY = "execution.batch.speculative.block-slow-node-duration"
 
 
 @dataclass(frozen=True)

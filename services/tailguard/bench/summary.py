@@ -8,12 +8,17 @@ from typing import Any
 
 from tailguard.bench import report
 from tailguard.bench.scenarios import (
+    ATTACH_CONTENDER,
     CONTENDERS,
     IO_FULL,
     PLAIN_CONTENDERS,
+    PYSPARK_CONTENDER,
+    ROW_ORDER,
     SCENARIOS,
+    SECOND_JOB,
     SERVICES_CONTENDER,
     TAILGUARD_CONTENDERS,
+    TUNED_SPECULATION_CONTENDER,
     IoSize,
     Scenario,
 )
@@ -25,6 +30,12 @@ HEALTHY_IO_GOAL = 1.05
 SLOW_IO_GOAL = 0.9
 SLOW_IO_LIMIT_GOAL = 1.15
 CPU_SALES_GOAL = 1.1
+# Issue 23's targets for attach mode (`make bench-attach`), every rep.
+ATTACH_SLOW_VS_BEST_GOAL = 1.0
+ATTACH_SLOW_VS_PLAIN_GOAL = 0.9
+ATTACH_LOST_WORK_GOAL = 0.5  # of the tuned speculation's
+ATTACH_HEALTHY_GOAL = 1.02
+SECOND_JOB_COST_GOAL_S = 0.5
 
 
 @dataclass
@@ -58,21 +69,22 @@ def figures(runs: Sequence[Run], scenario: Scenario, io: IoSize = IO_FULL) -> Sc
     name = scenario.name
     rows = []
     medians: dict[str, float] = {}
-    present = {x["contender"] for x in runs}
-    for c in (c for c in CONTENDERS if c.name in present):
-        mine = [x for x in runs if x["scenario"] == name and x["contender"] == c.name]
+    present = {x["contender"] for x in runs if x["scenario"] == name}
+    for c in (c for c in ROW_ORDER if c in present):
+        mine = [x for x in runs if x["scenario"] == name and x["contender"] == c]
         ok = [x for x in mine if x["ok"]]
         times = [float(x["job_s"]) for x in ok]
         if times:
-            medians[c.name] = report.spread(times).median
+            medians[c] = report.spread(times).median
         rows.append(
             report.Row(
-                c.name,
+                c,
                 times,
                 [x.get("speculative_attempts") for x in ok],
-                [len(x["blocked_hosts"]) if c.tailguard else None for x in ok],
+                [None if c in PLAIN_CONTENDERS else len(x["blocked_hosts"]) for x in ok],
                 failed=len(mine) - len(ok),
                 load=[float(x["load_after"]) for x in mine if x.get("load_after") is not None],
+                lost_copy_s=[x.get("lost_copy_s") for x in ok],
             )
         )
     plain = {c: medians[c] for c in PLAIN_CONTENDERS if c in medians}
@@ -96,6 +108,11 @@ def figures(runs: Sequence[Run], scenario: Scenario, io: IoSize = IO_FULL) -> Sc
             "no overhead"
         ] = limit
         extra["fluid bound: total work / capacity"] = bounds.fluid_s
+        if SECOND_JOB in present:
+            extra[
+                f"physical limit with the slow host blocked: {io.tasks} tasks on "
+                f"{io.workers - 1} hosts"
+            ] = report.io_limit(io.tasks, io.task_s, io.workers - 1).tasks_s
     table = report.scenario_table(rows, best_plain, extra)
     out = ScenarioFigures(scenario, medians, best_plain, ideal, limit, table)
     out.goals = goals(out, runs)
@@ -140,6 +157,8 @@ def goals(f: ScenarioFigures, runs: Sequence[Run]) -> list[str]:
             )
     if s.shape == "sales" and not s.has_slow_node:
         lines += _vs_best_plain(f, TAILGUARD_CONTENDERS, CPU_SALES_GOAL, "≤")
+    if s.mode == "io" and ATTACH_CONTENDER in f.medians:
+        lines += attach_goals(f, runs)
     if s.shape == "skew":
         lines += _skew_goal(f, runs)
     return lines
@@ -164,6 +183,118 @@ def _skew_goal(f: ScenarioFigures, runs: Sequence[Run]) -> list[str]:
         f"{len(checked)} tailguard+services runs (goal 0: {_verdict(not hit)}); "
         f"speculative launches for other subtasks: {others}"
     ]
+
+
+def _by_rep(runs: Sequence[Run], scenario: str, contender: str) -> dict[int, Run]:
+    return {int(x.get("run_index", 0)): x for x in _ok(runs, scenario, contender)}
+
+
+def _every_rep(label: str, values: Sequence[float], goal: float, unit: str = "") -> str:
+    """One target over every rep: each rep's figure, met only if every rep meets it."""
+    if not values:
+        return f"{label}: no rep to compare (goal ≤ {goal:g}{unit}: NOT met)"
+    shown = ", ".join(f"{v:.2f}{unit}" for v in values)
+    met = all(v <= goal for v in values)
+    return f"{label}, per rep: {shown} (goal ≤ {goal:g}{unit} every rep: {_verdict(met)})"
+
+
+def _paired(runs: Sequence[Run], scenario: str, a: str, b: str, key: str) -> list[float]:
+    """Per rep in which both ran: a's `key` over b's (runs interleaved: the same round)."""
+    mine, theirs = _by_rep(runs, scenario, a), _by_rep(runs, scenario, b)
+    return [
+        float(mine[i][key]) / float(theirs[i][key])
+        for i in sorted(mine.keys() & theirs.keys())
+        if mine[i].get(key) is not None and theirs[i].get(key)
+    ]
+
+
+def attach_goals(f: ScenarioFigures, runs: Sequence[Run]) -> list[str]:
+    """Issue 23's targets for the attached job, each rep against the same round's run."""
+    s, a = f.scenario, ATTACH_CONTENDER
+    if not s.has_slow_node:
+        return [
+            _every_rep(
+                f"healthy: {a} / {PYSPARK_CONTENDER}",
+                _paired(runs, s.name, a, PYSPARK_CONTENDER, "job_s"),
+                ATTACH_HEALTHY_GOAL,
+            )
+        ]
+    if not s.slow_throughout:
+        return []
+    lines = []
+    if f.best_plain:
+        lines.append(
+            _every_rep(
+                f"slow node: {a} / the best Spark contender ({f.best_plain})",
+                _paired(runs, s.name, a, f.best_plain, "job_s"),
+                ATTACH_SLOW_VS_BEST_GOAL,
+            )
+        )
+    lines.append(
+        _every_rep(
+            f"slow node: {a} / {PYSPARK_CONTENDER}",
+            _paired(runs, s.name, a, PYSPARK_CONTENDER, "job_s"),
+            ATTACH_SLOW_VS_PLAIN_GOAL,
+        )
+    )
+    lines.append(_lost_work_goal(runs, s.name))
+    lines += _second_job_goal(runs, s.name)
+    outcome = [float(ms) for x in _ok(runs, s.name, a) for ms in x.get("relay_to_outcome_ms") or ()]
+    lines.append(f"{a}: {report.relay_to_outcome_line(outcome)}")
+    return lines
+
+
+def _lost_work_goal(runs: Sequence[Run], scenario: str) -> str:
+    a, tuned = ATTACH_CONTENDER, TUNED_SPECULATION_CONTENDER
+    mine, theirs = _by_rep(runs, scenario, a), _by_rep(runs, scenario, tuned)
+    pairs = [
+        (float(mine[i]["lost_copy_s"]), float(theirs[i]["lost_copy_s"]))
+        for i in sorted(mine.keys() & theirs.keys())
+        if mine[i].get("lost_copy_s") is not None and theirs[i].get("lost_copy_s") is not None
+    ]
+    label = f"extra work (task-s of copies that lost): {a} against {tuned}"
+    if not pairs:
+        return f"{label}: no rep to compare (goal ≤ {ATTACH_LOST_WORK_GOAL:g}×: NOT met)"
+    shown = ", ".join(f"{x:.1f} s vs {y:.1f} s" for x, y in pairs)
+    met = all(x <= ATTACH_LOST_WORK_GOAL * y for x, y in pairs)
+    return (
+        f"{label}, per rep: {shown} (goal ≤ {ATTACH_LOST_WORK_GOAL:g}× every rep: {_verdict(met)})"
+    )
+
+
+def _second_job_goal(runs: Sequence[Run], scenario: str) -> list[str]:
+    """The second application on the cluster, the host still slow: was the host on the fleet
+    list when it started, did any of its tasks go there, and what did the slow host cost it
+    against the attached job's healthy median."""
+    seconds = [x for x in runs if x["scenario"] == scenario and x["contender"] == SECOND_JOB]
+    if not seconds:
+        return []
+    healthy_scenario = SCENARIOS[scenario].healthy
+    healthy = _ok_times(runs, healthy_scenario, ATTACH_CONTENDER) if healthy_scenario else []
+    lines = []
+    for x in sorted(seconds, key=lambda x: int(x.get("run_index", 0))):
+        listed = x["slow_host"] in (x.get("fleet_listed") or ())
+        where = (
+            f"slow host {x['slow_host']} {'on' if listed else 'NOT on'} the fleet list at start, "
+            f"{x.get('slow_host_tasks')} of its tasks there"
+        )
+        rep = int(x.get("run_index", 0)) + 1
+        if not x["ok"] or not healthy:
+            lines.append(
+                f"second job, rep {rep}: {where}; cost not measured "
+                f"({x.get('error') or 'no attached healthy run'}) (goal ≤ "
+                f"{SECOND_JOB_COST_GOAL_S:g} s: NOT met)"
+            )
+            continue
+        reference = report.spread(healthy).median
+        cost = float(x["job_s"]) - reference
+        met = listed and x.get("slow_host_tasks") == 0 and cost <= SECOND_JOB_COST_GOAL_S
+        lines.append(
+            f"second job, rep {rep}: {where}; {float(x['job_s']):.1f} s against the attached "
+            f"healthy median {reference:.1f} s: pays {cost:+.1f} s (goal: starts with the host "
+            f"blocked and pays ≤ {SECOND_JOB_COST_GOAL_S:g} s: {_verdict(met)})"
+        )
+    return lines
 
 
 def dispatch_samples(runs: Sequence[Run]) -> tuple[list[float], list[float]]:
