@@ -43,6 +43,8 @@ TYPE_DOCS: dict[str, str] = {
     "JobGraphSpec": "The user's job graph as submitted: vertices and edges.",
     "InputRange": "What one consumer subtask reads of one input (ExecutionVertexInputInfo).",
     "SubtaskInputs": "The input ranges one subtask of a vertex reads.",
+    "SkewSplit": "A skewed subpartition of one input, split along its producer's partitions.",
+    "BroadcastJoin": "Why a join reads one side broadcast (adaptive broadcast join).",
     "PartitionRef": "A result partition: the output of one attempt of one producer subtask.",
     "TaskRef": "One subtask of a vertex.",
     "AttemptRef": "One attempt of one subtask.",
@@ -104,6 +106,24 @@ FIELD_DOCS: dict[str, str] = {
         "Lower bound of the parallelism the decider chooses; null: the job's min-parallelism "
         "applies."
     ),
+    "join": (
+        "The relational join the vertex runs (inner, left, right, full, semi, anti; input 0 is "
+        "the left side); null for any other vertex."
+    ),
+    "skew_splits": "The skewed subpartitions split across subtasks; empty when none was.",
+    "SkewSplit.input": "Name of the producing vertex whose subpartition was split.",
+    "SkewSplit.subpartition": "Index of the skewed subpartition.",
+    "SkewSplit.bytes": "Bytes of that subpartition, summed over the producer's partitions.",
+    "SkewSplit.threshold": "The skew threshold those bytes exceeded.",
+    "SkewSplit.pieces": "Into how many partition ranges the subpartition was cut.",
+    "broadcast": (
+        "Set when the decider turned the join into a broadcast join: the side read broadcast "
+        "and why; null otherwise."
+    ),
+    "BroadcastJoin.input": "Name of the producing vertex read broadcast by every subtask.",
+    "BroadcastJoin.side": "Which side of the join it is: left (input 0) or right (input 1).",
+    "BroadcastJoin.bytes": "Bytes that side produced, summed over its partitions.",
+    "BroadcastJoin.threshold": "The table.optimizer.join.broadcast-threshold they were under.",
     "speculation_safe": "Whether concurrent attempts of one subtask are allowed.",
     "split_bytes": "Sources only: size in bytes of each split, in deterministic split order.",
     "operators": (

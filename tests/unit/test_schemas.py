@@ -174,6 +174,7 @@ RELEASED_DIGESTS = {
     "v5": "9f9dd9b0275f9bf6",
     "v6": "7691d83bfcd26bd0",
     "v7": "0318ba1e2ff96e3e",
+    "v8": "703b11adc43edf48",
 }
 
 

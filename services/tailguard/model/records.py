@@ -97,6 +97,10 @@ class VertexSpec:
     operators: tuple[str, ...] = ()
     # None: the job's min-parallelism applies (Flink 2.1's per-vertex `vertexMinParallelism`).
     min_parallelism: int | None = None
+    # The relational join this vertex runs (`how`: inner, left, right, full, semi, anti; input
+    # 0 is the left side), None for any other vertex: which side's skewed subpartitions the
+    # decider may split follows from it (Flink's adaptive skewed join).
+    join: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,11 +488,44 @@ class UnblockNodes(Command):
     hosts: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SkewSplit:
+    """One skewed subpartition of one input that the decider split along its producer's
+    partitions (Flink's adaptive skewed join): its bytes, the threshold they exceeded, and
+    into how many pieces, each read by its own subtask(s) with the other side's whole
+    matching subpartition."""
+
+    input: str
+    subpartition: int
+    bytes: int
+    threshold: int
+    pieces: int
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastJoin:
+    """Why a join reads one side broadcast (Flink's `AdaptiveBroadcastJoinOptimizationStrategy`):
+    that side's producer, which side of the join it is, the bytes it produced and the
+    `table.optimizer.join.broadcast-threshold` they were under."""
+
+    input: str
+    side: str
+    bytes: int
+    threshold: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SetParallelism(Command):
     vertex: str
     parallelism: int
     subtask_inputs: tuple[SubtaskInputs, ...]
+    # The skewed subpartitions split across subtasks (why some subtasks read a partition range
+    # of a hash-partitioned input); empty when none was.
+    skew_splits: tuple[SkewSplit, ...] = ()
+    # Set when the decider turned a join into a broadcast join (Flink's adaptive broadcast
+    # join): the side read broadcast by every subtask and why; the other side is then read as
+    # it was produced, one partition range per subtask, with no shuffle.
+    broadcast: BroadcastJoin | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
