@@ -112,7 +112,8 @@ class ServiceMetrics:
         ).labels(service)
         self.rebuilt = Counter(
             "tailguard_service_records_rebuilt",
-            "input records re-read at start to rebuild the core's state (outputs suppressed)",
+            "input records re-read to rebuild the core's state, at start or on taking a "
+            "partition over (outputs suppressed)",
             labels,
             registry=r,
         ).labels(service)
@@ -125,6 +126,12 @@ class ServiceMetrics:
         self.ready = Gauge(
             "tailguard_service_ready",
             "1 once the service consumes live (what /health reports), 0 before",
+            labels,
+            registry=r,
+        ).labels(service)
+        self.partitions_owned = Gauge(
+            "tailguard_service_partitions_owned",
+            "partitions of the input topic this instance owns in its group (scale-out)",
             labels,
             registry=r,
         ).labels(service)

@@ -124,6 +124,22 @@ class Processor:
             outputs = [*self.announcer.before(record), *self.core.handle(record)]
         return [self._outgoing(o, record) for o in outputs]
 
+    def unseen_from(self, partition: int, offset: int) -> int | None:
+        """Where the core's input on `partition` stops, if it stops before `offset`: the
+        records in between were processed by another instance of the service, which owned the
+        partition until a rebalance (scale-out: docs/operations.md), and must be fed to the core
+        (`replay`) before the record at `offset`. None when the core has seen them all. A
+        partition never read counts from its start."""
+        if offset < self.restored_up_to.get(partition, 0):
+            return None
+        if partition in self._read_to:
+            seen = self._read_to[partition][0]
+        elif partition in self._positions:
+            seen = self._positions[partition].next_offset
+        else:
+            seen = 0
+        return seen if seen < offset else None
+
     def _refused(self, raw: bytes | None, headers: ReceivedHeaders) -> str | None:
         topic = self.definition.input_topic
         return input_problem(topic, self._verifier.verify(topic, raw or b"", headers))

@@ -6,6 +6,11 @@ input topic from the snapshot's positions (from the beginning without one) up to
 feeds the core with the outputs suppressed: what it emitted for those records was published by
 its previous incarnation. Records after the committed offsets are processed live again, so a
 decision whose input was not committed is re-emitted — with the same id, which the agent ignores.
+
+With several instances in the group (scale-out), a partition can also change hands while both
+run: the instance given it catches up first (`catch_up`), from where its own state on that
+partition stops to the first record the stream hands over, whatever the other instance did
+meanwhile.
 """
 
 from __future__ import annotations
@@ -52,21 +57,49 @@ def rebuild(
     consumer = read_only_consumer(settings, group_id)
     try:
         ends = committed_offsets(consumer, topic, timeout)
-        fed = 0
-        if ends:
-            for msg in read_to_end(consumer, topic, starts=start_at, ends=ends, stall_s=timeout):
-                feed(
-                    msg.value(),
-                    msg.partition() or 0,
-                    msg.offset() or 0,
-                    message_headers(msg.headers()),
-                )
-                fed += 1
-                if progress is not None and fed % 10_000 == 0:
-                    progress(fed)
+        fed = _feed_range(consumer, topic, start_at, ends, feed, timeout, progress) if ends else 0
         return Rebuilt(fed, ends)
     finally:
         consumer.close()
+
+
+def catch_up(
+    settings: Mapping[str, str],
+    group_id: str,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    feed: Callable[[bytes | None, int, int, ReceivedHeaders], None],
+    timeout: float = 10.0,
+) -> int:
+    """Feed `feed` the records of one partition from `start` up to `end` (the first record the
+    live stream hands over): what another instance of the service in the same group processed
+    while it owned the partition, so that its jobs' state is whole before this instance decides
+    for them (the outputs were published by that instance). Returns how many were fed."""
+    consumer = read_only_consumer(settings, group_id)
+    try:
+        return _feed_range(consumer, topic, {partition: start}, {partition: end}, feed, timeout)
+    finally:
+        consumer.close()
+
+
+def _feed_range(
+    consumer: Consumer,
+    topic: str,
+    starts: Mapping[int, int] | None,
+    ends: Mapping[int, int],
+    feed: Callable[[bytes | None, int, int, ReceivedHeaders], None],
+    timeout: float,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    fed = 0
+    for msg in read_to_end(consumer, topic, starts=starts, ends=ends, stall_s=timeout):
+        feed(msg.value(), msg.partition() or 0, msg.offset() or 0, message_headers(msg.headers()))
+        fed += 1
+        if progress is not None and fed % 10_000 == 0:
+            progress(fed)
+    return fed
 
 
 def snapshot_mismatch(

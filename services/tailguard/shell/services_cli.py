@@ -56,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "them in <work-dir>/kafka/secure/credentials; or your secrets mount)",
     )
     parser.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with up: N instances of each service that scales out, sharing its topic's "
+        "partitions in one consumer group (the blocklist runs one; docs/operations.md)",
+    )
+    parser.add_argument(
         "--metrics-port", type=int, default=0, help="with run: metrics port (0: a free one)"
     )
     parser.add_argument("--metrics-host", default="127.0.0.1", help="with run: metrics address")
@@ -126,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
                 # --log-format: how the services write their log files.
                 log_format=getattr(args, "log_format", None),
                 env_of=lambda name: logins.get(name, {}),
+                count=args.instances,
             )
             if args.foreground:
                 stopped = threading.Event()
@@ -141,13 +150,12 @@ def run(args: argparse.Namespace) -> int:
         current = running(work_dir)
         healthy = True
         for name in names:
-            service = current.get(name)
-            if service is None:
+            if name not in current:
                 print(f"{name}: not running")
-            else:
+            for service in (s for s in current.values() if s.service == name):
                 health = service.health()
                 healthy = healthy and health == "ready"
-                print(f"{name}: {health}, pid {service.pid}, {service.metrics_url}/metrics")
+                print(f"{service.name}: {health}, pid {service.pid}, {service.metrics_url}/metrics")
         return 0 if healthy and all(n in current for n in names) else 1
     except (ServiceError, SecureBrokerError) as err:
         print(f"tailguard services: {err}", file=sys.stderr)

@@ -69,6 +69,15 @@ class Service:
     local_fallback: bool = False
     # How each key of the core's metrics() is exported (a test checks that every key is listed).
     metrics: tuple[CoreMetric, ...] = ()
+    # Why the service must run as one instance, or "" if several in its group may share its
+    # topic's partitions (`tailguard services up --instances N`). Records of a job share a key
+    # and so a partition: a core whose state is per job decides the same whichever instance
+    # owns the job. A core whose decisions for one job read other jobs' records does not.
+    one_instance_why: str = ""
+
+    @property
+    def scales_out(self) -> bool:
+        return not self.one_instance_why
 
     @property
     def group_id(self) -> str:
@@ -117,6 +126,10 @@ SERVICES: tuple[Service, ...] = (
         # the input it depends on).
         retention=CoreState,
         metrics=service_metrics.BLOCKLIST,
+        one_instance_why=(
+            "its fleet view counts evidence from every job together, so instances splitting the "
+            "findings' partitions would each see part of it and block other hosts than one does"
+        ),
     ),
     Service(
         "decider",

@@ -109,9 +109,10 @@ class Services:
 
         return supervisor.running(self.work_dir)
 
-    def start(self, names: Sequence[str] | None = None) -> dict[str, Any]:
-        """Start those of `names` (default: all of this set) that are not running; returns
-        when they are ready."""
+    def start(self, names: Sequence[str] | None = None, instances: int = 1) -> dict[str, Any]:
+        """Start those of `names` (default: all of this set) that are not running, `instances`
+        of each that scales out (`detector`, `detector-2`...: `tailguard services up
+        --instances`); returns every instance of them, by instance name, once all are ready."""
         from tailguard.shell import supervisor
 
         wanted = list(names or self.names)
@@ -122,6 +123,7 @@ class Services:
             config=str(self.config),
             report=_quiet,
             on_launch=self.on_launch,
+            count=instances,
         )
         self.started |= set(wanted) - before
         return running
