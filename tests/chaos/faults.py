@@ -20,13 +20,13 @@ from tests.driver_inbox import wait_until_received
 
 from tailguard.agent.executor.partitions import partition_dir
 from tailguard.broker.embedded import EmbeddedBroker
-from tailguard.cluster import procs
 from tailguard.codec import codec_for
 from tailguard.kafka.dead_letters import dlq_topic
 from tailguard.kafka.producer import RecordProducer
 from tailguard.model import records as r
 from tailguard.model.authority import UNAUTHENTICATED_COMMANDS_TOPIC
 from tailguard.model.ids import derived_id
+from tailguard.processes import trees
 from tailguard.testing import Broker, Services
 
 # The prefix of every record id a forging case makes up: replay flags such records as
@@ -105,7 +105,7 @@ class BrokerKill(Fault):
         assert state is not None, "no broker running to kill"
         began = time.monotonic()
         os.kill(state.pid, signal.SIGKILL)
-        if not procs.wait_gone([state.pid], 10.0):
+        if not trees.wait_gone([state.pid], 10.0):
             raise RuntimeError(f"broker pid {state.pid} alive after SIGKILL")
         bootstrap = embedded.start()
         restarted = embedded.status()
@@ -130,8 +130,8 @@ class BrokerKill(Fault):
 
 def executor_jvm(worker_pid: int) -> int | None:
     """The executor JVM a Spark worker launched (its child running the executor backend)."""
-    for pid in procs.descendants(worker_pid)[1:]:
-        if "CoarseGrainedExecutorBackend" in procs.cmdline(pid):
+    for pid in trees.descendants(worker_pid)[1:]:
+        if "CoarseGrainedExecutorBackend" in trees.cmdline(pid):
             return pid
     return None
 
@@ -157,7 +157,7 @@ class HostProcessKill(Fault):
         attempt = live[0]
         root = self.cluster.worker(attempt.host).pid
         if self.what == "worker":
-            victims = procs.descendants(root)
+            victims = trees.descendants(root)
         else:
             jvm = executor_jvm(root)
             if jvm is None:
@@ -165,7 +165,7 @@ class HostProcessKill(Fault):
                 return
             victims = [jvm]
         began = time.monotonic()
-        procs.signal_all(victims, signal.SIGKILL)
+        trees.signal_all(victims, signal.SIGKILL)
         self.injected = 1
         self.victim = (attempt.vertex, attempt.subtask, attempt.host)
         self.notes.append(

@@ -39,12 +39,12 @@ from tests.chaos.toolkit import CaseResult, Fault, SalesData, run_case, sales_da
 from tailguard import filesystems
 from tailguard.agent.executor.sinks import committed_files
 from tailguard.broker.embedded import EmbeddedBroker
-from tailguard.cluster import procs
 from tailguard.cluster.local import free_port
 from tailguard.demo import DEMO_POLICY, IO_S_PER_ROW, SLOW_MODE
 from tailguard.examples import sales_by_region as example
 from tailguard.kafka.signing import KEY_SETTING
 from tailguard.model import records as r
+from tailguard.processes import trees
 from tailguard.system.services import SERVICE_NAMES
 from tailguard.testing import Broker, Harness, Services, run_settings
 from tailguard.testing.harness import toml_settings
@@ -254,7 +254,7 @@ def test_driver_killed_then_recovered(
     )
     job_id, began = _await_first_head_finish(tailguard_services, first, timeout_s=300)
     killed_at = time.monotonic()
-    procs.signal_all(procs.descendants(first.pid), signal.SIGKILL)
+    trees.signal_all(trees.descendants(first.pid), signal.SIGKILL)
     first.wait()
     result.faults = 1
     second = subprocess.run(

@@ -22,6 +22,7 @@ from tailguard.kafka.broker_state import BrokerState, is_broker_process, write_s
 from tailguard.kafka.config import KAFKA_FETCH_WAIT_MS, fetch_wait, is_embedded_cluster
 from tailguard.kafka.producer import RecordProducer
 from tailguard.kafka.topic_reader import EMBEDDED_FETCH_WAIT_MS, TopicReader
+from tailguard.processes.supervised import create_time
 from tailguard.shell.broker_watch import BrokerWatch
 
 
@@ -50,8 +51,11 @@ def test_cli_start_status_stop(tmp_path: Path) -> None:
     assert started.returncode == 0, started.stderr
     assert "deprecated" not in started.stderr
     state = json.loads((work / "broker.json").read_text())
-    assert set(state) == {"pid", "bootstrap", "started_at", "kind"} and state["kind"] == "mock"
+    assert set(state) == {"pid", "bootstrap", "started_at", "kind", "created"}
+    assert state["kind"] == "mock"
     try:
+        # The process by pid and create time: a later process given its pid is not the broker.
+        assert state["created"] == create_time(state["pid"])
         assert state["bootstrap"] in started.stdout.splitlines()
         assert "in memory" in started.stdout and "lost" in started.stdout
         assert is_broker_process(state["pid"])

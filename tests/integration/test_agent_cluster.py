@@ -30,10 +30,10 @@ from tailguard.agent.driver.ports import CommandReceived
 from tailguard.agent.driver.result import RunResult
 from tailguard.agent.executor import control, partitions
 from tailguard.agent.graph.api import Job
-from tailguard.cluster import procs
 from tailguard.examples import orders_by_segment, sales_by_region
 from tailguard.model import records as r
 from tailguard.model.ids import derived_id
+from tailguard.processes import trees
 from tailguard.testing import Harness
 from tailguard.testing import run_job as run_on
 
@@ -471,7 +471,7 @@ def test_killed_worker_mid_attempt_is_node_lost_and_the_job_finishes_exactly(
             return
         host = live[0].host
         root = tailguard_cluster.worker(host).pid
-        procs.signal_all([root, *procs.descendants(root)], signal.SIGKILL)
+        trees.signal_all([root, *trees.descendants(root)], signal.SIGKILL)
         killed.append(host)
 
     recorder = Recorder(reactions=[kill_its_worker])

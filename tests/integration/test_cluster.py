@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from psutil import STATUS_STOPPED as STOPPED
 
-from tailguard.cluster import procs, slowness
+from tailguard.cluster import slowness
 from tailguard.cluster.local import (
     ClusterError,
     LocalCluster,
@@ -32,6 +32,7 @@ from tailguard.cluster.local import (
     find_java,
 )
 from tailguard.cluster.throttle import Throttler
+from tailguard.processes import trees
 
 try:
     find_java()
@@ -57,7 +58,7 @@ def poll(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 
 def tree_states(root: int) -> dict[int, str | None]:
-    return {pid: procs.status_of(pid) for pid in procs.descendants(root)}
+    return {pid: trees.status_of(pid) for pid in trees.descendants(root)}
 
 
 # --------------------------------------------------------------------------- throttler alone
@@ -77,7 +78,7 @@ while True:
 def busy_tree() -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen([sys.executable, "-c", SPAWNS_LATE_CHILD], start_new_session=True)
     yield proc
-    procs.terminate_trees([proc.pid], grace_s=2.0)
+    trees.terminate_trees([proc.pid], grace_s=2.0)
 
 
 def test_throttler_pauses_late_children_and_resumes_all_on_stop(
@@ -121,7 +122,7 @@ def test_detached_throttler_resumes_tree_on_sigterm(busy_tree: subprocess.Popen[
     )
     try:
         poll(
-            lambda: procs.status_of(busy_tree.pid) == STOPPED,
+            lambda: trees.status_of(busy_tree.pid) == STOPPED,
             10.0,
             "the tree to be paused",
         )
@@ -335,7 +336,7 @@ def test_throttled_host_is_measurably_slower_until_unthrottled(
     try:
         throttled = slowdown()
         worker_pid = tailguard_cluster.worker(slow).pid
-        assert len(procs.descendants(worker_pid)) >= 3  # worker, executor, python daemon/worker
+        assert len(trees.descendants(worker_pid)) >= 3  # worker, executor, python daemon/worker
     finally:
         tailguard_cluster.unthrottle(slow)
     restored = slowdown()
@@ -463,7 +464,7 @@ def test_cli_up_status_throttle_down(tmp_path: Path) -> None:
         after = tailguard("status", "--work-dir", work)
         assert after.returncode == 0 and "throttled x5" in after.stdout
         poll(
-            lambda: procs.status_of(worker_pid) == STOPPED,
+            lambda: trees.status_of(worker_pid) == STOPPED,
             10.0,
             "the worker to be paused",
         )
@@ -476,7 +477,7 @@ def test_cli_up_status_throttle_down(tmp_path: Path) -> None:
         assert io.returncode == 0, io.stderr
         assert "in io mode" in io.stderr
         assert "throttled x5 io" in tailguard("--work-dir", work, "status").stdout
-        assert procs.status_of(worker_pid) != STOPPED  # io mode pauses nothing
+        assert trees.status_of(worker_pid) != STOPPED  # io mode pauses nothing
         slow_file = tmp_path / "cli-cluster" / "slowness" / "127.0.0.2.json"
         assert slowness.factor_of(slow_file) == 5.0
         assert tailguard("--work-dir", work, "throttle", "127.0.0.2", "--off").returncode == 0
@@ -489,8 +490,8 @@ def test_cli_up_status_throttle_down(tmp_path: Path) -> None:
         down = tailguard("--work-dir", work, "down")
     assert down.returncode == 0, down.stderr
     assert not (tmp_path / "cli-cluster" / "cluster.json").exists()
-    assert not procs.is_alive(worker_pid)
-    assert not procs.is_alive(state["master_pid"])
+    assert not trees.is_alive(worker_pid)
+    assert not trees.is_alive(state["master_pid"])
     gone = tailguard("--work-dir", work, "status")
     assert gone.returncode == 1
     assert "no cluster state file" in gone.stderr

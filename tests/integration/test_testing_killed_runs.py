@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tailguard.cluster import procs
+from tailguard.processes import trees
 from tailguard.testing import leftovers
 from tailguard.testing.leftovers import LedgerFile, Started
 
@@ -172,7 +172,7 @@ def _left_after(mark: str, named: list[Started], deadline: float) -> list[str]:
     while True:
         left = set(leftovers.marked(mark)) | {p.pid for p in named if p.running()}
         if not left or time.monotonic() >= deadline:
-            return [f"{pid}: {procs.cmdline(pid)[:160]}" for pid in sorted(left)]
+            return [f"{pid}: {trees.cmdline(pid)[:160]}" for pid in sorted(left)]
         time.sleep(0.5)  # other processes' ends: no event to wait on from here
 
 

@@ -29,7 +29,7 @@ def test_a_broker_replaced_faster_than_a_probe_counts_as_lost(tmp_path) -> None:
     import signal
 
     from tailguard.broker.embedded import EmbeddedBroker
-    from tailguard.cluster import procs
+    from tailguard.processes import trees
 
     broker = EmbeddedBroker(tmp_path, mock=True)
     bootstrap = broker.start()
@@ -39,7 +39,7 @@ def test_a_broker_replaced_faster_than_a_probe_counts_as_lost(tmp_path) -> None:
         state = broker.status()
         assert state is not None
         os.kill(state.pid, signal.SIGKILL)
-        assert procs.wait_gone([state.pid], 10.0)
+        assert trees.wait_gone([state.pid], 10.0)
         assert broker.start() == bootstrap  # the same address
         assert watch.probe().reachable
         assert watch.lost_within(120.0)

@@ -21,9 +21,6 @@ itself.
 from __future__ import annotations
 
 import fcntl
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -35,26 +32,15 @@ from tailguard.kafka.bootstrap import DEFAULT_WORK_DIR, BrokerError
 from tailguard.kafka.broker_state import (
     BROKER_MODULE,
     BrokerState,
-    is_broker_process,
     read_state,
     remove_state,
     state_path,
     write_state,
 )
+from tailguard.processes import supervised
 
 LOG_FILE = "broker.log"
 LOCK_FILE = "broker.lock"
-
-
-def _wait_for(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:
-    """Poll `condition()` until it is true or `timeout_s` has passed."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if condition():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval_s)
 
 
 class EmbeddedBroker:
@@ -91,7 +77,7 @@ class EmbeddedBroker:
     def status(self) -> BrokerState | None:
         """The running broker's state, or None if none is running under this work dir."""
         state = read_state(self.work_dir)
-        if state is None or not is_broker_process(state.pid):
+        if state is None or not state.ours():
             return None
         return state
 
@@ -114,22 +100,16 @@ class EmbeddedBroker:
             return self._start_kafka()
         port = [str(crashed.port)] if crashed is not None and crashed.port else []
         remove_state(self.work_dir)
-        with (self.work_dir / LOG_FILE).open("ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", BROKER_MODULE, str(self.work_dir.resolve()), *port],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                # Own session: survives the parent shell, its terminal and its Ctrl-C.
-                start_new_session=True,
-                close_fds=True,
-            )
+        process = supervised.launch(
+            [sys.executable, "-m", BROKER_MODULE, str(self.work_dir.resolve()), *port],
+            self.work_dir / LOG_FILE,
+        )
 
         def ready() -> bool:
             state = read_state(self.work_dir)
             return (state is not None and state.pid == process.pid) or process.poll() is not None
 
-        if not _wait_for(ready, self.start_timeout_s):
+        if not supervised.wait_until(ready, self.start_timeout_s):
             process.kill()
             process.wait()
             raise BrokerError(
@@ -150,17 +130,26 @@ class EmbeddedBroker:
         from tailguard.broker import kafka_server
 
         try:
-            with (self.work_dir / LOG_FILE).open("ab") as log:
-                process, address, secured = kafka_server.launch(
-                    self.work_dir, self.listen, log, self.report, secure=self.secure
-                )
+            process, address, secured = kafka_server.launch(
+                self.work_dir,
+                self.listen,
+                self.work_dir / LOG_FILE,
+                self.report,
+                secure=self.secure,
+            )
         except (kafka_server.KafkaServerError, ValueError, RuntimeError) as err:
             raise BrokerError(str(err)) from None
         admin = secured.librdkafka_config(ADMIN) if secured is not None else None
         # Written before it is ready: a starter killed now leaves a broker the next one finds.
         write_state(
             self.work_dir,
-            BrokerState(process.pid, address.bootstrap, time.time(), kind="kafka"),
+            BrokerState(
+                process.pid,
+                address.bootstrap,
+                time.time(),
+                kind="kafka",
+                created=supervised.create_time(process.pid) or 0.0,
+            ),
         )
         self.report(f"Apache Kafka broker starting (pid {process.pid}) at {address.bootstrap}")
         try:
@@ -200,11 +189,10 @@ class EmbeddedBroker:
             if purge:
                 self.purge()
             return False
-        os.kill(state.pid, signal.SIGTERM)
-        # The broker may be our child (started by this process): reap it so it does not linger
-        # as a zombie; otherwise wait until it is gone.
-        if not _wait_for(lambda: _reaped_or_gone(state.pid), timeout_s):
-            raise BrokerError(f"embedded broker (pid {state.pid}) did not stop in {timeout_s} s")
+        if not supervised.Supervised(state.pid, state.created).stop(timeout_s):
+            self.report(
+                f"embedded broker (pid {state.pid}) did not stop in {timeout_s:.0f} s: killed"
+            )
         remove_state(self.work_dir, only_pid=state.pid)
         if purge:
             self.purge()
@@ -220,13 +208,3 @@ class EmbeddedBroker:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _reaped_or_gone(pid: int) -> bool:
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return True
-    except ChildProcessError:
-        pass  # not our child: someone else reaps it
-    return not is_broker_process(pid)

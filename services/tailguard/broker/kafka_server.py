@@ -44,6 +44,7 @@ from tailguard.broker.tls import write_owner_only
 from tailguard.jdk import java_path
 from tailguard.kafka.broker_state import KAFKA_MAIN_CLASS, KAFKA_PROPERTIES_FILE
 from tailguard.kafka.topics import TopicSpec, declared_topics
+from tailguard.processes import supervised
 
 KAFKA_DIR = "kafka"
 DATA_DIR = "data"
@@ -196,9 +197,10 @@ def _cluster_id() -> str:
 
 
 def launch(
-    work_dir: Path, listen: str | None, log: IO[bytes], report: Report, *, secure: bool = False
+    work_dir: Path, listen: str | None, log_path: Path, report: Report, *, secure: bool = False
 ) -> tuple[subprocess.Popen[bytes], Address, SecureBroker | None]:
-    """Start the broker process (formatting its storage first if new); not yet ready. With
+    """Start the broker process detached, its output appended to `log_path` (formatting its
+    storage first if new); not yet ready. With
     `secure`, or if its storage was formatted secured, it is the secured broker
     (broker/secure.py), whose material comes back too."""
     libs = kafka_classpath(report)
@@ -222,16 +224,10 @@ def launch(
     classpath = ["-cp", f"{libs}/*", f"-Dlog4j2.configurationFile={directory / LOG4J_FILE}"]
     if not formatted:
         report(f"formatting the broker's storage in {data}")
-        _format(java, classpath, properties, material, log)
-    process = subprocess.Popen(
-        [java, *JVM_OPTIONS, *classpath, MAIN_CLASS, str(properties)],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        # Own session: survives the parent shell, its terminal and its Ctrl-C.
-        start_new_session=True,
-        close_fds=True,
-        cwd=directory,
+        with log_path.open("ab") as log:
+            _format(java, classpath, properties, material, log)
+    process = supervised.launch(
+        [java, *JVM_OPTIONS, *classpath, MAIN_CLASS, str(properties)], log_path, cwd=directory
     )
     return process, address, material
 

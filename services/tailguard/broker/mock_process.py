@@ -24,6 +24,7 @@ from types import FrameType
 
 from tailguard.broker.mock_listener import MockCluster, start_mock_cluster
 from tailguard.kafka.broker_state import BrokerState, remove_state, write_state
+from tailguard.processes.supervised import create_time
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,12 @@ def serve(
     """Hold the cluster (on `port`, if free) and its state file until `stop` is set;
     `on_ready` is called once the state file is written."""
     cluster = hold_cluster(port)
-    state = BrokerState(pid=os.getpid(), bootstrap=cluster.bootstrap, started_at=time.time())
+    state = BrokerState(
+        pid=os.getpid(),
+        bootstrap=cluster.bootstrap,
+        started_at=time.time(),
+        created=create_time(os.getpid()) or 0.0,
+    )
     write_state(work_dir, state)
     try:
         if on_ready is not None:

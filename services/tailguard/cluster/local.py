@@ -32,9 +32,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tailguard.cluster import procs, slowness
+from tailguard.cluster import slowness
 from tailguard.cluster.netns import NetnsHost
 from tailguard.jdk import java_path
+from tailguard.processes import trees
+from tailguard.processes.supervised import Supervised, create_time, launch, write_json
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -135,6 +137,11 @@ class WorkerState:
     pid: int
     webui_port: int
     log: str
+    # The process's create time: with the pid, its identity (0: a state file from before).
+    created: float = 0.0
+
+    def ours(self) -> bool:
+        return Supervised(self.pid, self.created).ours(WORKER_CLASS)
 
 
 @dataclass
@@ -142,6 +149,10 @@ class ThrottleState:
     pid: int
     factor: float
     until: float | None  # wall-clock epoch seconds, None = until turned off
+    created: float = 0.0
+
+    def ours(self) -> bool:
+        return Supervised(self.pid, self.created).ours(THROTTLE_MODULE)
 
 
 @dataclass
@@ -157,6 +168,10 @@ class ClusterState:
     spark_home: str
     python: str
     throttles: dict[str, ThrottleState] = field(default_factory=dict)
+    master_created: float = 0.0
+
+    def master_ours(self) -> bool:
+        return Supervised(self.master_pid, self.master_created).ours(MASTER_CLASS)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -259,9 +274,7 @@ class LocalCluster:
 
     def _write_state(self) -> None:
         assert self.state is not None
-        tmp = self.state_path.with_suffix(".json.tmp")
-        tmp.write_text(self.state.to_json())
-        tmp.replace(self.state_path)  # readers never see a half-written file
+        write_json(self.state_path, asdict(self.state))  # never seen half-written
 
     @property
     def master_url(self) -> str:
@@ -281,9 +294,7 @@ class LocalCluster:
     def processes_alive(self) -> bool:
         """Master and every worker process are still running."""
         state = self._require_state()
-        return procs.is_alive(state.master_pid, MASTER_CLASS) and all(
-            procs.is_alive(w.pid, WORKER_CLASS) for w in state.workers
-        )
+        return state.master_ours() and all(w.ours() for w in state.workers)
 
     def without_io_slowness(self) -> list[str]:
         """Hosts whose worker was started without the slowness file in its environment (a
@@ -291,7 +302,7 @@ class LocalCluster:
         return [
             w.host
             for w in self._require_state().workers
-            if slowness.ENV_VAR not in procs.environ(w.pid)
+            if slowness.ENV_VAR not in trees.environ(w.pid)
         ]
 
     def status(self) -> dict[str, Any]:
@@ -303,13 +314,13 @@ class LocalCluster:
         return {
             "master_url": state.master_url,
             "web_ui": state.web_ui,
-            "master": {"pid": state.master_pid, "running": procs.is_alive(state.master_pid)},
+            "master": {"pid": state.master_pid, "running": state.master_ours()},
             "master_answers": master is not None,
             "workers": [
                 {
                     "host": w.host,
                     "pid": w.pid,
-                    "running": procs.is_alive(w.pid, WORKER_CLASS),
+                    "running": w.ours(),
                     "registered": w.host in alive,
                     "throttle": self._throttle_summary(w.host, now),
                 }
@@ -321,7 +332,7 @@ class LocalCluster:
 
     def _throttle_summary(self, host: str, now: float) -> dict[str, Any] | None:
         t = self._require_state().throttles.get(host)
-        if t is not None and procs.is_alive(t.pid, THROTTLE_MODULE):
+        if t is not None and t.ours():
             left = None if t.until is None else max(0.0, t.until - now)
             return {"mode": "cpu", "factor": t.factor, "pid": t.pid, "seconds_left": left}
         slow = slowness.read(slowness.slowness_file(self.work_dir, host))
@@ -407,6 +418,7 @@ class LocalCluster:
             master_url=master_url,
             web_ui=web_ui,
             master_pid=master_proc.pid,
+            master_created=create_time(master_proc.pid) or 0.0,
             workers=[],
             cores=self.cores,
             memory=self.memory,
@@ -449,7 +461,13 @@ class LocalCluster:
                 )
                 self._children.append(proc)
                 self.state.workers.append(
-                    WorkerState(host, proc.pid, port, str(logs / f"worker-{host}.log"))
+                    WorkerState(
+                        host,
+                        proc.pid,
+                        port,
+                        str(logs / f"worker-{host}.log"),
+                        create_time(proc.pid) or 0.0,
+                    )
                 )
                 self._write_state()
             self._await_workers()
@@ -461,15 +479,8 @@ class LocalCluster:
 
     @staticmethod
     def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-        with log.open("ab") as out:
-            return subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group; survives the launching CLI
-            )
+        # Own session and process group: survives the launching CLI.
+        return launch(argv, log, env=env)
 
     def _await_workers(self) -> None:
         state = self._require_state()
@@ -557,7 +568,7 @@ class LocalCluster:
         proc = self._spawn(argv, dict(os.environ), log)
         state = self._require_state()
         until = None if duration_s is None else time.time() + duration_s
-        state.throttles[host] = ThrottleState(proc.pid, factor, until)
+        state.throttles[host] = ThrottleState(proc.pid, factor, until, create_time(proc.pid) or 0.0)
         self._write_state()
         return proc.pid
 
@@ -569,11 +580,11 @@ class LocalCluster:
         slowness.clear(slowness.slowness_file(self.work_dir, host))
         t = state.throttles.pop(host, None)
         if t is not None:
-            if procs.is_alive(t.pid, THROTTLE_MODULE):
-                procs.terminate_trees([t.pid], grace_s=5.0)
+            if t.ours():
+                trees.terminate_trees([t.pid], grace_s=5.0)
             self._write_state()
         # Belt and braces: a throttler killed with SIGKILL could not resume the tree itself.
-        procs.signal_all(procs.descendants(worker.pid), signal.SIGCONT)
+        trees.signal_all(trees.descendants(worker.pid), signal.SIGCONT)
 
     # ----------------------------------------------------------------- stopping
     def stop(self, grace_s: float = 10.0) -> None:
@@ -585,11 +596,11 @@ class LocalCluster:
         for host in list(state.throttles):
             with contextlib.suppress(ClusterError):
                 self.unthrottle(host)
-        roots = [w.pid for w in state.workers if procs.is_alive(w.pid, WORKER_CLASS)]
-        if procs.is_alive(state.master_pid, MASTER_CLASS):
+        roots = [w.pid for w in state.workers if w.ours()]
+        if state.master_ours():
             roots.append(state.master_pid)
         self._progress(f"stopping {len(roots)} Spark daemons")
-        procs.terminate_trees(roots, grace_s)
+        trees.terminate_trees(roots, grace_s)
         for w in state.workers:  # a later cluster in this dir starts healthy
             slowness.clear(slowness.slowness_file(self.work_dir, w.host))
         self.state_path.unlink(missing_ok=True)

@@ -29,8 +29,8 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-from tailguard.cluster.procs import descendants, signal_all
 from tailguard.model.config import parse_duration_ms
+from tailguard.processes.trees import descendants, signal_all
 
 
 class Throttler:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tailguard.kafka.broker_state import is_broker_process, read_state, state_path
+from tailguard.kafka.broker_state import read_state, state_path
 
 DEFAULT_WORK_DIR = "work"
 
@@ -22,7 +22,7 @@ def resolve_bootstrap(settings: Mapping[str, str]) -> str:
         return configured
     work_dir = settings.get("tailguard.work-dir", "") or DEFAULT_WORK_DIR
     state = read_state(work_dir)
-    if state is None or not is_broker_process(state.pid):
+    if state is None or not state.ours():
         raise BrokerError(
             f"no Kafka broker: bootstrap.servers is not set and no embedded broker is running "
             f"under {work_dir!r} (no live {state_path(work_dir)}). Start one with "

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import psutil
+from tailguard.processes.supervised import Supervised, read_json, write_json
 
 STATE_FILE = "broker.json"
 
@@ -20,6 +17,9 @@ class BrokerState:
     started_at: float
     # "kafka": Apache Kafka's broker (broker/kafka_server.py); "mock": librdkafka's mock cluster.
     kind: str = "mock"
+    # The process's create time (tailguard.processes.supervised): with the pid, its identity;
+    # 0 in a state file written before it was recorded.
+    created: float = 0.0
 
     @property
     def port(self) -> int:
@@ -28,6 +28,11 @@ class BrokerState:
         _, _, port = self.bootstrap.rpartition(":")
         return int(port) if port.isdigit() else 0
 
+    def ours(self) -> bool:
+        """Whether the recorded broker process still runs: the same pid and create time (a
+        state file without one: a broker's command line, `is_broker_command`)."""
+        return Supervised(self.pid, self.created).ours(is_broker_command)
+
 
 def state_path(work_dir: str | Path) -> Path:
     return Path(work_dir) / STATE_FILE
@@ -35,29 +40,23 @@ def state_path(work_dir: str | Path) -> Path:
 
 def write_state(work_dir: str | Path, state: BrokerState) -> None:
     """Write the state file atomically: readers see the old file, no file, or the whole new one."""
-    directory = Path(work_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".broker.", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(asdict(state), handle)
-        os.replace(tmp, state_path(directory))
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json(state_path(work_dir), asdict(state))
 
 
 def read_state(work_dir: str | Path) -> BrokerState | None:
     """The recorded state, or None when there is no (readable) state file."""
     try:
-        raw = json.loads(state_path(work_dir).read_text(encoding="utf-8"))
+        raw = read_json(state_path(work_dir))
+        if raw is None:
+            return None
         return BrokerState(
             pid=int(raw["pid"]),
             bootstrap=str(raw["bootstrap"]),
             started_at=float(raw["started_at"]),
             kind=str(raw.get("kind", "mock")),
+            created=float(raw.get("created") or 0.0),
         )
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
 
 
@@ -71,37 +70,24 @@ def remove_state(work_dir: str | Path, *, only_pid: int | None = None) -> None:
     state_path(work_dir).unlink(missing_ok=True)
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists and is not a zombie."""
-    try:
-        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:  # not ours to look at: it exists
-        return True
-
-
 BROKER_MODULE = "tailguard.broker.mock_process"
 # The Kafka broker's main class and the settings file only tailguard's embedded one runs with.
 KAFKA_MAIN_CLASS = "kafka.Kafka"
 KAFKA_PROPERTIES_FILE = "tailguard-kafka.properties"
 
 
-def is_broker_process(pid: int) -> bool:
-    """Whether `pid` is alive and is an embedded broker process. Checking the command line
-    guards against a recycled pid: we must never signal a process that is not our broker.
-    A broker runs as Apache Kafka's `kafka.Kafka` with tailguard's settings file, as
-    `BROKER_MODULE` (the mock) or inside `tailguard broker up --foreground`."""
-    if not pid_alive(pid):
-        return False
-    try:
-        cmdline = psutil.Process(pid).cmdline()
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:  # not ours to read: liveness alone
-        return True
+def is_broker_command(cmdline: list[str]) -> bool:
+    """Whether a command line is an embedded broker's: Apache Kafka's `kafka.Kafka` with
+    tailguard's settings file, `BROKER_MODULE` (the mock) or `tailguard broker up
+    --foreground`."""
     if KAFKA_MAIN_CLASS in cmdline and any(a.endswith(KAFKA_PROPERTIES_FILE) for a in cmdline):
         return True
     return BROKER_MODULE in cmdline or (
         "broker" in cmdline and any("tailguard" in arg for arg in cmdline)
     )
+
+
+def is_broker_process(pid: int) -> bool:
+    """Whether `pid` is alive and is an embedded broker process, by its command line: we must
+    never signal a process that is not our broker (a recycled pid)."""
+    return Supervised(pid).ours(is_broker_command)

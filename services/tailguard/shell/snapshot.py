@@ -194,8 +194,9 @@ def carried_over(
 class PeriodicSnapshots:
     """Takes a snapshot every `every_records` inputs or `every_s` seconds (whichever first) and
     writes it in a thread of its own, so the stream waits only for the capture (a copy of the
-    retained list), not for the file. `after_input` is called between two inputs, once the
-    previous input's outputs are acknowledged: a snapshot never covers an unanswered input.
+    retained list), not for the file. `after_input` is called between two inputs (or two batches of
+    them: shell.answering), once the previous input's outputs are acknowledged: a snapshot never
+    covers an unanswered input.
 
     The bound on a restart is the retained input plus at most this much tail."""
 
@@ -222,9 +223,10 @@ class PeriodicSnapshots:
     def before_input(self) -> None:
         self._answering = True
 
-    def after_input(self) -> None:
+    def after_input(self, inputs: int = 1) -> None:
+        """`inputs` answered since `before_input` (a batch's)."""
         self._answering = False
-        self._since += 1
+        self._since += inputs
         due = self._since >= self._every_records or self._clock() - self._last >= self._every_s
         if due and (self._writer is None or not self._writer.is_alive()):
             self.take_now()

@@ -1,28 +1,28 @@
 """Starting and stopping the services as separate processes (`tailguard services up|down|status`).
 
 Each service runs as `python -m tailguard.shell.worker NAME` in its own session, logs to
-`<work>/services/NAME.log`, and announces itself in `<work>/services/NAME.json` (pid and metrics
-address) once its metrics endpoint listens. `up` returns when every service reports ready.
+`<work>/services/NAME.log`, and announces itself in `<work>/services/NAME.json` once its metrics
+endpoint listens: a supervised process's record (`tailguard.processes.supervised`: pid, create
+time, command, log, health endpoint) and its metrics address. `up` returns when every service
+reports ready.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
-import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tailguard.kafka.broker_state import pid_alive
-from tailguard.shell import instances, stop_report
+from tailguard.processes import supervised
+from tailguard.shell import stop_report
 from tailguard.system.services import SERVICE_NAMES
+
+# On a service's command line: what a recorded pid must run where no create time was recorded.
+WORKER_MODULE = "tailguard.shell.worker"
 
 
 class ServiceError(RuntimeError):
@@ -31,14 +31,14 @@ class ServiceError(RuntimeError):
 
 @dataclass(frozen=True)
 class RunningService:
-    name: str  # the instance's: "detector", "detector-2" (shell/instances.py)
+    name: str
     pid: int
     metrics_url: str
+    created: float = 0.0
 
     @property
-    def service(self) -> str:
-        """The service it is an instance of."""
-        return instances.service_of(self.name) or self.name
+    def process(self) -> supervised.Supervised:
+        return supervised.Supervised(self.pid, self.created)
 
     def healthy(self, timeout: float = 1.0) -> bool:
         return self.health(timeout) == "ready"
@@ -46,13 +46,7 @@ class RunningService:
     def health(self, timeout: float = 1.0) -> str:
         """ "ready", or why not: what its /health says ("starting", "broker unreachable for
         12 s: ..."), or that it does not answer."""
-        try:
-            with urllib.request.urlopen(f"{self.metrics_url}/health", timeout=timeout) as reply:
-                return str(reply.read().decode().strip())
-        except urllib.error.HTTPError as refused:
-            return str(refused.read().decode().strip() or f"HTTP {refused.code}")
-        except (urllib.error.URLError, OSError) as err:
-            return f"no answer from {self.metrics_url}/health ({err})"
+        return supervised.http_health(f"{self.metrics_url}/health", timeout)
 
     def metrics(self, timeout: float = 2.0) -> dict[str, float]:
         """Its samples by name, each with its labels but `service` (the same on all of them):
@@ -78,30 +72,31 @@ def services_dir(work_dir: Path) -> Path:
 
 def announce(work_dir: Path, name: str, pid: int, metrics_url: str) -> None:
     """Called by a worker once its metrics endpoint listens."""
-    path = services_dir(work_dir) / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"pid": pid, "metrics_url": metrics_url}))
-    tmp.replace(path)
-
-
-def _alive(pid: int) -> bool:
-    # Reap it first if it is an exited child of ours, so it does not linger as a zombie.
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-    return pid_alive(pid)
+    directory = services_dir(work_dir)
+    record = supervised.Supervised.of(
+        pid, supervised.cmdline(pid) or (), directory / f"{name}.log", f"{metrics_url}/health"
+    )
+    supervised.write_json(
+        directory / f"{name}.json", {**record.to_dict(), "metrics_url": metrics_url}
+    )
 
 
 def running(work_dir: Path) -> dict[str, RunningService]:
+    """The services whose state file names a process that is still theirs; a state file
+    naming a dead process (or one that got a dead service's pid) is removed."""
     found: dict[str, RunningService] = {}
-    for name in instances.announced(services_dir(work_dir).glob("*.json")):
+    for name in SERVICE_NAMES:
         path = services_dir(work_dir) / f"{name}.json"
         try:
-            data = json.loads(path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            continue
-        if _alive(int(data["pid"])):
-            found[name] = RunningService(name, int(data["pid"]), str(data["metrics_url"]))
+            data = supervised.read_json(path)
+            if data is None:
+                continue
+            record = supervised.Supervised.from_dict(data)
+            metrics_url = str(data["metrics_url"])
+        except (ValueError, KeyError, TypeError):
+            continue  # being written by an older release, or not a state file at all
+        if record.ours(WORKER_MODULE):
+            found[name] = RunningService(name, record.pid, metrics_url, record.created)
         else:
             path.unlink(missing_ok=True)
     return found
@@ -117,16 +112,13 @@ def start(
     log_format: str | None = None,
     on_launch: Callable[[str, int], None] | None = None,
     env_of: Callable[[str], Mapping[str, str]] | None = None,
-    count: int = 1,
 ) -> dict[str, RunningService]:
     """Start the named services that are not already running; wait until all are ready.
     `env` is added to each one's environment, and `env_of(name)` to that service's own (its
     Kafka login, where each service is a principal of its own: broker/secure.py).
     `log_format` ("text", "json") is how they write their log files (default text);
     `on_launch(name, pid)` is called as each process is launched, before the wait (the test
-    harness writes it down then, so a run killed during the wait leaves none behind).
-    `count` instances of each service that scales out, one of the others (`instances.wanted`);
-    returns every instance of the named services, by instance name."""
+    harness writes it down then, so a run killed during the wait leaves none behind)."""
     unknown = sorted(set(names) - set(SERVICE_NAMES))
     if unknown:
         raise ServiceError(f"unknown service(s) {unknown}; choose from {list(SERVICE_NAMES)}")
@@ -134,12 +126,7 @@ def start(
     directory.mkdir(parents=True, exist_ok=True)
     already = running(work_dir)
     launched: dict[str, int] = {}
-    try:
-        runs = instances.wanted(names, count, report)
-    except instances.InstancesError as err:
-        raise ServiceError(str(err)) from None
-    for service, instance in runs:
-        name = instances.instance_name(service, instance)
+    for name in names:
         if name in already:
             report(f"{name}: already running (pid {already[name].pid})")
             continue
@@ -147,25 +134,20 @@ def start(
         command = [
             sys.executable,
             "-m",
-            "tailguard.shell.worker",
-            service,
+            WORKER_MODULE,
+            name,
             "--work-dir",
             str(work_dir),
-            *(["--instance", str(instance)] if instance > 1 else []),
         ]
         if config:
             command += ["--config", config]
         if log_format:
             command += ["--log-format", log_format]
-        with (directory / f"{name}.log").open("ab") as log_file:
-            process = subprocess.Popen(
-                command,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env={**os.environ, **(env or {}), **(env_of(service) if env_of else {})},
-            )
+        process = supervised.launch(
+            command,
+            directory / f"{name}.log",
+            env={**os.environ, **(env or {}), **(env_of(name) if env_of else {})},
+        )
         launched[name] = process.pid
         if on_launch is not None:
             on_launch(name, process.pid)
@@ -175,7 +157,7 @@ def start(
     while waiting:
         current = running(work_dir)
         for name in sorted(waiting):
-            if not _alive(launched[name]):
+            if not supervised.alive(launched[name]):
                 raise ServiceError(
                     f"{name} exited during start-up; see {directory / (name + '.log')}"
                 )
@@ -186,7 +168,7 @@ def start(
             raise ServiceError(f"not ready after {timeout_s:.0f} s: {sorted(waiting)}")
         if waiting:
             time.sleep(0.2)  # polling HTTP health: the services have no other way to call back
-    return {n: s for n, s in running(work_dir).items() if s.service in names}
+    return {n: s for n, s in running(work_dir).items() if n in names}
 
 
 def stop(
@@ -198,24 +180,12 @@ def stop(
     """SIGTERM the named services (faust commits and leaves cleanly; with the broker gone, a
     service writes its snapshot and exits at once, and its line says what it could not flush:
     `stop_report`), SIGKILL those still running after a grace. All at once: each one's stop
-    waits on its own broker round trips, so in turn they would add up. A service's name stops
-    all its instances, an instance's name (`detector-2`) that one."""
-    stopping = {
-        name: service
-        for name, service in running(work_dir).items()
-        if name in names or service.service in names
-    }
-    for service in stopping.values():
-        with contextlib.suppress(ProcessLookupError):  # ended on its own meanwhile
-            os.kill(service.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    # Polled: not always our children (`services up` ran elsewhere), so no exit to wait on.
-    while any(_alive(s.pid) for s in stopping.values()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    waits on its own broker round trips, so in turn they would add up."""
+    current = running(work_dir)
+    stopping = {name: current[name] for name in names if name in current}
+    killed = supervised.stop_all([s.process for s in stopping.values()], timeout_s)
     for name, service in stopping.items():
-        if _alive(service.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(service.pid, signal.SIGKILL)
+        if service.pid in killed:
             report(f"{name}: did not stop within {timeout_s:.0f} s, killed")
         else:
             left = stop_report.take(services_dir(work_dir), name, service.pid)

@@ -5,9 +5,10 @@ fixture teardown: the embedded broker, the Spark daemons and the services it sta
 running for hours (five orphaned services were found 90 minutes after such a run). So the harness
 writes down every process it starts as soon as it has the pid, in a **ledger**: one JSON file per
 pytest session in a per-user directory, naming the session's own process and each started
-process by pid *and* create time (`procs.create_time`), because a pid alone may belong to
-another process by the time anyone reads the file. A local cluster is also named by its state
-directory before it starts, since a run killed while the cluster starts has no pids to record yet.
+process by pid *and* create time (`tailguard.processes.supervised`), because a pid alone may
+belong to another process by the time anyone reads the file. A local cluster is also named by its
+state directory before it starts, since a run killed while the cluster starts has no pids to
+record yet.
 
 Whatever starts them, the session's processes also carry its **mark**: the plugin puts a random
 token in the session's environment (`TAILGUARD_HARNESS_SESSION`), which every process started
@@ -42,7 +43,7 @@ from pathlib import Path
 
 import psutil
 
-from tailguard.cluster import procs
+from tailguard.processes import supervised, trees
 
 log = logging.getLogger("tailguard.testing")
 
@@ -69,19 +70,19 @@ class Started:
     """One process a session started: which, when it started (to tell a reused pid), and what."""
 
     pid: int
-    # Its create time (procs.create_time): the same process always reads the same value.
+    # Its create time (supervised.create_time): the same process always reads the same value.
     created: float
     what: str
 
     @classmethod
     def of(cls, pid: int, what: str) -> Started | None:
         """The live process `pid`; None if it is already gone."""
-        created = procs.create_time(pid)
+        created = supervised.create_time(pid)
         return None if created is None else cls(pid, created, what)
 
     def running(self) -> bool:
         """Whether this very process still runs (not another one that got its pid)."""
-        return procs.create_time(self.pid) == self.created and procs.is_alive(self.pid)
+        return supervised.Supervised(self.pid, self.created).ours()
 
 
 @dataclass
@@ -148,9 +149,8 @@ class Ledger:
             self._write()
 
     def _write(self) -> None:
-        aside = self.path.with_suffix(".tmp")
-        aside.write_text(self._file.to_json())
-        aside.replace(self.path)  # a reader sees the old ledger or the new one, never half
+        # A reader sees the old ledger or the new one, never half.
+        supervised.write_json(self.path, asdict(self._file))
 
     def close(self, report: Callable[[str], None] = log.warning) -> list[str]:
         """At the session's end, after the harness stopped what it started: stop whatever it
@@ -210,14 +210,14 @@ def _stop(ledger: LedgerFile, report: Callable[[str], None], *, by_mark: bool) -
     alive = [p for p in ledger.processes if p.running()]
     stopped = [f"{p.what} (pid {p.pid}), started by {session}" for p in alive]
     # Newest first, as the harness itself stops them: the services before their broker.
-    procs.terminate_trees([p.pid for p in reversed(alive)], STOP_GRACE_S)
+    trees.terminate_trees([p.pid for p in reversed(alive)], STOP_GRACE_S)
     for state_dir in ledger.clusters:
         stopped += _stop_cluster(Path(state_dir), session)
     if by_mark:
         # Whatever else the session started (and its trees): nothing a ledger line names.
         rest = marked(ledger.mark)
-        stopped += [f"{procs.cmdline(pid)[:120]} (pid {pid}), marked by {session}" for pid in rest]
-        procs.terminate_trees(rest, STOP_GRACE_S)
+        stopped += [f"{trees.cmdline(pid)[:120]} (pid {pid}), marked by {session}" for pid in rest]
+        trees.terminate_trees(rest, STOP_GRACE_S)
     for line in stopped:
         report(f"tailguard harness: stopped {line}")
     return stopped
@@ -236,8 +236,8 @@ def _stop_cluster(state_dir: Path, session: str) -> list[str]:
         return []  # an unreadable state file names nothing to stop
     state = local.state
     assert state is not None  # attach read it
-    anything = procs.is_alive(state.master_pid, MASTER_CLASS) or any(
-        procs.is_alive(w.pid, WORKER_CLASS) for w in state.workers
+    anything = trees.is_alive(state.master_pid, MASTER_CLASS) or any(
+        trees.is_alive(w.pid, WORKER_CLASS) for w in state.workers
     )
     local.stop(grace_s=STOP_GRACE_S)  # also removes the state file of a cluster already dead
     return [f"local cluster in {state_dir}, started by {session}"] if anything else []

@@ -1,4 +1,5 @@
-"""Process-tree helpers shared by the cluster launcher, the throttler and the test harness.
+"""Process trees: what runs below a supervised process, and stopping all of it (the cluster
+launcher, the throttler and the test harness).
 
 Through psutil, not a walk of /proc of our own: the command line, environment, status and start
 time of a process are psutil's, with its handling of processes that exit while we look.
@@ -12,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 
 import psutil
+
+from tailguard.processes import supervised
 
 
 def parent_map() -> dict[int, int]:
@@ -50,22 +52,9 @@ def status_of(pid: int) -> str | None:
         return None
 
 
-def create_time(pid: int) -> float | None:
-    """When the process started (psutil's create time), or None if it is gone. With the pid it
-    names one process: a later process given the same pid starts later. The same process always
-    reads the same value (boot time plus its start ticks), so it is compared exactly."""
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
 def cmdline(pid: int) -> str:
     """The command line, arguments joined by spaces ("" if it is gone or not ours to read)."""
-    try:
-        return " ".join(psutil.Process(pid).cmdline())
-    except psutil.Error:
-        return ""
+    return " ".join(supervised.cmdline(pid) or ())
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -79,13 +68,10 @@ def environ(pid: int) -> dict[str, str]:
 def is_alive(pid: int, marker: str | None = None) -> bool:
     """Alive (not a zombie) and, if `marker` is given, its command line contains it.
 
-    The marker guards against pid reuse: a pid read from an old state file may now belong to a
-    process we never started, which must not be signalled.
+    The marker guards against pid reuse where no create time was recorded: a pid read from an
+    old state file may now belong to a process we never started, which must not be signalled.
     """
-    status = status_of(pid)
-    if status is None or status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-        return False
-    return marker is None or marker in cmdline(pid)
+    return supervised.alive(pid) and (marker is None or marker in cmdline(pid))
 
 
 def signal_all(pids: list[int], sig: signal.Signals) -> None:
@@ -95,18 +81,9 @@ def signal_all(pids: list[int], sig: signal.Signals) -> None:
 
 
 def wait_gone(pids: list[int], timeout_s: float) -> bool:
-    """Poll until none of `pids` is alive; True if they all went within the timeout."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for pid in pids:
-            # Reap our own children so they do not linger as zombies.
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-        if not any(is_alive(p) for p in pids):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
+    """Until none of `pids` is alive (our own children reaped); True if they all went within
+    the timeout."""
+    return supervised.wait_until(lambda: not any(supervised.alive(p) for p in pids), timeout_s)
 
 
 def terminate_trees(roots: list[int], grace_s: float = 10.0) -> None:
