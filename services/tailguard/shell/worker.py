@@ -30,6 +30,7 @@ from typing import Any
 
 import faust
 from confluent_kafka import KafkaException
+from faust.types import TP
 from faust.worker import Worker
 
 from tailguard import logs
@@ -41,10 +42,11 @@ from tailguard.settings_file import load_settings
 from tailguard.shell import stop_report
 from tailguard.shell.answering import BatchedAnswers
 from tailguard.shell.broker_watch import BrokerWatch
+from tailguard.shell.instances import instance_name
 from tailguard.shell.log_limits import RepeatLimiter
 from tailguard.shell.metrics_http import MetricsServer
 from tailguard.shell.processor import Outgoing, Processor
-from tailguard.shell.rebuild import rebuild, snapshot_mismatch
+from tailguard.shell.rebuild import catch_up, rebuild, snapshot_mismatch
 from tailguard.shell.snapshot import (
     PeriodicSnapshots,
     SnapshotError,
@@ -185,11 +187,14 @@ def build_app(
     data_dir: Path,
     state_load: StateLoad | None = None,
     fetch_wait_ms: int = EMBEDDED_FETCH_WAIT_MS,
+    settings: Settings | None = None,
 ) -> faust.App:
     """The service's faust app; `connection` is `faust_app_options(settings)` (the broker and
     the credentials built from the same `kafka.*` settings as every librdkafka client). With a
     `state_load`, the stream feeds its core nothing before that load is done. Its consumer's
-    fetches wait at most `fetch_wait_ms` for data (`kafka_config.fetch_wait`)."""
+    fetches wait at most `fetch_wait_ms` for data (`kafka_config.fetch_wait`). With `settings`
+    (the Kafka settings), a partition taken over from another instance in the group is caught up
+    from the topic before its first record is decided (`rebuild.catch_up`)."""
     _shorten_fetch_wait(fetch_wait_ms, state.flushed.committed)
     flushed = state.flushed
     app = faust.App(
@@ -218,6 +223,24 @@ def build_app(
             sinks[name] = app.topic(name, key_serializer="raw", value_serializer="raw")
         return sinks[name]
 
+    async def catch_up_to(partition: int, start: int, end: int) -> None:
+        # Blocking reads, in a thread; the stream waits, so the core is fed by one at a time.
+        assert settings is not None
+        began = time.monotonic()
+        fed = await asyncio.get_running_loop().run_in_executor(
+            None,
+            lambda: catch_up(
+                settings, definition.group_id, definition.input_topic, partition, start, end,
+                processor.replay,
+            ),
+        )  # fmt: skip
+        log.info(
+            "%s: caught up on %s[%d] from offset %d to %d before deciding: %d records another "
+            "instance processed, in %.2f s",
+            definition.name, definition.input_topic, partition, start, end, fed,
+            time.monotonic() - began,
+        )  # fmt: skip
+
     async def send(out: Outgoing) -> Any:
         return await sink(out.topic).send(
             key=out.key, value=out.value, headers=out.headers or None, force=True
@@ -236,7 +259,19 @@ def build_app(
         waiting = manual.channel.queue
         answers = BatchedAnswers(processor, send, manual.ack, flushed, snapshots, lag)
         async for event in manual.events():
+            message = event.message
+            behind = processor.unseen_from(message.partition, message.offset)
+            if behind is not None and settings is not None:
+                await answers.end_batch()  # the core fed by one at a time: the batch's first
+                await catch_up_to(message.partition, behind, message.offset)
             await answers.answer(event, more_waiting=not waiting.empty())
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # faust types it sync
+    async def assigned(_app: Any, assigned: set[TP], **_: Any) -> None:
+        # Which instance owns what, after every rebalance (scale-out: docs/operations.md).
+        owned = sorted(tp.partition for tp in assigned if tp.topic == definition.input_topic)
+        processor.metrics.partitions_owned.set(len(owned))
+        log.info("%s owns %s partitions %s", definition.name, definition.input_topic, owned)
 
     @app.task  # type: ignore[untyped-decorator]  # faust.App.task has no annotations
     async def started() -> None:
@@ -256,8 +291,14 @@ def serve(
     metrics_port: int,
     metrics_host: str,
     log_handler: logging.Handler,
+    instance: int = 1,
 ) -> int:
     definition = service_named(name)
+    if instance > 1 and not definition.scales_out:
+        raise ConfigError(f"{name} runs as one instance: {definition.one_instance_why}")
+    # Its files (announcement, snapshot, stop report) are the instance's; the consumer group
+    # is the service's, shared by all its instances.
+    own = instance_name(name, instance)
     # First, so that Kafka settings the faust client cannot honour stop the service at once.
     connection = faust_app_options(settings)
     configured_fetch_wait_ms(settings)
@@ -271,9 +312,9 @@ def serve(
     )
     metrics.start()
     metrics_url = f"http://{metrics_host}:{metrics.port}"
-    announce(work_dir, name, os.getpid(), metrics_url)
-    log.info("%s metrics on %s/metrics", name, metrics_url)
-    data_dir = work_dir / "services" / name
+    announce(work_dir, own, os.getpid(), metrics_url)
+    log.info("%s metrics on %s/metrics", own, metrics_url)
+    data_dir = work_dir / "services" / own
     data_dir.mkdir(parents=True, exist_ok=True)
     store = SnapshotStore(data_dir / "snapshot.avro")
 
@@ -320,7 +361,9 @@ def serve(
     broker.start()
     wait = fetch_wait(settings, broker.cluster_id, EMBEDDED_FETCH_WAIT_MS)
     log.info("%s: fetches wait up to %d ms (%s)", name, wait.ms, wait.why)
-    app = build_app(definition, connection, processor, state, data_dir, state_load, wait.ms)
+    app = build_app(
+        definition, connection, processor, state, data_dir, state_load, wait.ms, settings
+    )
     # aiokafka logs every failed reconnect while the broker is away.
     log_handler.addFilter(RepeatLimiter())
     # faust (mode) replaces the root logger's handlers when the worker starts: hand it ours
@@ -356,7 +399,7 @@ def serve(
             report.describe(),
         )
         # For `services down`, which says it (supervisor.stop).
-        stop_report.write(services_dir(work_dir), name, report)
+        stop_report.write(services_dir(work_dir), own, report)
         metrics.stop()
         logging.shutdown()
         os._exit(0)
@@ -468,6 +511,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics-port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--metrics-host", default="127.0.0.1")
     parser.add_argument("--work-dir", help="default: the tailguard.work-dir setting")
+    parser.add_argument(
+        "--instance",
+        type=int,
+        default=1,
+        help="which instance of the service this is (its files' names; the group is shared)",
+    )
     logs.add_format_argument(parser, default="text")
     args = parser.parse_args(argv)
     handler = logs.configure(args.log_format, service=args.service)
@@ -478,8 +527,9 @@ def main(argv: list[str] | None = None) -> int:
         logs.hide_secrets(settings, handler)
         work_dir = Path(settings["tailguard.work-dir"])
         return serve(
-            args.service, settings, work_dir, args.metrics_port, args.metrics_host, handler
-        )
+            args.service, settings, work_dir, args.metrics_port, args.metrics_host, handler,
+            args.instance,
+        )  # fmt: skip
     except ConfigError as err:
         # A clear line in the service's log instead of a traceback (messages name the setting,
         # never a secret value).
