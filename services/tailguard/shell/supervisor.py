@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tailguard.processes import supervised
-from tailguard.shell import stop_report
+from tailguard.shell import instances, stop_report
 from tailguard.system.services import SERVICE_NAMES
 
 # On a service's command line: what a recorded pid must run where no create time was recorded.
@@ -31,10 +31,15 @@ class ServiceError(RuntimeError):
 
 @dataclass(frozen=True)
 class RunningService:
-    name: str
+    name: str  # the instance's: "detector", "detector-2" (shell/instances.py)
     pid: int
     metrics_url: str
     created: float = 0.0
+
+    @property
+    def service(self) -> str:
+        """The service it is an instance of."""
+        return instances.service_of(self.name) or self.name
 
     @property
     def process(self) -> supervised.Supervised:
@@ -85,7 +90,7 @@ def running(work_dir: Path) -> dict[str, RunningService]:
     """The services whose state file names a process that is still theirs; a state file
     naming a dead process (or one that got a dead service's pid) is removed."""
     found: dict[str, RunningService] = {}
-    for name in SERVICE_NAMES:
+    for name in instances.announced(services_dir(work_dir).glob("*.json")):
         path = services_dir(work_dir) / f"{name}.json"
         try:
             data = supervised.read_json(path)
@@ -112,13 +117,16 @@ def start(
     log_format: str | None = None,
     on_launch: Callable[[str, int], None] | None = None,
     env_of: Callable[[str], Mapping[str, str]] | None = None,
+    count: int = 1,
 ) -> dict[str, RunningService]:
     """Start the named services that are not already running; wait until all are ready.
     `env` is added to each one's environment, and `env_of(name)` to that service's own (its
     Kafka login, where each service is a principal of its own: broker/secure.py).
     `log_format` ("text", "json") is how they write their log files (default text);
     `on_launch(name, pid)` is called as each process is launched, before the wait (the test
-    harness writes it down then, so a run killed during the wait leaves none behind)."""
+    harness writes it down then, so a run killed during the wait leaves none behind).
+    `count` instances of each service that scales out, one of the others (`instances.wanted`);
+    returns every instance of the named services, by instance name."""
     unknown = sorted(set(names) - set(SERVICE_NAMES))
     if unknown:
         raise ServiceError(f"unknown service(s) {unknown}; choose from {list(SERVICE_NAMES)}")
@@ -126,7 +134,12 @@ def start(
     directory.mkdir(parents=True, exist_ok=True)
     already = running(work_dir)
     launched: dict[str, int] = {}
-    for name in names:
+    try:
+        runs = instances.wanted(names, count, report)
+    except instances.InstancesError as err:
+        raise ServiceError(str(err)) from None
+    for service, instance in runs:
+        name = instances.instance_name(service, instance)
         if name in already:
             report(f"{name}: already running (pid {already[name].pid})")
             continue
@@ -135,9 +148,10 @@ def start(
             sys.executable,
             "-m",
             WORKER_MODULE,
-            name,
+            service,
             "--work-dir",
             str(work_dir),
+            *(["--instance", str(instance)] if instance > 1 else []),
         ]
         if config:
             command += ["--config", config]
@@ -146,7 +160,7 @@ def start(
         process = supervised.launch(
             command,
             directory / f"{name}.log",
-            env={**os.environ, **(env or {}), **(env_of(name) if env_of else {})},
+            env={**os.environ, **(env or {}), **(env_of(service) if env_of else {})},
         )
         launched[name] = process.pid
         if on_launch is not None:
@@ -168,7 +182,7 @@ def start(
             raise ServiceError(f"not ready after {timeout_s:.0f} s: {sorted(waiting)}")
         if waiting:
             time.sleep(0.2)  # polling HTTP health: the services have no other way to call back
-    return {n: s for n, s in running(work_dir).items() if n in names}
+    return {n: s for n, s in running(work_dir).items() if s.service in names}
 
 
 def stop(
@@ -180,9 +194,13 @@ def stop(
     """SIGTERM the named services (faust commits and leaves cleanly; with the broker gone, a
     service writes its snapshot and exits at once, and its line says what it could not flush:
     `stop_report`), SIGKILL those still running after a grace. All at once: each one's stop
-    waits on its own broker round trips, so in turn they would add up."""
-    current = running(work_dir)
-    stopping = {name: current[name] for name in names if name in current}
+    waits on its own broker round trips, so in turn they would add up. A service's name stops
+    all its instances, an instance's name (`detector-2`) that one."""
+    stopping = {
+        name: service
+        for name, service in running(work_dir).items()
+        if name in names or service.service in names
+    }
     killed = supervised.stop_all([s.process for s in stopping.values()], timeout_s)
     for name, service in stopping.items():
         if service.pid in killed:
