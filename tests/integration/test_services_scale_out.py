@@ -1,6 +1,6 @@
 """Two instances of a service in one consumer group share its topic's partitions, and when one is
 killed -9 the other takes its partitions over and decides its jobs exactly as one instance would
-have (issue 25, item 5; docs/operations.md#scale-out).
+have (issue 25, item 5; docs/services.md#scale-out).
 
 The short case: the decider, two instances, jobs sent as events. The survivor must catch up on
 what the dead instance processed (`rebuild.catch_up`) before deciding: the decisions the jobs

@@ -1,7 +1,7 @@
 """The instances of a service: their names, and how many of each to run.
 
 A service may run as several instances in its consumer group (`tailguard services up
---instances N`), which share its input topic's partitions (docs/operations.md#scale-out). The
+--instances N`), which share its input topic's partitions (docs/services.md#scale-out). The
 first is named for the service (`detector`), the others `detector-2`, `detector-3`...: each
 instance's files (state file, log, snapshot, stop report) are under its own name, and all of
 them are one consumer group, the service's (`Service.group_id`).

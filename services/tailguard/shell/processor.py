@@ -127,7 +127,7 @@ class Processor:
     def unseen_from(self, partition: int, offset: int) -> int | None:
         """Where the core's input on `partition` stops, if it stops before `offset`: the
         records in between were processed by another instance of the service, which owned the
-        partition until a rebalance (scale-out: docs/operations.md), and must be fed to the core
+        partition until a rebalance (scale-out: docs/services.md), and must be fed to the core
         (`replay`) before the record at `offset`. None when the core has seen them all. A
         partition never read counts from its start."""
         if offset < self.restored_up_to.get(partition, 0):

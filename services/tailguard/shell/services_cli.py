@@ -61,7 +61,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         metavar="N",
         help="with up: N instances of each service that scales out, sharing its topic's "
-        "partitions in one consumer group (the blocklist runs one; docs/operations.md)",
+        "partitions in one consumer group (the blocklist runs one; docs/services.md)",
+    )
+    parser.add_argument(
+        "--instance",
+        type=int,
+        default=1,
+        metavar="K",
+        help="with run: which instance of the service this one is (its files' names: NAME-K); "
+        "the consumer group is the service's",
     )
     parser.add_argument(
         "--metrics-port", type=int, default=0, help="with run: metrics port (0: a free one)"
@@ -93,6 +101,8 @@ def _run_one(args: argparse.Namespace) -> int:
     from tailguard.shell import worker
 
     argv = [args.name, "--metrics-port", str(args.metrics_port)]
+    if args.instance != 1:
+        argv += ["--instance", str(args.instance)]
     argv += ["--metrics-host", args.metrics_host]
     for flag, value in (
         ("--config", getattr(args, "config", None)),

@@ -268,7 +268,7 @@ def build_app(
 
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # faust types it sync
     async def assigned(_app: Any, assigned: set[TP], **_: Any) -> None:
-        # Which instance owns what, after every rebalance (scale-out: docs/operations.md).
+        # Which instance owns what, after every rebalance (scale-out: docs/services.md).
         owned = sorted(tp.partition for tp in assigned if tp.topic == definition.input_topic)
         processor.metrics.partitions_owned.set(len(owned))
         log.info("%s owns %s partitions %s", definition.name, definition.input_topic, owned)
