@@ -66,6 +66,11 @@ DEFAULTS: dict[str, str] = {
     # tailguard 1.0's optimal linear partition into exactly ceil(S / V) ranges.
     "decider.algorithm": "flink-2.1",
     "decider.timeout": "10 s",
+    # Flink 2.0's adaptive broadcast join (FLIP-470, decider/policy/broadcast_join.py): a join
+    # side produced under the threshold (Flink's key and default; -1: never) is read broadcast
+    # and the other side unshuffled; strategy auto, runtime_only or none (Flink's values).
+    "table.optimizer.join.broadcast-threshold": "1 MiB",
+    "table.optimizer.adaptive-broadcast-join.strategy": "auto",
     # FLIP-1 failover and restart limits
     "restart-strategy.type": "exponential-delay",
     "restart-strategy.fixed-delay.attempts": "3",

@@ -45,6 +45,7 @@ from tailguard.agent.executor.spill import (
     bucket_batches,
     discard_bucket,
 )
+from tailguard.decider.policy import broadcast_join
 
 JoinHow = Literal["inner", "left", "right", "full", "semi", "anti"]
 Side = Literal["left", "right"]
@@ -70,18 +71,9 @@ HOW_SPELLINGS: dict[str, JoinHow] = {
     "left_anti": "anti",
 }
 
-# The sides each join type may hold as its build side when that side is spread over subtasks
-# (broadcast): a side whose unmatched rows the join keeps must be read by one subtask only,
-# or every subtask would emit them. Spark's `canBuildBroadcastLeft/Right` and Flink's
-# broadcast hash join rules agree on this table.
-BROADCASTABLE: dict[JoinHow, frozenset[Side]] = {
-    "inner": frozenset({"left", "right"}),
-    "left": frozenset({"right"}),
-    "right": frozenset({"left"}),
-    "full": frozenset(),
-    "semi": frozenset({"right"}),
-    "anti": frozenset({"right"}),
-}
+# Which sides each join type may broadcast: the decider's table, which the adaptive broadcast
+# join (decider/policy/broadcast_join.py) decides by too.
+BROADCASTABLE = broadcast_join.BROADCASTABLE
 
 DEFAULT_MEMORY_BYTES = 64 * 1024 * 1024
 # What pyarrow's hash join holds per build row besides the build side's own data, counted

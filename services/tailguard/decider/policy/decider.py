@@ -22,11 +22,17 @@ a replay and the agent's local fallback all emit the same id, and the agent appl
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from tailguard.decider.policy.assign import InputInfo, data_bound, split_inputs, subtask_inputs
+from tailguard.decider.policy.broadcast_join import (
+    BroadcastJoinParams,
+    Produced,
+    decide_broadcast_join,
+)
 from tailguard.decider.policy.flink import compute_vertex_inputs, flink_data_bound
 from tailguard.decider.policy.formula import (
     FLINK,
@@ -86,6 +92,8 @@ class _Results:
 class _Job:
     params: DeciderParams
     graph: GraphView
+    # The adaptive broadcast join's settings (`policy/broadcast_join.py`).
+    broadcast: BroadcastJoinParams
     # Vertices the core will not decide (any more): fixed, initialised, or already decided.
     settled: set[str]
     results: dict[str, _Results] = field(default_factory=dict)
@@ -123,6 +131,7 @@ class ParallelismDecider:
                 "sources_without_splits",
                 "config_errors",
                 "fixed_beyond_data",
+                "broadcast_joins",
             ),
             0,
         )
@@ -154,12 +163,15 @@ class ParallelismDecider:
         if event.job_id in self._jobs:
             return []  # a repeated submission (redelivery) changes nothing
         try:
-            params = DeciderParams.from_settings(self.settings.for_job(event.config))
+            job_settings = self.settings.for_job(event.config)
+            params = DeciderParams.from_settings(job_settings)
+            broadcast = BroadcastJoinParams.from_settings(job_settings)
         except ConfigError:
             # A job's bad setting must not stop the service for every job: decide it with the
             # service's own settings (which are checked here too, and must be valid).
             self._counters["config_errors"] += 1
             params = DeciderParams.from_settings(self.settings)
+            broadcast = BroadcastJoinParams.from_settings(self.settings)
         graph = GraphView.of(event.graph)
         # Fixed vertices are the agent's to initialise, except those with blocking edges only:
         # they get byte-balanced ranges from the decider once their inputs have finished, and
@@ -173,7 +185,7 @@ class ParallelismDecider:
                 [e.exchange for e in event.graph.edges if e.source == name],
             )
         }
-        job = _Job(params, graph, settled=fixed)
+        job = _Job(params, graph, broadcast, settled=fixed)
         for leader, members in graph.members.items():
             bounds = [job.bound(m) for m in members]
             bounds += [
@@ -214,14 +226,46 @@ class ParallelismDecider:
     # ------------------------------------------------------------------ decisions
 
     def _decide_consumers(self, job: _Job, cause: r.Event, producer: str) -> list[r.Record]:
-        if not job.complete(producer):
-            return []
+        complete = job.complete(producer)
         out: list[r.Record] = []
         for consumer in job.graph.consumers[producer]:
-            decision = self._decide_operator(job, cause, consumer)
+            # A join may become a broadcast join once one side has finished (or, that side
+            # being done, once the other is initialised), before the other side's bytes exist.
+            decision = self._decide_broadcast_join(job, cause, consumer)
+            if decision is None and complete:
+                decision = self._decide_operator(job, cause, consumer)
             if decision is not None:
                 out.append(decision)
         return out
+
+    def _decide_broadcast_join(self, job: _Job, cause: r.Event, name: str) -> r.Record | None:
+        if job.graph.vertices[name].join is None or name in job.settled:
+            return None
+        if job.graph.leader[name] in job.group_parallelism:
+            return None  # its forward group's parallelism is set already
+        produced = {
+            e.source: Produced(
+                p.parallelism,
+                tuple(p.partition_bytes),
+                len(p.subpartition_bytes),
+                finished=p.missing == 0,
+            )
+            for e in job.graph.inputs[name]
+            if (p := job.results.get(e.source)) is not None
+        }
+        decision = decide_broadcast_join(
+            job.graph.vertices[name],
+            job.graph.inputs[name],
+            produced,
+            job.bound(name),
+            job.broadcast,
+        )
+        if decision is None:
+            return None
+        self._counters["broadcast_joins"] += 1
+        inputs, why = decision
+        out = self._emit(job, cause, name, len(inputs), inputs)
+        return dataclasses.replace(out, broadcast=why)
 
     def _decide_source(self, job: _Job, cause: r.Event, name: str) -> r.Record | None:
         splits = job.graph.vertices[name].split_bytes
