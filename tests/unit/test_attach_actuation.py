@@ -149,3 +149,30 @@ def test_the_probe_gives_the_jvm_the_decision_timeout_in_milliseconds() -> None:
     actuation, _, channel = _actuation(**{"tailguard.attach.decision-timeout": "750 ms"})
     actuation.probe()
     assert channel.getvalue() == b"PROBE\t750\n"
+
+
+@pytest.mark.parametrize(
+    ("value", "acts"),
+    [
+        (None, True),
+        ("true", True),
+        (" On ", True),
+        ("1", True),
+        ("false", False),
+        ("OFF", False),
+        ("no", False),
+        ("0", False),
+        ("maybe", False),
+    ],
+)
+def test_the_relay_acts_only_when_attach_is_enabled_in_a_readable_way(
+    value: str | None, acts: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tailguard.observer.relay import ATTACH_KEY, _attach_wanted
+
+    settings = Settings({} if value is None else {ATTACH_KEY: value})
+    with caplog.at_level(logging.INFO, logger="tailguard.observer"):
+        assert _attach_wanted(settings, "kafka") is acts
+    if value == "maybe":  # unreadable: observe, and say why
+        assert "is not a boolean: observing only" in caplog.text
+    assert _attach_wanted(settings, "file") is False  # no services to decide

@@ -65,6 +65,12 @@ DEFAULTS: dict[str, str] = {
     # "flink-2.1": Flink 2.1's DefaultVertexParallelismAndInputInfosDecider; "optimal":
     # tailguard 1.0's optimal linear partition into exactly ceil(S / V) ranges.
     "decider.algorithm": "flink-2.1",
+    # Skewed join splitting (Flink 2.x's adaptive skewed join, its keys and defaults): a join
+    # input's subpartition above max(median x factor, threshold) is split along its producer's
+    # partitions; strategy auto, forced (the same here) or none (decider/policy/skew.py).
+    "table.optimizer.skewed-join-optimization.strategy": "auto",
+    "table.optimizer.skewed-join-optimization.skewed-factor": "4.0",
+    "table.optimizer.skewed-join-optimization.skewed-threshold": "256 MiB",
     "decider.timeout": "10 s",
     # Flink 2.0's adaptive broadcast join (FLIP-470, decider/policy/broadcast_join.py): a join
     # side produced under the threshold (Flink's key and default; -1: never) is read broadcast
@@ -203,6 +209,21 @@ class ConfigError(ValueError):
     """A setting that is unknown or cannot be parsed; the message names the key and value."""
 
 
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def parse_flag(text: str) -> bool | None:
+    """A boolean setting's value (true/yes/on/1, false/no/off/0, any case), or None if it is
+    neither: the caller decides whether that is an error or the default."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    return None
+
+
 def parse_duration_ms(text: str, bare_unit: str = "ms") -> int:
     """'1 min' -> 60000: the one duration parser.
 
@@ -324,12 +345,11 @@ class Settings(Mapping[str, str]):
             raise ConfigError(f"{key}: not a number: {raw!r}") from None
 
     def flag(self, key: str) -> bool:
-        raw = self._raw(key).strip().lower()
-        if raw in ("true", "yes", "on", "1"):
-            return True
-        if raw in ("false", "no", "off", "0"):
-            return False
-        raise ConfigError(f"{key}: not a boolean: {raw!r}")
+        raw = self._raw(key)
+        value = parse_flag(raw)
+        if value is None:
+            raise ConfigError(f"{key}: not a boolean: {raw.strip()!r}")
+        return value
 
     def text(self, key: str) -> str:
         return self._raw(key).strip()

@@ -36,7 +36,7 @@ from typing import IO, Any
 
 from tailguard.model import records as r
 from tailguard.model.authority import Origin
-from tailguard.model.config import SERVICES_KEY, Settings, recorded_config
+from tailguard.model.config import SERVICES_KEY, Settings, parse_flag, recorded_config
 from tailguard.model.fleet import FleetBlock
 from tailguard.observer.translate import ObserveError, SparkEventTranslator
 
@@ -300,7 +300,14 @@ def _read_fleet(settings: Settings, into: queue.Queue[_Item], stop: threading.Ev
 
 
 def _attach_wanted(settings: Settings, mode: str) -> bool:
-    if (settings.get(ATTACH_KEY) or "true").strip().lower() in ("false", "no", "off", "0"):
+    raw = settings.get(ATTACH_KEY) or "true"
+    wanted = parse_flag(raw)
+    if wanted is None:
+        # Acting on a value nobody can read would surprise the user either way; the application
+        # must not fail for it, so observe and say why.
+        log.warning("attach: %s=%r is not a boolean: observing only", ATTACH_KEY, raw)
+        return False
+    if not wanted:
         log.info("attach: %s is off: observing only", ATTACH_KEY)
         return False
     if mode != "kafka":

@@ -37,7 +37,7 @@ from tailguard.model.authority import (
     is_authority_rejection,
     issuer_named_by,
 )
-from tailguard.model.config import SERVICES_KEY, Settings
+from tailguard.model.config import SERVICES_KEY, Settings, parse_flag
 from tailguard.replay.fleet_check import (
     check_fleet_commands,
     evidence_in_log,
@@ -336,7 +336,8 @@ def _services_live(events: Iterable[r.Event]) -> bool:
 
 
 def _flag(value: str) -> bool:
-    return value.strip().lower() not in ("off", "false", "no", "0")
+    # The agent records "on" or "off"; anything else counts as on, as it always has.
+    return parse_flag(value) is not False
 
 
 def settings_diff(base: Settings, other: Mapping[str, str]) -> dict[str, tuple[str, str]]:

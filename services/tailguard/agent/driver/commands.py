@@ -8,7 +8,7 @@ with `CommandRejected` and the job goes on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -152,18 +152,37 @@ def _guard_set_parallelism(c: r.SetParallelism, view: JobView) -> str | None:
     pointwise = {
         i.producer for i in vertex.definition.inputs if i.distribution is r.Distribution.POINTWISE
     }
+    split = {x.input for x in c.skew_splits}
     for s in c.subtask_inputs:
         names = [i.input for i in s.inputs]
         if sorted(set(names)) != sorted(expected):
             return f"subtask {s.subtask}: inputs {sorted(set(names))} != {sorted(expected)}"
-        # A POINTWISE input may be read as a run of several ranges; any other as one.
-        repeated = sorted({n for n in names if names.count(n) > 1} - pointwise)
+        # A POINTWISE input may be read as a run of several ranges, and a join input whose
+        # skewed subpartition the decider split (a partition range of it beside whole
+        # subpartitions); any other as one.
+        repeated = sorted({n for n in names if names.count(n) > 1} - pointwise - split)
         if repeated:
             return f"subtask {s.subtask}: several ranges of non-POINTWISE input(s) {repeated}"
+        overlap = _overlapping([i for i in s.inputs if names.count(i.input) > 1])
+        if overlap:
+            return f"subtask {s.subtask}: reads {overlap} twice"
         for rng in s.inputs:
             problem = _range_problem(view, c.vertex, rng)
             if problem:
                 return f"subtask {s.subtask}: {problem}"
+    return None
+
+
+def _overlapping(ranges: Sequence[r.InputRange]) -> str | None:
+    """The first (input, partition, subpartition) two of `ranges` both cover."""
+    seen: set[tuple[str, int, int]] = set()
+    for rng in ranges:
+        for p in range(rng.partition_start, rng.partition_end + 1):
+            for sp in range(rng.subpartition_start, rng.subpartition_end + 1):
+                cell = (rng.input, p, sp)
+                if cell in seen:
+                    return f"{rng.input} partition {p} subpartition {sp}"
+                seen.add(cell)
     return None
 
 
