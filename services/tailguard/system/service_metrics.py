@@ -121,6 +121,16 @@ DECIDER: tuple[CoreMetric, ...] = (
         "tailguard_decider_fixed_beyond_data_total",
         "fixed parallelisms larger than their inputs can feed",
     ),
+    m.counter(
+        "broadcast_joins",
+        "tailguard_decider_broadcast_joins_total",
+        "joins turned into broadcast joins (a side produced under the broadcast threshold)",
+    ),
+    m.counter(
+        "skewed_joins_split",
+        "tailguard_decider_skewed_joins_split_total",
+        "joins decided with skewed subpartitions split across subtasks",
+    ),
     m.same_as_emitted("decisions_emitted", "SetParallelism"),
 )
 

@@ -43,6 +43,7 @@ from tailguard.decider.policy.formula import (
     unclamped_parallelism,
 )
 from tailguard.decider.policy.graph import GraphView
+from tailguard.decider.policy.skew import SkewParams, SkewPlan, applied_splits, plan_skew
 from tailguard.model import records as r
 from tailguard.model.config import ConfigError, Settings
 from tailguard.model.ids import derived_id
@@ -99,6 +100,8 @@ class _Job:
     results: dict[str, _Results] = field(default_factory=dict)
     group_parallelism: dict[str, int] = field(default_factory=dict)
     group_bound: dict[str, int] = field(default_factory=dict)
+    # The skewed join splitting's settings (`policy/skew.py`).
+    skew: SkewParams = field(default_factory=SkewParams)
 
     def bound(self, vertex: str) -> int:
         return self.params.upper_bound(self.graph.vertices[vertex].max_parallelism)
@@ -132,6 +135,7 @@ class ParallelismDecider:
                 "config_errors",
                 "fixed_beyond_data",
                 "broadcast_joins",
+                "skewed_joins_split",
             ),
             0,
         )
@@ -166,12 +170,14 @@ class ParallelismDecider:
             job_settings = self.settings.for_job(event.config)
             params = DeciderParams.from_settings(job_settings)
             broadcast = BroadcastJoinParams.from_settings(job_settings)
+            skew = SkewParams.from_settings(job_settings)
         except ConfigError:
             # A job's bad setting must not stop the service for every job: decide it with the
             # service's own settings (which are checked here too, and must be valid).
             self._counters["config_errors"] += 1
             params = DeciderParams.from_settings(self.settings)
             broadcast = BroadcastJoinParams.from_settings(self.settings)
+            skew = SkewParams.from_settings(self.settings)
         graph = GraphView.of(event.graph)
         # Fixed vertices are the agent's to initialise, except those with blocking edges only:
         # they get byte-balanced ranges from the decider once their inputs have finished, and
@@ -185,7 +191,7 @@ class ParallelismDecider:
                 [e.exchange for e in event.graph.edges if e.source == name],
             )
         }
-        job = _Job(params, graph, broadcast, settled=fixed)
+        job = _Job(params, graph, broadcast, settled=fixed, skew=skew)
         for leader, members in graph.members.items():
             bounds = [job.bound(m) for m in members]
             bounds += [
@@ -345,7 +351,10 @@ class ParallelismDecider:
         params = job.params
         leader = job.graph.leader[name]
         fixed = job.graph.vertices[name].parallelism
-        data = flink_data_bound(infos)
+        volume = self._volume(job, infos)
+        # Skewed join splitting needs an adaptive parallelism, as in Flink.
+        skew = None if fixed is not None else self._skew(job, name, infos, volume)
+        data = flink_data_bound(infos) if skew is None else len(skew.positions)
         if fixed is not None:
             if data is not None and fixed > data:
                 # The inputs cannot feed that many subtasks; the agent's static ranges report it.
@@ -370,9 +379,17 @@ class ParallelismDecider:
                 parallelism = self._flink_parallelism(job, infos, low, high)
                 if params.normalize_to_power_of_two:
                     low = high = parallelism  # the rounded P is the decision, not a first guess
-        volume = self._volume(job, infos)
-        inputs = compute_vertex_inputs(infos, parallelism, low, high, volume)
-        return self._emit(job, cause, name, len(inputs), inputs)
+        inputs = compute_vertex_inputs(infos, parallelism, low, high, volume, skew)
+        splits = applied_splits(skew, inputs)
+        if splits:
+            self._counters["skewed_joins_split"] += 1
+        return self._emit(job, cause, name, len(inputs), inputs, splits)
+
+    @staticmethod
+    def _skew(job: _Job, name: str, infos: list[InputInfo], volume: int) -> SkewPlan | None:
+        """A join's split slices (`policy/skew.py`), its two inputs' group taking the whole
+        volume (a join that can be split has no broadcast input)."""
+        return plan_skew(infos, job.graph.vertices[name].join, job.skew, volume)
 
     def _flink_parallelism(self, job: _Job, infos: list[InputInfo], low: int, high: int) -> int:
         non_broadcast, broadcast = _split_bytes(infos)
@@ -407,6 +424,7 @@ class ParallelismDecider:
         name: str,
         parallelism: int,
         inputs: tuple[r.SubtaskInputs, ...],
+        splits: tuple[r.SkewSplit, ...] = (),
     ) -> r.SetParallelism:
         job.settled.add(name)
         job.group_parallelism.setdefault(job.graph.leader[name], parallelism)
@@ -419,6 +437,7 @@ class ParallelismDecider:
             vertex=name,
             parallelism=parallelism,
             subtask_inputs=inputs,
+            skew_splits=splits,
         )
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from tailguard.decider.policy.assign import InputInfo
+from tailguard.decider.policy.skew import SkewPlan, split_cuts
 from tailguard.decider.policy.slices import (
     Range,
     consumed_subpartition_range,
@@ -96,12 +97,15 @@ def compute_vertex_inputs(
     min_parallelism: int,
     max_parallelism: int,
     volume: int,
+    skew: SkewPlan | None = None,
 ) -> tuple[SubtaskInputs, ...]:
     """The subtask inputs of a vertex, whose count is its parallelism.
 
     `parallelism` is the one decided from the total bytes (or fixed); `min_parallelism` and
     `max_parallelism` bound what the ALL_TO_ALL packing may choose (pass `parallelism` for both
-    to pin it); `volume` is the data volume per task for the whole vertex.
+    to pin it); `volume` is the data volume per task for the whole vertex. `skew`: a join's
+    split slices (`policy/skew.py`), packed instead of one slice per subpartition; if they
+    cannot be, the vertex is decided without splitting, within one subtask per subpartition.
     """
     pointwise = [i for i in inputs if is_pointwise(i)]
     all_to_all = [i for i in inputs if not is_pointwise(i)]
@@ -111,7 +115,13 @@ def compute_vertex_inputs(
     per_input: dict[int, list[tuple[InputRange, ...]]] = {}
     if all_to_all:
         share = data_volume_share(volume, sum(input_bytes(i) for i in all_to_all), total)
-        cuts = _all_to_all(all_to_all, parallelism, min_parallelism, max_parallelism, share)
+        cuts = None if skew is None else split_cuts(skew, min_parallelism, max_parallelism, share)
+        if cuts is None:
+            if skew is not None:  # the bounds were the split slices'; without them, nsub's
+                nsub = min(i.subpartitions for i in all_to_all)
+                parallelism, max_parallelism = min(parallelism, nsub), min(max_parallelism, nsub)
+                min_parallelism = min(min_parallelism, max_parallelism)
+            cuts = _all_to_all(all_to_all, parallelism, min_parallelism, max_parallelism, share)
         for info, ranges in zip(all_to_all, cuts, strict=True):
             per_input[id(info)] = ranges
         parallelism = len(cuts[0])

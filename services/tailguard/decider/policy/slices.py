@@ -11,13 +11,22 @@ A *slice* is one unit the packer cannot cut: a subpartition index (summed over t
 partitions) for an ALL_TO_ALL input, a (partition, subpartition) pair for a POINTWISE one. The
 packer sees only their byte sizes, position by position; `slice_bytes[i]` is the bytes at
 position i summed over the inputs packed together.
+
+With skewed-join splitting (`policy/skew.py`) one input's slice can sit at several positions
+(the side not split is read whole by each piece of the other). `parts[i]` then names each
+input's slice at position i with its bytes, and a range counts a slice it already holds only
+once: Flink's per-type-number buckets in `computeSubpartitionSliceRanges` and
+`computeParallelism`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 Range = tuple[int, int]
+# Per position: (slice key, bytes) of each input's slice there; equal keys are the same data.
+Parts = Sequence[Sequence[tuple[Hashable, int]]]
 
 
 def data_volume_share(volume: int, group_bytes: int, total_bytes: int) -> int:
@@ -30,37 +39,37 @@ def data_volume_share(volume: int, group_bytes: int, total_bytes: int) -> int:
     return int(group_bytes / total_bytes * volume)
 
 
-def pack(slice_bytes: Sequence[int], limit: int) -> list[Range]:
-    """`computeSubpartitionSliceRanges`: left to right, a new range starts when the next slice
-    would take the current one above `limit`; a range's first slice always fits, so a range is
-    above the limit only when that one slice alone is."""
-    ranges: list[Range] = []
+def _starts(slice_bytes: Sequence[int], limit: int, parts: Parts | None) -> Iterator[int]:
+    """Where `pack` opens each range after the first: left to right, a new range starts when
+    the next slice would take the current one above `limit`; a range's first slice always fits.
+    With `parts`, a slice the range already holds adds no bytes (Flink's buckets), and a new
+    range starts with the position's full bytes."""
     accumulated = 0
     start = 0
+    bucket: set[Hashable] = set()
     for i, size in enumerate(slice_bytes):
-        if i == start or accumulated + size <= limit:
-            accumulated += size
+        here = parts[i] if parts is not None else ()
+        new = size - sum(b for key, b in here if key in bucket)
+        if i == start or accumulated + new <= limit:
+            accumulated += new
         else:
-            ranges.append((start, i - 1))
+            yield i
             start = i
             accumulated = size
-    ranges.append((start, len(slice_bytes) - 1))
-    return ranges
+            bucket.clear()
+        bucket.update(key for key, _ in here)
 
 
-def count_packs(slice_bytes: Sequence[int], limit: int) -> int:
+def pack(slice_bytes: Sequence[int], limit: int, parts: Parts | None = None) -> list[Range]:
+    """`computeSubpartitionSliceRanges`: the ranges `_starts` opens; a range is above the
+    limit only when its first slice alone is."""
+    bounds = [0, *_starts(slice_bytes, limit, parts), len(slice_bytes)]
+    return [(a, b - 1) for a, b in itertools.pairwise(bounds)]
+
+
+def count_packs(slice_bytes: Sequence[int], limit: int, parts: Parts | None = None) -> int:
     """`computeParallelism`: how many ranges `pack` makes under `limit`."""
-    count = 1
-    accumulated = 0
-    start = 0
-    for i, size in enumerate(slice_bytes):
-        if i == start or accumulated + size <= limit:
-            accumulated += size
-        else:
-            count += 1
-            start = i
-            accumulated = size
-    return count
+    return 1 + sum(1 for _ in _starts(slice_bytes, limit, parts))
 
 
 def _midpoint(low: int, high: int) -> int:
@@ -103,6 +112,7 @@ def adjust_to_closest_legal_parallelism(
     min_limit: int,
     max_limit: int,
     slice_bytes: Sequence[int],
+    parts: Parts | None = None,
 ) -> list[Range] | None:
     """`adjustToClosestLegalParallelism`: search the byte limit for a count inside the bounds.
 
@@ -113,7 +123,7 @@ def adjust_to_closest_legal_parallelism(
     """
 
     def count(value: int) -> int:
-        return count_packs(slice_bytes, value)
+        return count_packs(slice_bytes, value, parts)
 
     adjusted = limit
     if parallelism < min_parallelism:
@@ -123,23 +133,27 @@ def adjust_to_closest_legal_parallelism(
     elif parallelism > max_parallelism:
         adjusted = find_min_legal_value(lambda v: count(v) <= max_parallelism, limit, max_limit)
     if min_parallelism <= count(adjusted) <= max_parallelism:
-        return pack(slice_bytes, adjusted)
+        return pack(slice_bytes, adjusted, parts)
     return None
 
 
 def slice_ranges_by_data(
-    min_parallelism: int, max_parallelism: int, limit: int, slice_bytes: Sequence[int]
+    min_parallelism: int,
+    max_parallelism: int,
+    limit: int,
+    slice_bytes: Sequence[int],
+    parts: Parts | None = None,
 ) -> list[Range] | None:
     """`tryComputeSubpartitionSliceRangeEvenlyDistributedData`: pack under `limit`; if the count
     is outside [min, max], search the limit (`adjust_to_closest_legal_parallelism`) between the
     smallest slice (at most `limit`) and the total."""
-    ranges = pack(slice_bytes, limit)
+    ranges = pack(slice_bytes, limit, parts)
     if min_parallelism <= len(ranges) <= max_parallelism:
         return ranges
     min_bytes = min([limit, *slice_bytes])
     total = sum(slice_bytes)
     return adjust_to_closest_legal_parallelism(
-        limit, len(ranges), min_parallelism, max_parallelism, min_bytes, total, slice_bytes
+        limit, len(ranges), min_parallelism, max_parallelism, min_bytes, total, slice_bytes, parts
     )
 
 
@@ -157,10 +171,14 @@ def slice_ranges_by_count(
 
 
 def try_slice_ranges(
-    min_parallelism: int, max_parallelism: int, limit: int, slice_bytes: Sequence[int]
+    min_parallelism: int,
+    max_parallelism: int,
+    limit: int,
+    slice_bytes: Sequence[int],
+    parts: Parts | None = None,
 ) -> list[Range] | None:
     """`tryComputeSubpartitionSliceRange`: by data first, by slice count when that fails."""
-    ranges = slice_ranges_by_data(min_parallelism, max_parallelism, limit, slice_bytes)
+    ranges = slice_ranges_by_data(min_parallelism, max_parallelism, limit, slice_bytes, parts)
     if ranges is None:
         ranges = slice_ranges_by_count(min_parallelism, max_parallelism, len(slice_bytes))
     return ranges
@@ -174,6 +192,7 @@ def consumed_subpartition_range(consumer: int, consumers: int, subpartitions: in
 
 
 __all__ = [
+    "Parts",
     "Range",
     "adjust_to_closest_legal_parallelism",
     "consumed_subpartition_range",
