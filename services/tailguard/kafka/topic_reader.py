@@ -85,8 +85,8 @@ class TopicReader:
         defaults = {
             **READER_DEFAULTS,
             "group.id": group_id,
-            # Also where to go when the committed offset is no longer on the broker (the
-            # embedded broker keeps only the newest ~5 MB of each partition).
+            # Also where to go when the committed offset is no longer on the broker (deleted by
+            # retention; the mock broker keeps only the newest ~5 MB of each partition).
             "auto.offset.reset": "earliest" if from_beginning else "latest",
         }
         self._config = {**client_config(settings, "consumer", defaults), **(config or {})}
@@ -179,8 +179,9 @@ class TopicReader:
             if tp.offset < 0 and ends[(tp.topic, tp.partition)] > 0
         ]
         # "None stamped that late" is also what a broker without a time index says (librdkafka's
-        # mock cluster): where the partition's last record says otherwise, read it from its
-        # beginning (the mock broker keeps ~5 MB per partition: a bounded read).
+        # mock cluster, `broker up --mock`): where the partition's last record says otherwise,
+        # read it from its beginning (the mock keeps ~5 MB per partition: a bounded read).
+        # Kafka's index never answers so (its last record would be found): kept for the mock.
         late = self._stamped_since(unanswered, start_at_ms)
         for tp in found:
             where = (tp.topic, tp.partition)
@@ -307,7 +308,8 @@ class TopicReader:
         if first > committed:
             log.warning(
                 "%s[%d]: records %d..%d were gone from the broker when %s resumed "
-                "(the mock broker keeps only the newest ~5 MB per partition)",
+                "(deleted by retention; the mock broker keeps only the newest ~5 MB per "
+                "partition)",
                 *where, committed, first - 1, self.group_id,
             )  # fmt: skip
 
