@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaClient
 
 from tailguard.broker.embedded import EmbeddedBroker
 from tailguard.kafka import config as kafka_config
@@ -136,6 +138,17 @@ def read_all(settings: dict[str, str], group: str) -> tuple[list[bytes | None], 
         reader.close()
 
 
+async def cluster_id_of(bootstrap: str) -> str | None:
+    """The cluster id as a service's broker watch gets it, through an aiokafka client."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    try:
+        watch = BrokerWatch(lambda: client, timeout_s=10.0)
+        assert (await watch.probe()).reachable
+        return watch.cluster_id
+    finally:
+        await client.close()
+
+
 @pytest.mark.long
 def test_the_embedded_broker_is_told_apart_by_its_cluster_id(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -144,10 +157,9 @@ def test_the_embedded_broker_is_told_apart_by_its_cluster_id(
     the wait expires, so its clients wait briefly; on Kafka a reader takes Kafka's default."""
     with EmbeddedBroker(tmp_path, mock=True) as bootstrap:
         settings = {"bootstrap.servers": bootstrap}  # as a user would name any broker
-        watch = BrokerWatch(settings)
-        assert watch.probe(10).reachable
-        assert is_embedded_cluster(watch.cluster_id), watch.cluster_id
-        assert fetch_wait(settings, watch.cluster_id, 20).ms == 20
+        cluster_id = asyncio.run(cluster_id_of(bootstrap))
+        assert is_embedded_cluster(cluster_id), cluster_id
+        assert fetch_wait(settings, cluster_id, 20).ms == 20
 
         producer = RecordProducer(settings)
         producer.send_bytes("fetch-wait", b"k", b"v")

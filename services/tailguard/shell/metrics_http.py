@@ -1,4 +1,5 @@
-"""A service's metrics (Prometheus) and health over HTTP.
+"""A service's metrics (Prometheus) and health over HTTP, served by its faust app's own web
+server (one HTTP server per service process).
 
 GET /metrics   the process's registry in the Prometheus text format: the shell's own metrics
                (records processed and emitted, dead letters, rebuild, lag, readiness, decision
@@ -13,10 +14,13 @@ the acceptance test checks the list against what a running service exports.
 
 from __future__ import annotations
 
-import threading
+import socket
 from collections.abc import Callable, Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
+import faust
+from aiohttp.web import SockSite
+from faust.web import Request, Response, View
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -162,49 +166,60 @@ class ServiceMetrics:
         return generate_latest(self.registry)
 
 
-class MetricsServer:
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        exposition: Callable[[], bytes],
-        unhealthy: Callable[[], str | None],
-    ) -> None:
-        """`unhealthy()` is None when the service is healthy, else why not (one line)."""
-        outer = self
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on `host`:`port` (0 picks a free port), made before the app: the
+    service announces its address at once, and a request that comes before faust's web server
+    serves waits in the socket's backlog instead of being refused."""
+    sock = socket.create_server((host, port), backlog=64)
+    sock.set_inheritable(False)  # not into the process a reconnect execs (worker.serve)
+    return sock
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.startswith("/metrics"):
-                    self._send(200, outer.exposition(), CONTENT_TYPE_LATEST)
-                elif self.path.startswith("/health"):
-                    reason = outer.unhealthy()
-                    if reason is None:
-                        self._send(200, b"ready\n")
-                    else:
-                        self._send(503, f"{reason}\n".encode())
-                else:
-                    self._send(404, b"not found\n")
 
-            def _send(self, status: int, body: bytes, content_type: str = "text/plain") -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+def serve_on_app(
+    app: faust.App,
+    sock: socket.socket,
+    exposition: Callable[[], bytes],
+    unhealthy: Callable[[], str | None],
+) -> None:
+    """/metrics and /health as views of the faust app's own web server, on `sock`
+    (`listening_socket`). `unhealthy()` is None when the service is healthy, else why not (one
+    line). The app must have faust's web enabled on `sock`'s port (`web_options`)."""
 
-            def log_message(self, format: str, *args: object) -> None:
-                pass  # scrapes every few seconds would drown the service's own log
+    @app.page("/metrics")
+    async def metrics(view: View, _request: Request) -> Response:
+        # The Content-Type header as it is: aiohttp refuses a content_type with a charset.
+        return view.bytes(exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-        self.exposition = exposition
-        self.unhealthy = unhealthy
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+    @app.page("/health")
+    async def health(view: View, _request: Request) -> Response:
+        reason = unhealthy()
+        if reason is None:
+            return view.bytes(b"ready\n", content_type="text/plain")
+        return view.bytes(f"{reason}\n".encode(), content_type="text/plain", status=503)
 
-    def start(self) -> None:
-        self._thread.start()
+    # The aiohttp driver's (faust.web.drivers.aiohttp.Web): faust types it as its base class.
+    web: Any = app.web
+    # faust's web server binds its own socket from web_bind and web_port, and its port setting
+    # takes no 0; serving on the one already listening keeps the address announced.
+    web._transport_handlers = {
+        **web._transport_handlers,
+        "tcp": lambda: SockSite(web._runner, sock),
+    }
 
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+
+def web_options(sock: socket.socket) -> dict[str, Any]:
+    """The `faust.App` settings of a web server serving only `serve_on_app`'s two views."""
+    host, port = sock.getsockname()[:2]
+    return {
+        "web_enabled": True,
+        "web_bind": host,
+        "web_port": port,
+        # Its own thread and loop, as the standalone server was: a scrape never waits on the
+        # stream's loop, and /health answers while that loop is busy.
+        "web_in_thread": True,
+        # None of faust's own pages (its router, tables, statistics, graph).
+        "web_router_enabled": False,
+        "web_tables_enabled": False,
+        "web_stats_enabled": False,
+        "web_graph_enabled": False,
+    }

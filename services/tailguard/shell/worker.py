@@ -1,7 +1,9 @@
 """Running one service: `python -m tailguard.shell.worker NAME` (what `tailguard services up`
 starts, once per service, as its own process).
 
-Start-up order matters: metrics first (so a supervisor sees the process), then two things at
+Start-up order matters: the metrics socket first (so a supervisor sees the process: its
+/metrics and /health are views of the faust app's own web server, which answers what waited in
+that socket once the app's producer is connected: metrics_http), then two things at
 once: the state's load (`StateLoad`: the last snapshot, tailguard.shell.snapshot, and the input
 topic's tail after it up to the group's committed offsets) in a thread, and the faust stream's
 start, whose group join mostly waits on the broker (after a kill -9, for the dead member's
@@ -24,9 +26,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import faust
 from confluent_kafka import KafkaException
@@ -44,7 +47,7 @@ from tailguard.shell.answering import BatchedAnswers
 from tailguard.shell.broker_watch import BrokerWatch
 from tailguard.shell.instances import instance_name
 from tailguard.shell.log_limits import RepeatLimiter
-from tailguard.shell.metrics_http import MetricsServer
+from tailguard.shell.metrics_http import listening_socket, serve_on_app, web_options
 from tailguard.shell.processor import Outgoing, Processor
 from tailguard.shell.rebuild import catch_up, rebuild, snapshot_mismatch
 from tailguard.shell.snapshot import (
@@ -66,7 +69,8 @@ COMMIT_INTERVAL_S = 0.5
 SESSION_TIMEOUT_S = 6.0
 
 
-# faust-streaming 0.15 hard-codes fetch_max_wait_ms=1500 for its consumer, and librdkafka's mock
+# faust-streaming 0.15 hard-codes fetch_max_wait_ms=1500 for its consumer (AIOKafkaConsumer's
+# arguments in faust/transport/drivers/aiokafka.py; no setting reaches it), and librdkafka's mock
 # cluster (the embedded broker) answers a fetch with no data only when that wait expires, even if
 # data arrives meanwhile: every decision would wait ~0.75 s on average (measured: round trip
 # p50 1.4 s). On the embedded broker a short wait bounds each hop (event -> finding -> command),
@@ -86,21 +90,25 @@ RECONNECT_WINDOW_S = 120.0
 def _shorten_fetch_wait(
     max_wait_ms: int, on_commit: Callable[[dict[int, int]], None] | None = None
 ) -> None:
-    """faust's consumer with fetches of at most `max_wait_ms`; `on_commit` hears the offsets
-    (partition -> next offset) each commit the broker confirmed (what a stop without the broker
-    could not flush: `stop_report`)."""
+    """faust's consumer with fetches of at most `max_wait_ms` (until `set_fetch_wait`);
+    `on_commit` hears the offsets (partition -> next offset) each commit the broker confirmed
+    (what a stop without the broker could not flush: `stop_report`). A patch of faust's consumer
+    class, kept because faust offers neither: the wait is hard-coded, and its commit reports
+    no offsets to anyone (it keeps them privately, per partition, without saying when)."""
     from faust.transport.drivers import aiokafka as driver
 
     base = driver.aiokafka.AIOKafkaConsumer
-    if getattr(base, "_tailguard_fetch_wait", None) != max_wait_ms:
+    if not hasattr(base, "_tailguard_fetch_wait"):
 
         class Consumer(base):  # type: ignore[misc, valid-type]
             _tailguard_fetch_wait = max_wait_ms
             _tailguard_on_commit: Callable[[dict[int, int]], None] | None = None
+            _tailguard_live: ClassVar[weakref.WeakSet[Any]] = weakref.WeakSet()
 
             def __init__(self, *args: Any, **kwargs: Any) -> None:
-                kwargs["fetch_max_wait_ms"] = max_wait_ms
+                kwargs["fetch_max_wait_ms"] = type(self)._tailguard_fetch_wait
                 super().__init__(*args, **kwargs)
+                type(self)._tailguard_live.add(self)
 
             async def commit(self, offsets: Any = None) -> None:
                 await super().commit(offsets)  # raises unless the broker confirmed it
@@ -110,6 +118,23 @@ def _shorten_fetch_wait(
 
         driver.aiokafka.AIOKafkaConsumer = base = Consumer
     base._tailguard_on_commit = staticmethod(on_commit) if on_commit is not None else None
+    set_fetch_wait(max_wait_ms)
+
+
+def set_fetch_wait(max_wait_ms: int) -> None:
+    """From now on, fetches of faust's consumer wait at most `max_wait_ms`, also a consumer
+    already made (which asks with it from its next fetch on: aiokafka's fetcher reads the value
+    at each request); what the broker turned out to be decides it (`kafka_config.fetch_wait`).
+    The consumer runs in faust's consumer thread: an int attribute swaps whole."""
+    from faust.transport.drivers import aiokafka as driver
+
+    patched = driver.aiokafka.AIOKafkaConsumer
+    patched._tailguard_fetch_wait = max_wait_ms
+    for consumer in list(patched._tailguard_live):
+        consumer._fetch_max_wait_ms = max_wait_ms
+        fetcher = getattr(consumer, "_fetcher", None)
+        if fetcher is not None:
+            fetcher._fetch_max_wait_ms = max_wait_ms
 
 
 class ServiceWorker(Worker):
@@ -118,14 +143,16 @@ class ServiceWorker(Worker):
     the broker gone it waits for it: `services down` sat out its 20 s grace per service, then
     killed each one before its last snapshot."""
 
-    def __init__(self, app: faust.App, stop_without_broker: Callable[[], None], **options: Any):
+    def __init__(
+        self, app: faust.App, stop_without_broker: Callable[[], Awaitable[None]], **options: Any
+    ):
         self._stop_without_broker = stop_without_broker
         super().__init__(app, **options)
 
-    def _schedule_shutdown(self, sig: signal.Signals) -> None:
-        # Where mode's SIGTERM and SIGINT handlers both lead.
-        self._stop_without_broker()
-        super()._schedule_shutdown(sig)
+    async def _stop_on_signal(self, sig: signal.Signals) -> None:
+        # Where mode's SIGTERM and SIGINT handlers both lead, once.
+        await self._stop_without_broker()
+        await super()._stop_on_signal(sig)
 
 
 class StateLoad:
@@ -188,13 +215,15 @@ def build_app(
     state_load: StateLoad | None = None,
     fetch_wait_ms: int = EMBEDDED_FETCH_WAIT_MS,
     settings: Settings | None = None,
+    web: Mapping[str, Any] | None = None,
 ) -> faust.App:
     """The service's faust app; `connection` is `faust_app_options(settings)` (the broker and
     the credentials built from the same `kafka.*` settings as every librdkafka client). With a
     `state_load`, the stream feeds its core nothing before that load is done. Its consumer's
     fetches wait at most `fetch_wait_ms` for data (`kafka_config.fetch_wait`). With `settings`
     (the Kafka settings), a partition taken over from another instance in the group is caught up
-    from the topic before its first record is decided (`rebuild.catch_up`)."""
+    from the topic before its first record is decided (`rebuild.catch_up`). `web` is its web
+    server's settings (`metrics_http.web_options`); none without it."""
     _shorten_fetch_wait(fetch_wait_ms, state.flushed.committed)
     flushed = state.flushed
     app = faust.App(
@@ -205,7 +234,7 @@ def build_app(
         topic_allow_declare=False,
         topic_disable_leader=True,
         store="memory://",
-        web_enabled=False,
+        **(web or {"web_enabled": False}),
         datadir=str(data_dir),
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=COMMIT_INTERVAL_S,
@@ -304,14 +333,11 @@ def serve(
     configured_fetch_wait_ms(settings)
     codec = codec_for(settings)
     processor = Processor(definition, settings, codec)
-    broker = BrokerWatch(settings)
-    state = ServiceState(broker)
+    state = ServiceState()
 
-    metrics = MetricsServer(
-        metrics_host, metrics_port, processor.metrics.exposition, state.unhealthy
-    )
-    metrics.start()
-    metrics_url = f"http://{metrics_host}:{metrics.port}"
+    # Listening from here on, served by the app's web server once it runs (metrics_http).
+    metrics = listening_socket(metrics_host, metrics_port)
+    metrics_url = f"http://{metrics_host}:{metrics.getsockname()[1]}"
     announce(work_dir, own, os.getpid(), metrics_url)
     log.info("%s metrics on %s/metrics", own, metrics_url)
     data_dir = work_dir / "services" / own
@@ -351,19 +377,32 @@ def serve(
         # the main thread's exit, so this thread ends the process, leaving the snapshot on disk
         # as it was. The supervisor sees the exit code.
         log.error("%s cannot load its state: %s", name, err, exc_info=err)
-        metrics.stop()
         logging.shutdown()
         os._exit(1)
 
     state_load = StateLoad(load_state, load_failed)
     state_load.start()
-    # Its first probe says which broker answers, and so the fetch wait.
-    broker.start()
-    wait = fetch_wait(settings, broker.cluster_id, EMBEDDED_FETCH_WAIT_MS)
+    # Until the broker has answered (the watch's first probe, once the app's producer is
+    # connected), a provisional wait; the broker's answer, never a slow probe, decides it.
+    wait = fetch_wait(settings, None, EMBEDDED_FETCH_WAIT_MS)
     log.info("%s: fetches wait up to %d ms (%s)", name, wait.ms, wait.why)
     app = build_app(
-        definition, connection, processor, state, data_dir, state_load, wait.ms, settings
-    )
+        definition, connection, processor, state, data_dir, state_load, wait.ms, settings,
+        web_options(metrics),
+    )  # fmt: skip
+    serve_on_app(app, metrics, processor.metrics.exposition, state.unhealthy)
+
+    def broker_named(cluster_id: str) -> None:
+        fitting = fetch_wait(settings, cluster_id, EMBEDDED_FETCH_WAIT_MS)
+        set_fetch_wait(fitting.ms)
+        log.info("%s: fetches wait up to %d ms (%s)", name, fitting.ms, fitting.why)
+
+    broker = state.broker = BrokerWatch(lambda: producer_client(app), on_cluster=broker_named)
+
+    @app.task  # type: ignore[untyped-decorator]  # faust.App.task has no annotations
+    async def watch_broker() -> None:
+        await broker.run(lambda: app.should_stop, app.sleep)
+
     # aiokafka logs every failed reconnect while the broker is away.
     log_handler.addFilter(RepeatLimiter())
     # faust (mode) replaces the root logger's handlers when the worker starts: hand it ours
@@ -373,10 +412,11 @@ def serve(
     # the log file.
     app.conf.loghandlers = [log_handler]
 
-    def stop_without_broker() -> None:
-        # Called on the event loop (faust's signal handler), between two inputs' steps: the
-        # core is not being changed meanwhile.
-        if not broker.cut_off():
+    async def stop_without_broker() -> None:
+        # Called on the event loop (faust's signal handler). After the probe, what follows runs
+        # without yielding to the stream, so between two inputs' steps: the core is not being
+        # changed meanwhile.
+        if not await broker.cut_off():
             return
         log.warning("%s: stopping with its broker unreachable: %s", name, broker.state.reason)
         snapshots = state_load.loaded()
@@ -400,7 +440,6 @@ def serve(
         )
         # For `services down`, which says it (supervisor.stop).
         stop_report.write(services_dir(work_dir), own, report)
-        metrics.stop()
         logging.shutdown()
         os._exit(0)
 
@@ -418,8 +457,7 @@ def serve(
     except SystemExit as done:
         code = int(done.code or 0)
     finally:
-        broker.stop()
-        metrics.stop()
+        metrics.close()
     snapshots = state_load.loaded()
     if snapshots is None:
         # Stopped while the state was loading: the snapshot on disk is still the last state.
@@ -434,6 +472,13 @@ def serve(
         os.execv(sys.executable, sys.orig_argv)
     snapshots.close()
     return code
+
+
+def producer_client(app: faust.App) -> Any:
+    """The aiokafka client of the app's producer once it has started (AIOKafkaClient), else
+    None: the app's own connection, which the broker watch asks."""
+    producer = getattr(app.producer, "_producer", None)
+    return getattr(producer, "client", None)
 
 
 def carry_over(
