@@ -11,6 +11,21 @@ With several instances in the group (scale-out), a partition can also change han
 run: the instance given it catches up first (`catch_up`), from where its own state on that
 partition stops to the first record the stream hands over, whatever the other instance did
 meanwhile.
+
+These reads are librdkafka's, in a process whose stream is faust's aiokafka (one Kafka client per
+service process is the rule, issue 26), for speed: a restart is ready after the longer of the
+rebuild and the stream's start (worker.StateLoad), and make bench-restart's target is 10 s
+(8.19 s median, 7.3 s of it the stream's start; without a snapshot, 268,000 records rebuilt in
+6.85 s beside a 7.45 s stream start). aiokafka reads a topic to its end up to 3.4 times slower
+(benchmarks/rebuild_client_read.py, the read alone, two rounds each: 270,000 records from the
+mock broker in 2.97 and 3.90 s by librdkafka, 4.99 and 7.18 s by aiokafka, load 4-8; 1,000,000
+from Apache Kafka in 24.9 and 9.3 s, 26.3 and 31.4 s, load 15-18), which would make the rebuild
+the longer of the two and ready later than 10 s. The snapshot check (`snapshot_mismatch`) reads
+the same topic just before the rebuild, in the same thread, while the app's own client is still
+connecting; a catch-up reads as the rebuild does, while the stream waits on it; the worker's
+carry-over after a lost broker runs once faust's app, and its client, have stopped. Each reader
+is closed when its read is done: a ready service holds no librdkafka client
+(tests/integration/test_service_kafka_clients.py).
 """
 
 from __future__ import annotations

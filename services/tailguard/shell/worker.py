@@ -487,7 +487,8 @@ def carry_over(
     """Keep the state across a broker's loss. A broker back with the same log (real Kafka) gets
     the snapshot as it is; an embedded broker restarted empty has lost every record the state
     was folded from, so the state is carried over to its new log (snapshot.carried_over): the
-    jobs that were running go on being decided as one continuous history."""
+    jobs that were running go on being decided as one continuous history. Read by librdkafka
+    (rebuild.py says why): faust's app and its client have stopped by now."""
     snapshot = processor.snapshot()
     try:
         mismatch = snapshot_mismatch(
