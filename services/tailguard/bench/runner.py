@@ -351,21 +351,29 @@ class Bench:
         shutil.rmtree(output, ignore_errors=True)
         return rec
 
-    @staticmethod
-    def _builder(master: str, app: str, contender: Contender, settings: Any) -> Any:
+    def _builder(self, master: str, app: str, contender: Contender, settings: Any) -> Any:
         """The contender's session: UI off for all (the same conditions); the attached one
         built as docs/attach.md tells a user, with `tailguard.spark_conf` (the plugin, the
         query-stage rule, the 2 s executor heartbeat the slow-host rule needs)."""
         from tailguard.agent.adapters.spark import session_builder
+        from tailguard.observer import listener_jar
 
         if contender.tailguard:
-            return session_builder(master, app_name=app).config("spark.ui.enabled", "false")
-        conf = list(contender.spark_conf)
-        if contender.attach:
-            import tailguard
+            builder = session_builder(master, app_name=app).config("spark.ui.enabled", "false")
+        else:
+            conf = list(contender.spark_conf)
+            if contender.attach:
+                import tailguard
 
-            conf += tailguard.spark_conf(settings.overrides()).items()
-        return plain_spark.session_builder(master, app, conf)
+                conf += tailguard.spark_conf(settings.overrides()).items()
+            builder = plain_spark.session_builder(master, app, conf)
+        if any(c.attach for c in self.contenders):
+            # Every session of the bench runs in one driver JVM, started with the first; Spark
+            # loads a plugin from the classpath that JVM started with (`spark.jars` of a later
+            # session reaches only the executors), so the jar is on it from the first session
+            # on, whichever contender that is. Nothing else loads it.
+            builder = builder.config("spark.driver.extraClassPath", str(listener_jar()))
+        return builder
 
     def _run_tailguard(
         self,
