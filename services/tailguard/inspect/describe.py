@@ -140,12 +140,25 @@ _DESCRIBE: dict[type[r.Record], Callable[[Any, int], str]] = {
         f"block {_hosts(c.hosts)} until {relative(c.until_ts, t)}: {c.cause}"
     ),
     r.UnblockNodes: lambda c, _: f"unblock {_hosts(c.hosts)}",
-    r.SetParallelism: lambda c, _: f"{c.vertex}: parallelism {c.parallelism}",
+    r.SetParallelism: lambda c, _: _parallelism(c),
     r.RestartTasks: _restart,
     r.FailJob: lambda c, _: f"fail the job: {c.reason}",
     r.FindingSettings: lambda s, _: _settings(s),
     r.CommandSettings: lambda s, _: _settings(s),
 }
+
+
+def _parallelism(c: r.SetParallelism) -> str:
+    text = f"{c.vertex}: parallelism {c.parallelism}"
+    b = c.broadcast
+    if b is None:
+        return text
+    # Why the join was broadcast (Flink's adaptive broadcast join), as the decider saw it.
+    return (
+        f"{text}, broadcast join: its {b.side} side {b.input} produced {b.bytes} bytes, under "
+        f"table.optimizer.join.broadcast-threshold {b.threshold}, so every subtask reads it "
+        f"whole and the other side is read as it was produced, unshuffled"
+    )
 
 
 def describe(record: r.Record, start_ts: int) -> str:

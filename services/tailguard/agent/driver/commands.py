@@ -143,6 +143,12 @@ def _guard_set_parallelism(c: r.SetParallelism, view: JobView) -> str | None:
         return f"parallelism {c.parallelism} outside bounds [1, {high}]"
     if sorted(s.subtask for s in c.subtask_inputs) != list(range(c.parallelism)):
         return "subtask_inputs must name each subtask 0..parallelism-1 exactly once"
+    if c.broadcast is not None:
+        join = state.broadcast_joins.joins.get(c.vertex)
+        if join is None:
+            return f"vertex {c.vertex!r} is not a join the agent can turn into a broadcast join"
+        if c.broadcast.input not in join.producers:
+            return f"{c.broadcast.input!r} is not an input of join {c.vertex!r}"
     expected = {i.producer for i in vertex.definition.inputs}
     if vertex.definition.source is not None:
         expected = {SPLITS_INPUT}
@@ -188,7 +194,11 @@ def _overlapping(ranges: Sequence[r.InputRange]) -> str | None:
 
 def _apply_set_parallelism(c: r.SetParallelism, job: JobActions, fallback: bool) -> None:
     by = "agent-fallback" if fallback else "decider"
-    job.initialize_vertex(c.vertex, c.parallelism, c.subtask_inputs, by, c.id)
+    inputs = c.subtask_inputs
+    if c.broadcast is not None:
+        # The other side is read in whole partitions, however it was (or will be) written.
+        inputs = job.state.broadcast_join(c.vertex, c.broadcast.input, inputs)
+    job.initialize_vertex(c.vertex, c.parallelism, inputs, by, c.id)
 
 
 # --------------------------------------------------------------------------- speculation

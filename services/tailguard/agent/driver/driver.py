@@ -59,6 +59,7 @@ from tailguard.agent.driver.storage_io import StorageWorker
 from tailguard.agent.executor.environment import ExecutorEnvironmentError
 from tailguard.agent.graph.api import Job
 from tailguard.agent.graph.chaining import chain
+from tailguard.decider.policy.broadcast_join import BroadcastJoinParams
 from tailguard.model import records as r
 from tailguard.model.config import Settings
 
@@ -112,6 +113,7 @@ class JobDriver:
             state=ExecutionState(
                 graph,
                 settings.integer("execution.batch.adaptive.auto-parallelism.max-parallelism"),
+                BroadcastJoinParams.from_settings(settings),
             ),
             pool=SlotPool(),
             events=EventLog(self.job_id, publisher, fallbacks, hooks.on_event),

@@ -66,10 +66,12 @@ class LocalFallbacks:
         return min((p.deadline for p in self._pending.values()), default=None)
 
     def due(self, now: int) -> list[Fallback]:
-        """The pending decisions whose deadline has passed, oldest first, now settled."""
+        """The pending decisions whose deadline has passed, oldest first (in the order the cores
+        emitted them among equal deadlines, as a service publishes them: an audit replay
+        compares a service's decisions in order), now settled."""
         ready = sorted(
             (p for p in self._pending.values() if p.deadline <= now),
-            key=lambda p: (p.deadline, p.command.id),
+            key=lambda p: p.deadline,  # stable: the pending dict keeps the emission order
         )
         why = "no service answered in time" if self.services else "services off"
         out: list[Fallback] = []

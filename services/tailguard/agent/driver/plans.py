@@ -145,7 +145,7 @@ def task_spec(
         vertex=definition.name,
         subtask=subtask.index,
         attempt=attempt,
-        steps=definition.steps,
+        steps=tuple(state.broadcast_joins.step(definition.name, s) for s in definition.steps),
         source=definition.source,
         splits=chosen_splits,
         inputs=tuple(inputs),

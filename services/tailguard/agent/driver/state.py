@@ -6,9 +6,11 @@ their own. The runner drives it and turns its changes into events.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
+from tailguard.agent.driver.broadcast_joins import BroadcastJoins
 from tailguard.agent.driver.slots import (
     ExecutionVertexId,
     RegionRequest,
@@ -19,6 +21,7 @@ from tailguard.agent.driver.slots import (
 from tailguard.agent.executor.attempt import AttemptKey, AttemptOutcome
 from tailguard.agent.graph.api import pipelined_groups
 from tailguard.agent.graph.chaining import ChainDef, ChainedJob
+from tailguard.decider.policy.broadcast_join import BROADCAST_OFF, BroadcastJoinParams
 from tailguard.decider.policy.flink import pointwise_subpartitions
 from tailguard.model.records import (
     SPLITS_INPUT,
@@ -126,9 +129,16 @@ class Vertex:
 class ExecutionState:
     """Vertices in topological order, initialised lazily (FLIP-187's dynamic graph)."""
 
-    def __init__(self, job: ChainedJob, default_max_parallelism: int) -> None:
+    def __init__(
+        self,
+        job: ChainedJob,
+        default_max_parallelism: int,
+        broadcast: BroadcastJoinParams = BROADCAST_OFF,
+    ) -> None:
         self.job = job
         self.default_max_parallelism = default_max_parallelism
+        # The adaptive broadcast join's order of production and decisions (broadcast_joins.py).
+        self.broadcast_joins = BroadcastJoins(job, broadcast)
         self.vertices: dict[str, Vertex] = {name: Vertex(v) for name, v in job.vertices.items()}
         self.consumers: dict[str, list[tuple[str, int]]] = {name: [] for name in job.vertices}
         for v in job.vertices.values():
@@ -150,6 +160,8 @@ class ExecutionState:
         POINTWISE consumers runs of (partition, subpartition) slices, enough of them to reach
         their parallelism (`pointwise_subpartitions`, known once the producer's parallelism
         is); FORWARD and BROADCAST consumers read whole partitions: one subpartition."""
+        if producer in self.broadcast_joins.unshuffled:
+            return 1  # its one consumer, a broadcast join, reads it as it is
         counts = {1}
         producers = self.vertices[producer].parallelism
         for consumer, index in self.consumers[producer]:
@@ -162,6 +174,8 @@ class ExecutionState:
         return max(counts)
 
     def output_distribution(self, producer: str) -> tuple[Distribution, tuple[str, ...]]:
+        if producer in self.broadcast_joins.unshuffled:
+            return Distribution.FORWARD, ()
         for consumer, index in self.consumers[producer]:
             definition = self.job.vertices[consumer].inputs[index]
             if definition.distribution is Distribution.ALL_TO_ALL:
@@ -244,6 +258,51 @@ class ExecutionState:
             and subtask.winner is None
             and not subtask.live_attempts()
             and self.inputs_available(subtask)
+            and not self.held(subtask.vertex)
+        )
+
+    def held(self, name: str) -> bool:
+        """Whether the vertex waits for a join's broadcast decision (broadcast_joins.py)."""
+        join = self.broadcast_joins.join_held_by(name)
+        if join is None:
+            return False
+        first_name = self.broadcast_joins.joins[join].first
+        assert first_name is not None
+        first = self.vertices[first_name]
+        first_bytes = (
+            sum(
+                sum(s.winner.outcome.bytes_per_subpartition)
+                for s in first.subtasks
+                if s.winner and s.winner.outcome
+            )
+            if first.finished()
+            else None
+        )
+        return self.broadcast_joins.holding(name, self.vertices[join].initialized, first_bytes)
+
+    def broadcast_join(
+        self, join: str, build: str, inputs: tuple[SubtaskInputs, ...]
+    ) -> tuple[SubtaskInputs, ...]:
+        """A broadcast decision for `join` (read `build` broadcast): its other side writes one
+        unshuffled subpartition if it has not started; the ranges returned read whole
+        partitions of the other side, whichever way it wrote them."""
+        other = next(i.producer for i in self.job.vertices[join].inputs if i.producer != build)
+        producer = self.vertices[other]
+        started = any(s.attempts for s in producer.subtasks)
+        self.broadcast_joins.decided(join, build, started, len(self.consumers[other]))
+        producer.subpartitions = self._subpartitions_of(other)
+        last = producer.subpartitions - 1
+        return tuple(
+            SubtaskInputs(
+                s.subtask,
+                tuple(
+                    dataclasses.replace(rng, subpartition_start=0, subpartition_end=last)
+                    if rng.input == other
+                    else rng
+                    for rng in s.inputs
+                ),
+            )
+            for s in inputs
         )
 
     def bulk_ready(self, region: tuple[Task, ...]) -> tuple[Task, ...] | None:
@@ -274,9 +333,7 @@ class ExecutionState:
         for vertex in self.vertices.values():
             if not vertex.finished():
                 return False
-            if vertex.definition.sink is not None and not all(
-                s.committed for s in vertex.subtasks
-            ):
+            if vertex.definition.sink is not None and not all(s.committed for s in vertex.subtasks):
                 return False
         return True
 

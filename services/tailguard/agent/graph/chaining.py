@@ -93,6 +93,12 @@ class ChainDef:
     def tail(self) -> str:
         return self.operators[-1]
 
+    @property
+    def join_how(self) -> str | None:
+        """The relational join the chain runs (it heads the chain), None if it runs none."""
+        head = self.steps[0] if self.steps else None
+        return head.join.how if head is not None and head.join is not None else None
+
 
 @dataclass(frozen=True)
 class ChainedJob:
@@ -130,6 +136,7 @@ class ChainedJob:
                 split_bytes=split_bytes.get(c.name, split_bytes.get(c.head, ())),
                 operators=c.operators,
                 min_parallelism=c.min_parallelism,
+                join=c.join_how,
             )
             for c in self.vertices.values()
         )

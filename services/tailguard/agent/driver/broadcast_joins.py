@@ -1,0 +1,153 @@
+"""The driver's part of the adaptive broadcast join (decider/policy/broadcast_join.py): the
+order the two sides of a join are produced in, and what a broadcast decision changes.
+
+Flink decides when an input of an `AdaptiveJoin` finishes and then rewrites the other side's
+edge to `ForwardForUnspecifiedPartitioner`, which only works "if it has not yet started
+scheduling" (`AdaptiveBroadcastJoinOptimizationStrategy`); both sides of a join are usually
+scheduled at once there, so the other side is often shuffled already. tailguard makes the
+order right instead: of a join the rule may turn into a broadcast join, the side that may be
+broadcast (`first_side`: the right one for inner, left, semi and anti joins, the left one for a
+right join) is produced first, and the other side's producer is held until
+
+- the join has its ranges (a broadcast decision, from the decider or the local fallback,
+  which decides the same from the same events), or
+- the first side has finished too large for the rule: the join stays a shuffled hash join and
+  the other side is produced as usual (hash-partitioned).
+
+Holding costs a job whose first side turns out large the overlap of the two producers; a job
+whose first side is small gets what the rule is for: the other side is written unshuffled (one
+subpartition per partition, the decision arriving before its producer starts), each of its
+partitions read by one join subtask, and no subtask reads its data from all producers.
+
+A side whose producer depends on the other side (directly or not) is never held: it could not
+finish first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from tailguard.agent.executor.steps import OperatorStep
+from tailguard.agent.graph.chaining import ChainDef, ChainedJob
+from tailguard.decider.policy.broadcast_join import (
+    SIDES,
+    BroadcastJoinParams,
+    adaptive_candidate,
+    can_broadcast,
+    first_side,
+)
+from tailguard.model.records import Distribution, Exchange
+
+
+@dataclass(frozen=True)
+class Join:
+    """A join the decider may turn into a broadcast join, and its sides' producers."""
+
+    how: str
+    producers: tuple[str, str]  # left, right
+    # Produced first (the side that may be broadcast), and the other side, held until the
+    # decision is known; None when holding is not safe (see `_orders`).
+    first: str | None = None
+    held: str | None = None
+
+
+class BroadcastJoins:
+    def __init__(self, job: ChainedJob, params: BroadcastJoinParams) -> None:
+        self.params = params
+        self.joins: dict[str, Join] = {}
+        for chain in job.vertices.values():
+            join = _join(chain, params)
+            if join is not None:
+                self.joins[chain.name] = join
+        self.joins.update(_orders(job, self.joins))
+        self._held_by = {j.held: name for name, j in self.joins.items() if j.held is not None}
+        # Joins decided broadcast: join -> the producer read broadcast.
+        self.broadcast: dict[str, str] = {}
+        # Producers told to write one unshuffled subpartition (their join's other side).
+        self.unshuffled: set[str] = set()
+
+    def join_held_by(self, producer: str) -> str | None:
+        return self._held_by.get(producer)
+
+    def holding(self, producer: str, join_initialized: bool, first_bytes: int | None) -> bool:
+        """Whether `producer` waits for its join's decision. `first_bytes`: what the join's
+        first side produced, None while it runs."""
+        name = self._held_by.get(producer)
+        if name is None or join_initialized:
+            return False
+        if first_bytes is None:
+            return True
+        join = self.joins[name]
+        assert join.first is not None
+        side = SIDES[join.producers.index(join.first)]
+        # Too large: no broadcast decision is coming before both sides are done.
+        return can_broadcast(join.how, side, first_bytes, self.params)
+
+    def decided(self, join: str, build: str, other_started: bool, other_consumers: int) -> None:
+        """A broadcast decision for `join` is applied: `build` is read broadcast. The other
+        side writes one subpartition, unshuffled, if it has not started and feeds only this
+        join; otherwise the join reads whole partitions of what it wrote."""
+        self.broadcast[join] = build
+        other = next(p for p in self.joins[join].producers if p != build)
+        if not other_started and other_consumers == 1:
+            self.unshuffled.add(other)
+
+    def step(self, join: str, step: OperatorStep) -> OperatorStep:
+        """The join's step with the broadcast side as its build side."""
+        build = self.broadcast.get(join)
+        if build is None or step.join is None:
+            return step
+        side = SIDES[self.joins[join].producers.index(build)]
+        return replace(step, join=replace(step.join, build=side))
+
+
+def _join(chain: ChainDef, params: BroadcastJoinParams) -> Join | None:
+    """The decider's candidates (`join_sides` there), seen from the chained graph."""
+    how = chain.join_how
+    if how is None or chain.parallelism is not None or len(chain.inputs) != 2:
+        return None
+    if not adaptive_candidate(how, params):
+        return None
+    left, right = chain.inputs
+    if left.producer == right.producer or any(
+        i.distribution is not Distribution.ALL_TO_ALL or i.exchange is not Exchange.BLOCKING
+        for i in chain.inputs
+    ):
+        return None
+    return Join(how, (left.producer, right.producer))
+
+
+def _orders(job: ChainedJob, joins: dict[str, Join]) -> dict[str, Join]:
+    """The joins whose other side may be held, with their order. Holding is safe when the held
+    producer feeds that join only (so it is no other join's first side, and nothing else waits
+    for it) and the first side does not depend on any held producer; dropping a join can only
+    make another safe, so the check repeats until nothing changes."""
+    consumers: dict[str, int] = {}
+    for chain in job.vertices.values():
+        for i in chain.inputs:
+            consumers[i.producer] = consumers.get(i.producer, 0) + 1
+    ordered: dict[str, Join] = {}
+    for name, join in joins.items():
+        left, right = join.producers
+        first = right if first_side(join.how) == "right" else left
+        held = left if first == right else right
+        if consumers.get(held) == 1:
+            ordered[name] = replace(join, first=first, held=held)
+    while True:
+        waiting = {j.held for j in ordered.values() if j.held is not None}
+        unsafe = [n for n, j in ordered.items() if j.first and _ancestors(job, j.first) & waiting]
+        if not unsafe:
+            return ordered
+        for name in unsafe:
+            del ordered[name]
+
+
+def _ancestors(job: ChainedJob, name: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for i in job.vertices[todo.pop()].inputs:
+            if i.producer not in seen:
+                seen.add(i.producer)
+                todo.append(i.producer)
+    return seen
