@@ -32,6 +32,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("tailguard.demo", "the end-to-end demo: broker, 3-node cluster, services, a job"),
     "replay": ("tailguard.replay.cli", "re-run the decision cores over a recorded log and compare"),
     "cluster": ("tailguard.cluster.cluster_cli", "local Spark cluster: up, down, status, throttle"),
+    "stack": (
+        "tailguard.stack_cli",
+        "the local stack in one command (broker, services, cluster): up, down, status",
+    ),
     "bench": ("tailguard.bench.bench_cli", "tailguard vs Spark's speculation on a local cluster"),
     "blocklist": (
         "tailguard.blocklist.cli",

@@ -140,11 +140,17 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if args.pyspark:
         return _run_plain(work_dir, data, args.slow_factor, started)
-    with (
-        stack.broker(work_dir, _say),
-        stack.cluster(work_dir, WORKERS, _say) as cluster,
-        stack.services(work_dir, config, not args.no_services, _say),
-    ):
+    if args.no_services:
+        _say("services: not started (--no-services): every decision is a local fallback")
+    request = stack.StackRequest(
+        work_dir,
+        services=() if args.no_services else None,
+        config=config,
+        cluster=stack.ClusterSpec(WORKERS),
+    )
+    with stack.running(request, _say) as up:
+        assert up.cluster is not None
+        cluster = up.cluster.local
         spark = session_builder(cluster.master_url, app_name="tailguard demo").getOrCreate()
         # Cancelled attempts (lost races) are expected here; Spark would warn about each.
         spark.sparkContext.setLogLevel("ERROR")

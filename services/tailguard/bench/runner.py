@@ -214,8 +214,7 @@ class Bench:
         modes: list[Mode] = [m for m in ("io", "cpu") if any(s.mode == m for s in self.scenarios)]
         with (
             _quiet_spark_logs(),
-            stack.broker(self.work_dir, self.say),
-            stack.services(self.work_dir, config, True, self.say),
+            stack.running(stack.StackRequest(self.work_dir, config=config), self.say),
         ):
             for mode in modes:
                 # One cluster at a time, each in its own dir (its shape differs): 6 idle

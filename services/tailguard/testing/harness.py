@@ -96,7 +96,7 @@ class Services:
     settings: Any  # tailguard.model.config.Settings
     # The services this harness launched: the only ones it stops.
     started: set[str] = field(default_factory=set)
-    # Told (name, pid) of each process launched, as soon as it is (the session's ledger).
+    # Told (what, pid) of each process launched, as soon as it is (the session's ledger).
     on_launch: Callable[[str, int], None] | None = None
 
     @property
@@ -113,20 +113,22 @@ class Services:
         """Start those of `names` (default: all of this set) that are not running, `instances`
         of each that scales out (`detector`, `detector-2`...: `tailguard services up
         --instances`); returns every instance of them, by instance name, once all are ready."""
-        from tailguard.shell import supervisor
+        from tailguard import stack
 
         wanted = list(names or self.names)
-        before = set(supervisor.running(self.work_dir))
-        running = supervisor.start(
-            self.work_dir,
-            wanted,
-            config=str(self.config),
-            report=_quiet,
-            on_launch=self.on_launch,
-            count=instances,
-        )
-        self.started |= set(wanted) - before
-        return running
+        part = stack.ServicesPart(self.work_dir)
+        try:
+            stack.start_services(
+                self.work_dir,
+                wanted,
+                self.config,
+                on_launch=self.on_launch,
+                part=part,
+                instances=instances,
+            )
+        finally:
+            self.started |= set(part.started)
+        return {n: s for n, s in self.running().items() if s.service in wanted}
 
     def kill(self, name: str, timeout_s: float = 10.0) -> int:
         """SIGKILL one service (as a crash would) and wait until it is gone; its pid."""
@@ -225,6 +227,10 @@ class Harness:
         if self.ledger is not None:
             self.ledger.record(pid, what)
 
+    def _launched(self, what: str, pid: int) -> None:
+        """What the stack's parts tell as each process is launched (`stack.OnLaunch`)."""
+        self._record(pid, what)
+
     def _timed(self, what: str, start: Callable[[], Any]) -> Any:
         began = time.monotonic()
         value = start()
@@ -276,20 +282,22 @@ class Harness:
 
     def broker(self) -> Broker:
         if self._broker is None:
-            from tailguard.broker.embedded import EmbeddedBroker
+            from tailguard import stack
 
             mock = self.defaults.broker == "mock"
-            embedded = EmbeddedBroker(self.root / "broker", mock=mock)
             what = "embedded broker (mock)" if mock else "embedded broker (Apache Kafka)"
-            bootstrap = self._timed(what, embedded.start)
-            state = embedded.status()
-            if state is None:
-                raise HarnessError(f"the embedded broker in {embedded.work_dir} died at once")
-            if embedded.started_here:
-                self._record(state.pid, f"{what} {bootstrap}")
-            else:
+            try:
+                part = self._timed(
+                    what,
+                    lambda: stack.start_broker(
+                        self.root / "broker", mock=mock, on_launch=self._launched
+                    ),
+                )
+            except stack.StackError as err:
+                raise HarnessError(str(err)) from None
+            if not part.started_here:
                 self.costs.pop()  # reused: nothing was started
-            self._broker = Broker(bootstrap, embedded.work_dir, state.pid, embedded.started_here)
+            self._broker = Broker(part.bootstrap, part.work_dir, part.pid, part.started_here)
         return self._broker
 
     # ------------------------------------------------------------------ cluster
@@ -301,28 +309,25 @@ class Harness:
             return slot.local
         self._drop_cluster()
         self._require_java()
-        from tailguard.cluster.local import ClusterError, LocalCluster
+        from tailguard import stack
 
-        directory = self.root / "cluster"
-        running_before = False
-        with contextlib.suppress(ClusterError):
-            running_before = LocalCluster.attach(directory).processes_alive()
-        local = LocalCluster(shape.workers, shape.cores, shape.memory, directory)
-        if self.ledger is not None and not running_before:
-            self.ledger.record_cluster(local.work_dir)
+        spec = stack.ClusterSpec(shape.workers, shape.cores, shape.memory)
         try:
-            self._timed(f"cluster ({shape.describe()})", local.start)
-        except ClusterError as err:
+            part = self._timed(
+                f"cluster ({shape.describe()})",
+                lambda: stack.start_cluster(
+                    self.root / "cluster",
+                    spec,
+                    on_launch=self._launched,
+                    before_launch=self.ledger.record_cluster if self.ledger else None,
+                ),
+            )
+        except stack.StackError as err:
             raise HarnessError(f"local cluster ({shape.describe()}): {err}") from None
-        if running_before:
+        if not part.started_here:
             self.costs.pop()
-        else:
-            state = local.state
-            assert state is not None  # started
-            self._record(state.master_pid, f"Spark master {state.master_url}")
-            for worker in state.workers:
-                self._record(worker.pid, f"Spark worker {worker.host}")
-        self._cluster = _ClusterSlot(shape, local, not running_before, local.master_url)
+        local = part.local
+        self._cluster = _ClusterSlot(shape, local, part.started_here, local.master_url)
         return local
 
     def _drop_cluster(self) -> None:
@@ -453,11 +458,7 @@ class Harness:
             }
             config.write_text(toml_settings(values))
             current = Services(
-                request,
-                work,
-                config,
-                load_settings(config, environ={}),
-                on_launch=lambda name, pid: self._record(pid, f"service {name}"),
+                request, work, config, load_settings(config, environ={}), on_launch=self._launched
             )
             self._services = current
             self._timed(f"services ({', '.join(request.names)})", current.start)
@@ -495,12 +496,10 @@ class Harness:
         broker, self._broker = self._broker, None
         if broker is None or not broker.started_here:
             return
-        from tailguard.broker.embedded import EmbeddedBroker
+        from tailguard import stack
 
-        embedded = EmbeddedBroker(broker.work_dir)
-        state = embedded.status()
-        if state is not None and state.pid == broker.pid:  # still the one this harness started
-            embedded.stop()
+        # Only if it is still the one this harness started.
+        stack.BrokerPart(broker.bootstrap, broker.pid, broker.work_dir, True).stop()
 
 
 def _session_alive(session: Any) -> bool:
