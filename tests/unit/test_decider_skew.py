@@ -31,6 +31,7 @@ from tailguard.decider.policy.skew import (
     target_size,
 )
 from tailguard.decider.policy.slices import try_slice_ranges
+from tailguard.inspect.describe import describe
 from tailguard.model import records as r
 from tailguard.model.config import ConfigError, Settings
 from tailguard.model.records import Distribution, InputRange
@@ -207,6 +208,17 @@ def test_the_service_splits_a_hot_subpartition_and_says_so():
             right = [x for x in s.inputs if x.input == "R" and x.subpartition_start <= 2]
             assert any(x.partition_start == 0 and x.partition_end == 3 for x in right)
     assert decision.parallelism == len(decision.subtask_inputs) > 4
+
+
+def test_explain_says_which_subpartition_was_split_and_why():
+    decision = run_join("inner", **{"skewed-threshold": "0"})
+    (split,) = decision.skew_splits
+    text = describe(decision, 0)
+    assert text.startswith(f"J: parallelism {decision.parallelism}, skewed join split: ")
+    assert (
+        f"L subpartition 2 ({split.bytes} bytes, above the skew threshold {split.threshold}) "
+        f"into {split.pieces} pieces of its partitions" in text
+    )
 
 
 def test_a_subpartition_within_the_factor_and_a_full_join_stay_whole():

@@ -149,7 +149,7 @@ _DESCRIBE: dict[type[r.Record], Callable[[Any, int], str]] = {
 
 
 def _parallelism(c: r.SetParallelism) -> str:
-    text = f"{c.vertex}: parallelism {c.parallelism}"
+    text = f"{c.vertex}: parallelism {c.parallelism}{_skew_splits(c.skew_splits)}"
     b = c.broadcast
     if b is None:
         return text
@@ -158,6 +158,21 @@ def _parallelism(c: r.SetParallelism) -> str:
         f"{text}, broadcast join: its {b.side} side {b.input} produced {b.bytes} bytes, under "
         f"table.optimizer.join.broadcast-threshold {b.threshold}, so every subtask reads it "
         f"whole and the other side is read as it was produced, unshuffled"
+    )
+
+
+def _skew_splits(splits: tuple[r.SkewSplit, ...]) -> str:
+    """Why some subtasks read part of a hash-partitioned input (Flink's adaptive skewed join)."""
+    if not splits:
+        return ""
+    each = "; ".join(
+        f"{x.input} subpartition {x.subpartition} ({x.bytes} bytes, above the skew threshold "
+        f"{x.threshold}) into {x.pieces} pieces of its partitions"
+        for x in splits
+    )
+    return (
+        f", skewed join split: {each}, each piece read with the other side's whole matching "
+        f"subpartition"
     )
 
 
