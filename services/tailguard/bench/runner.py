@@ -42,6 +42,7 @@ Say = Callable[[str], None]
 SCORE_VERTEX = "score"  # where the CPU work happens (keyed in the skew job)
 IO_VERTEX = "io"  # where the I/O job waits
 SPECULATION_KEYS = ("spark.speculation.multiplier", "spark.speculation.quantile")
+EXECUTORS_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -293,7 +294,9 @@ class Bench:
             spark.sparkContext.setLogLevel("ERROR")
             if not defaults:
                 defaults.update(_speculation_defaults(spark))
-            stack.await_executors(spark, cluster.hosts())
+            # Before the clock starts: on a loaded machine a new application's executors wait
+            # for the last one's to exit and then take minutes to start (seen at load 60).
+            stack.await_executors(spark, cluster.hosts(), timeout_s=EXECUTORS_TIMEOUT_S)
             # A listed host gets no task, not even the warm-up's (it would wait for it).
             usable = [h for h in cluster.hosts() if h not in listed]
             plain_spark.warm_up(spark.sparkContext, usable)
