@@ -148,7 +148,12 @@ def run(args: argparse.Namespace) -> int:
         config=config,
         cluster=stack.ClusterSpec(WORKERS),
     )
-    with stack.running(request, _say) as up:
+    try:
+        brought_up = stack.up(request, _say)
+    except stack.StackError as err:  # which part, and where its log is
+        print(f"tailguard demo: {err}", file=sys.stderr)
+        return 1
+    with brought_up as up:
         assert up.cluster is not None
         cluster = up.cluster.local
         spark = session_builder(cluster.master_url, app_name="tailguard demo").getOrCreate()

@@ -207,12 +207,20 @@ def start_cluster(
 
 @dataclass
 class Stack:
-    """What one bring-up has: each part asked for, and what it started."""
+    """What one bring-up has: each part asked for, and what it started. As a context manager,
+    it is brought down on leaving the block."""
 
     request: StackRequest
     broker: BrokerPart | None = None
     services: ServicesPart | None = None
     cluster: ClusterPart | None = None
+    say: Report = _quiet
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down(self.say)
 
     @property
     def bootstrap(self) -> str | None:
@@ -257,7 +265,7 @@ def up(request: StackRequest, say: Report = _quiet, on_launch: OnLaunch | None =
     cluster. If one fails, what was started before it is stopped and `StackError` says which
     part failed and where its log is."""
     work_dir = request.work_dir
-    stack = Stack(request)
+    stack = Stack(request, say=say)
     try:
         if request.broker:
             stack.broker = start_broker(
@@ -288,11 +296,8 @@ def running(
     request: StackRequest, say: Report = _quiet, on_launch: OnLaunch | None = None
 ) -> Iterator[Stack]:
     """`up`, and on leaving the block `Stack.down`."""
-    stack = up(request, say, on_launch)
-    try:
+    with up(request, say, on_launch) as stack:
         yield stack
-    finally:
-        stack.down(say)
 
 
 @contextlib.contextmanager

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import os
 import select
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
 
+from tailguard.processes import supervised
 from tailguard.testing import leftovers
 
 
@@ -40,23 +40,18 @@ def start(ledger: leftovers.Ledger) -> int:
     its pid."""
     me = psutil.Process()
     env = {k: v for k, v in os.environ.items() if k != leftovers.MARK_ENV}
-    with log_path(ledger.path).open("ab") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tailguard.testing.watchdog",
-                str(ledger.path),
-                str(me.pid),
-                repr(me.create_time()),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            close_fds=True,
-            env=env,
-        )
+    process = supervised.launch(
+        [
+            sys.executable,
+            "-m",
+            "tailguard.testing.watchdog",
+            str(ledger.path),
+            str(me.pid),
+            repr(me.create_time()),
+        ],
+        log_path(ledger.path),
+        env=env,
+    )
     ledger.record_watchdog(process.pid)
     return process.pid
 
