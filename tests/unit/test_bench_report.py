@@ -494,3 +494,18 @@ def test_second_job_only_after_a_node_slow_throughout() -> None:
     assert SCENARIOS["io-slow"].slow_throughout
     assert not SCENARIOS["io-recovers"].slow_throughout
     assert not SCENARIOS["io-healthy"].slow_throughout
+
+
+def test_attach_targets_printed_when_every_attached_run_failed() -> None:
+    failed = {"ok": False, "job_s": None, "slow_host": "127.0.0.7", "error": "RuntimeError: x"}
+    runs = [
+        _run("io-slow", "pyspark", 24.0, lost_copy_s=0.0),
+        _run("io-slow", "pyspark+speculation(flink-like)", 22.0, lost_copy_s=4.0),
+        _run("io-slow", "pyspark+tailguard-attach", 0.0, **failed),
+        _run("io-slow", "pyspark+tailguard-attach, second job", 0.0, **failed),
+    ]
+    goals = summary.figures(runs, SCENARIOS["io-slow"]).goals
+    assert len(goals) == 5
+    assert all("NOT met" in g for g in goals[:4])
+    assert "no rep to compare" in goals[0] and "cost not measured (RuntimeError: x)" in goals[3]
+    assert goals[4].endswith("no command")
