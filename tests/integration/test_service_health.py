@@ -38,7 +38,8 @@ def health_until(work: Path, wanted: str, timeout_s: float) -> str:
 
 
 def test_health_is_unhealthy_while_the_broker_is_gone(tmp_path: Path) -> None:
-    broker = EmbeddedBroker(tmp_path)
+    # A shared 2-core machine at load 50 took more than the default 120 s to start Kafka.
+    broker = EmbeddedBroker(tmp_path, start_timeout_s=600.0)
     bootstrap = broker.start()
     try:
         supervisor.start(tmp_path, ["detector"], report=lambda _line: None, timeout_s=180.0)
