@@ -4,10 +4,12 @@ the outputs, and the input's own acknowledgement, happen once per batch.
 
 A batch ends when no further input is waiting in the stream (or at `BATCH_MAX_INPUTS`), so a lone
 input is answered as soon as before, with no timer: under a burst the inputs that queued while a
-batch's outputs were awaited make the next, larger batch. The core sees exactly the input order it
-saw one by one (as replay feeds it), so batching changes no decision, only how often the service
+batch's outputs were awaited make the next batch. The core sees exactly the input order it saw
+one by one (as replay feeds it), so batching changes no decision, only how often the service
 waits for the broker. faust's `Stream.take_events(max, within)` batches too, but holds a lone
-input up to `within` and wakes every `within` while idle (see docs/reliability.md, bench-load).
+input up to `within` and wakes every `within` while idle. Neither cuts faust's own work per
+message, which is most of a service's CPU per event (docs/benchmarks.md, bench-load): faust
+hands the stream one message at a time, and batches here are mostly of one input or two.
 
 What a crash may lose stays as before: an input is acknowledged (and later committed) only after
 all its batch's outputs are on the broker, and a snapshot is taken only between batches.
