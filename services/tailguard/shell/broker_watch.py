@@ -61,6 +61,11 @@ async def ask_cluster_id(client: Any) -> str | None:
     return getattr(response, "cluster_id", None) or None
 
 
+def _retrieved(task: asyncio.Task[str | None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class BrokerWatch:
     def __init__(
         self,
@@ -103,6 +108,9 @@ class BrokerWatch:
             if client is None:
                 return self._state
             self._asking = asyncio.ensure_future(ask_cluster_id(client))
+            # Its failure is read here when awaited; one that ends after every wait timed out
+            # is read by this callback, not reported by asyncio as never retrieved.
+            self._asking.add_done_callback(_retrieved)
         asking = self._asking
         try:
             cluster_id = await asyncio.wait_for(asyncio.shield(asking), timeout)
