@@ -2,105 +2,42 @@
 small only once produced (a filter of a large input) becomes a broadcast join. The small side is
 produced first and the large side held until the decision, then written unshuffled (one
 subpartition per partition, each read by one join subtask); the output equals pandas `merge`,
-and the archive replays with 0 differences. With the rule off the large side is hash-split, so
-the check on its subpartitions can fail."""
+and the archive replays with 0 differences (`broadcast_join_job.py`; the same job runs on the
+3-worker cluster in test_broadcast_join_cluster.py). With the rule off the large side is
+hash-split, so the check on its subpartitions can fail."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
-from tests.integration.join_jobs import POLICY, write_side
-from tests.join_reference import spark_join
-
-from tailguard.agent.graph.api import Job
-from tailguard.model import records as r
-from tailguard.testing import (
-    JobRun,
-    assert_output_equals,
-    assert_replay_clean,
-    assert_succeeded,
-    run_job,
+from tests.integration.broadcast_join_job import (
+    POLICY,
+    assert_broadcast_and_unshuffled,
+    broadcast_job,
+    expected_output,
+    finished,
 )
 
+from tailguard.model import records as r
+from tailguard.testing import assert_output_equals, assert_succeeded, run_job
+
 pytestmark = pytest.mark.spark
-
-# Keys below this survive the filter: about 1% of the dimension side's rows.
-KEPT_KEYS = 40
-
-
-def keep_few_keys(batch: pa.RecordBatch) -> pa.RecordBatch:
-    return batch.filter(pc.less(batch["k"], KEPT_KEYS))
-
-
-def _job(tmp: Path) -> tuple[Job, Path, Path]:
-    large_dir = write_side(tmp / "large", 30_000, 4_000, "a", seed=5)
-    dims_dir = write_side(tmp / "dims", 30_000, 4_000, "b", seed=6)
-    job = Job("adaptive-broadcast")
-    large = job.read_parquet(str(large_dir), name="large")
-    # Its splits are as large as the large side's; what it produces is known only at run time.
-    small = job.read_parquet(str(dims_dir), name="dims").map_batches(keep_few_keys, name="few")
-    large.join(small, "k", "left", name="enrich").write_parquet(str(tmp / "out"), name="sink")
-    return job, large_dir, dims_dir
-
-
-def _expected(large_dir: Path, dims_dir: Path) -> Any:
-    dims = pq.read_table(dims_dir).to_pandas()
-    return spark_join(
-        pq.read_table(large_dir).to_pandas(), dims[dims["k"] < KEPT_KEYS], ["k"], "left"
-    )
-
-
-def _finished(job_run: JobRun, chain: str) -> list[r.AttemptFinished]:
-    return [e for e in job_run.of(r.AttemptFinished) if e.vertex == chain]
 
 
 def test_a_small_side_known_only_at_run_time_is_broadcast_and_the_large_side_not_shuffled(
     tailguard_local_spark: Any, tmp_path: Path
 ) -> None:
-    job, large_dir, dims_dir = _job(tmp_path)
-
+    job, large_dir, dims_dir = broadcast_job(tmp_path)
     job_run = run_job(job, tailguard_local_spark, tmp_path, settings=POLICY)
-
-    assert_succeeded(job_run)
-    (decision,) = [c for c in job_run.of(r.SetParallelism) if c.broadcast is not None]
-    assert decision.vertex == "enrich→sink"
-    assert decision.broadcast == r.BroadcastJoin(
-        "dims→few", "right", decision.broadcast.bytes, 1024 * 1024
-    )
-    assert 0 < decision.broadcast.bytes < 1024 * 1024
-    # The small side was produced first; the large side started only once it had finished.
-    events = job_run.of(r.Event)
-    small_done = max(events.index(e) for e in _finished(job_run, "dims→few"))
-    large_started = min(
-        events.index(e) for e in job_run.of(r.AttemptDeploying) if e.vertex == "large"
-    )
-    assert small_done < large_started
-    # Not shuffled: each large partition is one subpartition, read by one join subtask.
-    large = _finished(job_run, "large")
-    assert large and all(len(e.bytes_per_subpartition) == 1 for e in large)
-    (init,) = [e for e in job_run.of(r.VertexInitialized) if e.vertex == "enrich→sink"]
-    read = sorted(
-        (rng.partition_start, rng.partition_end, rng.subpartition_start, rng.subpartition_end)
-        for s in init.subtask_inputs
-        for rng in s.inputs
-        if rng.input == "large"
-    )
-    assert read == [(k, k, 0, 0) for k in range(len({e.subtask for e in large}))]
-    assert_output_equals(
-        job_run, _expected(large_dir, dims_dir), ignore_order=True, check_types=False
-    )
-    assert_replay_clean(job_run)
+    assert_broadcast_and_unshuffled(job_run, large_dir, dims_dir)
 
 
 def test_with_the_rule_off_the_large_side_is_hash_partitioned(
     tailguard_local_spark: Any, tmp_path: Path
 ) -> None:
-    job, large_dir, dims_dir = _job(tmp_path)
+    job, large_dir, dims_dir = broadcast_job(tmp_path)
     settings = {**POLICY, "table.optimizer.adaptive-broadcast-join.strategy": "none"}
 
     job_run = run_job(job, tailguard_local_spark, tmp_path, settings=settings)
@@ -108,7 +45,7 @@ def test_with_the_rule_off_the_large_side_is_hash_partitioned(
     assert_succeeded(job_run)
     assert all(c.broadcast is None for c in job_run.of(r.SetParallelism))
     # One subpartition per join subtask the join may have (max-parallelism 4).
-    assert {len(e.bytes_per_subpartition) for e in _finished(job_run, "large")} == {4}
+    assert {len(e.bytes_per_subpartition) for e in finished(job_run, "large")} == {4}
     assert_output_equals(
-        job_run, _expected(large_dir, dims_dir), ignore_order=True, check_types=False
+        job_run, expected_output(large_dir, dims_dir), ignore_order=True, check_types=False
     )
