@@ -230,7 +230,7 @@ class Stack:
         """Stop what this bring-up started, newest first (the services before their broker);
         what it found running stays. Every part is tried; the first failure is raised after."""
         failed: list[BaseException] = []
-        steps: list[tuple[bool, Callable[[], None], str]] = [
+        steps: list[tuple[bool, Callable[[Report], None], str]] = [
             (bool(self.cluster and self.cluster.started_here), self._stop_cluster, "cluster"),
             (bool(self.services and self.services.started), self._stop_services, ""),
             (bool(self.broker and self.broker.started_here), self._stop_broker, "broker"),
@@ -239,7 +239,7 @@ class Stack:
             if not wanted:
                 continue
             try:
-                step()
+                step(say)
                 if what:
                     say(f"{what} stopped")
             except Exception as err:  # keep stopping the rest
@@ -247,15 +247,15 @@ class Stack:
         if failed:
             raise failed[0]
 
-    def _stop_cluster(self) -> None:
+    def _stop_cluster(self, _say: Report) -> None:
         assert self.cluster is not None
         self.cluster.stop()
 
-    def _stop_services(self) -> None:
+    def _stop_services(self, say: Report) -> None:
         assert self.services is not None
-        self.services.stop()
+        self.services.stop(say=say)  # a line per service, as it stopped
 
-    def _stop_broker(self) -> None:
+    def _stop_broker(self, _say: Report) -> None:
         assert self.broker is not None
         self.broker.stop()
 

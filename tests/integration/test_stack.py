@@ -80,7 +80,32 @@ def test_a_failing_part_is_named_with_its_log_and_what_came_up_before_is_stopped
         assert "settings file not found" in log.read_text()
         # The broker it started first is stopped again, and says so.
         assert any(line.startswith("broker at ") for line in said)
-        assert "broker stopped" in said
+        assert said[-1] == "broker stopped"
+        assert EmbeddedBroker(tmp_path).status() is None
+    finally:
+        stack.down_all(tmp_path)
+
+
+def test_a_failing_cluster_stops_the_services_and_the_broker_started_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No JDK to be found: the cluster, the last part, fails at once.
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    said: list[str] = []
+    request = stack.StackRequest(
+        tmp_path, mock_broker=True, services=("detector",), cluster=stack.ClusterSpec(1)
+    )
+    try:
+        with pytest.raises(stack.StackError) as failed:
+            stack.up(request, said.append)
+        assert failed.value.part == stack.CLUSTER
+        assert "`java` not found" in str(failed.value)
+        assert str(tmp_path / "cluster" / "logs") in str(failed.value)
+        # Newest first: the service, then the broker, each with its line.
+        stopped = [line for line in said if "stopped" in line]
+        assert stopped == ["service detector: stopped", "broker stopped"], said
+        assert supervisor.running(tmp_path) == {}
         assert EmbeddedBroker(tmp_path).status() is None
     finally:
         stack.down_all(tmp_path)
