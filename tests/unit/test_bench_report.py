@@ -509,3 +509,7 @@ def test_attach_targets_printed_when_every_attached_run_failed() -> None:
     assert all("NOT met" in g for g in goals[:4])
     assert "no rep to compare" in goals[0] and "cost not measured (RuntimeError: x)" in goals[3]
     assert goals[4].endswith("no command")
+    alone = [x for x in runs if str(x["contender"]).startswith("pyspark+tailguard-attach")]
+    [best, *_] = summary.figures(alone, SCENARIOS["io-slow"]).goals
+    assert best.startswith("slow node: pyspark+tailguard-attach / the best Spark contender (none")
+    assert best.endswith("NOT met)")
