@@ -5,13 +5,22 @@ The FLIP-168 tests run with `blocklist.min-slow-attempts = 1` and `blocklist.evi
 
 from __future__ import annotations
 
+import dataclasses
+
 from speculation_histories import slow_finding
 
 from tailguard.blocklist.policy import BlocklistTracker
 from tailguard.model.blocking import blocked_fraction_problem, max_blocked_hosts
 from tailguard.model.config import Settings
 from tailguard.model.ids import derived_id
-from tailguard.model.records import BlockNodes, Record, SlowAttempt, SlowSubtask, UnblockNodes
+from tailguard.model.records import (
+    BlockNodes,
+    Record,
+    SlowAttempt,
+    SlowSubtask,
+    SlowTasksDetected,
+    UnblockNodes,
+)
 
 MIN = 60_000
 HOSTS = tuple(f"h{i}" for i in range(6))
@@ -114,6 +123,45 @@ def test_one_slow_attempt_is_not_enough_two_distinct_subtasks_on_a_host_are() ->
         slow_finding(slow_on(0, ("h1", True)), slow_on(3, ("h1", True)), ts=2000, hosts=HOSTS)
     )
     assert blocks(out) == [(("h1",), 2000 + MIN)]
+
+
+def _per_byte_finding(ts: int, *ms_and_mb: tuple[int, int]) -> SlowTasksDetected:
+    """A finding at FLIP-168's default multiplier over a median of 100 ns per byte (baseline
+    150), whose subtask i has one slow attempt on h1 of (ms, MB)."""
+    slow = tuple(
+        SlowSubtask(i, (SlowAttempt(0, "h1", ms, mb * 1_000_000, False, True),), 0)
+        for i, (ms, mb) in enumerate(ms_and_mb)
+    )
+    finding = slow_finding(*slow, ts=ts, hosts=HOSTS)
+    return dataclasses.replace(finding, baseline_ns_per_byte=150.0)
+
+
+def test_attempts_within_the_noise_are_no_evidence_against_their_host() -> None:
+    # 1.7x and 1.9x the median per byte: slow by FLIP-168's 1.5x, within what ±30% noise
+    # spreads (1.86x) or barely above it; the default 2.0 wants more.
+    noisy = _per_byte_finding(0, (17_000, 100), (19_000, 100))
+    assert BlocklistTracker(Settings()).handle(noisy) == []
+    # A large task is judged per byte: 160 MB at 1.7x the median's rate is no evidence either.
+    assert (
+        BlocklistTracker(Settings()).handle(_per_byte_finding(0, (27_200, 160), (17_000, 100)))
+        == []
+    )
+    # Twice the median and more: evidence, two subtasks block.
+    slow = _per_byte_finding(0, (20_000, 100), (50_000, 100))
+    assert blocks(BlocklistTracker(Settings()).handle(slow)) == [(("h1",), MIN)]
+    # 0: every slow attempt counts, as FLIP-168.
+    every = BlocklistTracker(Settings({"blocklist.evidence-slowdown": "0"}))
+    assert blocks(every.handle(noisy)) == [(("h1",), MIN)]
+
+
+def test_without_sizes_the_slowdown_is_in_time() -> None:
+    # baseline_ms 1000 at multiplier 1.5: a median of 667 ms; 1,200 ms is 1.8x, 1,400 ms 2.1x.
+    def finding(ms: int) -> SlowTasksDetected:
+        live = (SlowAttempt(0, "h1", ms, None, False, True),)
+        return slow_finding(SlowSubtask(0, live, 0), SlowSubtask(1, live, 0), hosts=HOSTS)
+
+    assert BlocklistTracker(Settings()).handle(finding(1_200)) == []
+    assert blocks(BlocklistTracker(Settings()).handle(finding(1_400))) == [(("h1",), MIN)]
 
 
 def test_evidence_older_than_the_window_does_not_count() -> None:

@@ -267,7 +267,7 @@ class FleetBlocklist:
     def _record_evidence(self, finding: SlowTasksDetected) -> set[str]:
         """Note each host's slow subtasks of this job (`host_evidence`: the per-job rule);
         returns the hosts slow now."""
-        evidence, _ = host_evidence(finding, finding.hosts, self._rule.window_ms)
+        evidence, _ = host_evidence(finding, finding.hosts, self._rule)
         for subtask, host in evidence:
             key = _Evidence(finding.job_id, finding.vertex, subtask)
             self._evidence.setdefault(host, {})[key] = (finding.ts, finding.id)

@@ -11,6 +11,9 @@ evidence that points at the host rather than at the task:
 - **A task, not a host:** a subtask with slow attempts on two or more hosts at once is slow
   wherever it runs (skew the byte normalisation could not see, a bad record), so it is no
   evidence against either host.
+- **Beyond the noise:** a slow attempt is evidence only at `blocklist.evidence-slowdown` times
+  its vertex's median (per byte when known): FLIP-168 calls 1.5x slow, and ±30% noise alone
+  spreads attempts up to 1.86x apart.
 - **Block** once a host has `blocklist.min-slow-attempts` pieces of evidence, until the
   finding's time plus `execution.batch.speculative.block-slow-node-duration`; new evidence
   extends the block, re-emitted only once the extension reaches half the duration (the detector
@@ -25,7 +28,8 @@ evidence that points at the host rather than at the task:
   peers', so it needs no second slow subtask. It counts as one piece of evidence (keyed by the
   vertex and subtask `HOST_FINDING`), kept fresh while the detector repeats the verdict.
 
-`blocklist.min-slow-attempts = 1` with `blocklist.evidence-window = 0 ms` is FLIP-168's rule
+`blocklist.min-slow-attempts = 1`, `blocklist.evidence-window = 0 ms` and
+`blocklist.evidence-slowdown = 0` are FLIP-168's rule
 (every slow attempt's host, no early unblock); with the detector's slow-host rule off no
 finding names a slow host.
 
@@ -57,6 +61,7 @@ from tailguard.model.records import (
     BlockNodes,
     FindingSettings,
     Record,
+    SlowAttempt,
     SlowTasksDetected,
     UnblockNodes,
 )
@@ -103,18 +108,48 @@ def found_slow(finding: SlowTasksDetected, registered: Collection[str]) -> set[s
     return {host for host in finding.slow_hosts if host in registered}
 
 
+def slowdown(attempt: SlowAttempt, finding: SlowTasksDetected, multiplier: float) -> float | None:
+    """How many times the vertex's median an attempt took, per input byte when both sizes are
+    known, else in time: the finding's baseline is that median × the detector's multiplier
+    (FLIP-168's `getBaseline`). None: no baseline to compare with."""
+    if multiplier <= 0:
+        return None
+    if finding.baseline_ns_per_byte and attempt.input_bytes:
+        per_byte = attempt.execution_time_ms * 1_000_000 / attempt.input_bytes
+        return per_byte * multiplier / finding.baseline_ns_per_byte
+    if finding.baseline_ms > 0:
+        return attempt.execution_time_ms * multiplier / finding.baseline_ms
+    return None
+
+
+def _against_host(attempt: SlowAttempt, finding: SlowTasksDetected, rule: BlockRule) -> bool:
+    # FLIP-168 calls an attempt slow at 1.5x the median, and ±30% noise alone spreads attempts
+    # up to 1.3 / 0.7 = 1.86x apart: a host that is merely on the slow side of the noise would
+    # collect evidence. Only an attempt beyond the noise counts against its host.
+    if rule.evidence_slowdown <= 0:
+        return True
+    seen = slowdown(attempt, finding, rule.multiplier)
+    return seen is None or seen >= rule.evidence_slowdown
+
+
 def host_evidence(
-    finding: SlowTasksDetected, registered: Collection[str], window_ms: int
+    finding: SlowTasksDetected, registered: Collection[str], rule: BlockRule
 ) -> tuple[list[tuple[int, str]], int]:
     """The evidence a finding gives against hosts, as (subtask, host), and how many slow
     attempts it blames on their task instead: a subtask slow on two or more registered hosts at
     once is slow wherever it runs (with `blocklist.evidence-window = 0 ms`, FLIP-168's rule,
-    every slow attempt's host counts). The one statement of the rule, for the per-job tracker
-    and the fleet."""
+    every slow attempt's host counts), and an attempt under `blocklist.evidence-slowdown` times
+    the vertex's median is within the noise (0: every slow attempt counts, as FLIP-168). The one
+    statement of the rule, for the per-job tracker and the fleet."""
+    window_ms = rule.window_ms
     evidence: list[tuple[int, str]] = []
     blamed_on_task = 0
     for subtask in finding.slow:
-        hosts = {a.host for a in subtask.live_attempts if a.slow and a.host in registered}
+        hosts = {
+            a.host
+            for a in subtask.live_attempts
+            if a.slow and a.host in registered and _against_host(a, finding, rule)
+        }
         if len(hosts) > 1 and window_ms > 0:
             blamed_on_task += len(hosts)
             continue
@@ -132,6 +167,10 @@ class BlockRule:
     fraction: float
     min_evidence: int
     window_ms: int
+    # A slow attempt is evidence against its host at this many times the vertex's median
+    # (0: always); the detector's baseline multiplier reads the median back from a finding.
+    evidence_slowdown: float = 0.0
+    multiplier: float = 1.5
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BlockRule:
@@ -142,6 +181,8 @@ class BlockRule:
             fraction=settings.number("blocklist.max-blocked-fraction"),
             min_evidence=max(1, settings.integer("blocklist.min-slow-attempts")),
             window_ms=settings.duration_ms("blocklist.evidence-window"),
+            evidence_slowdown=settings.number("blocklist.evidence-slowdown"),
+            multiplier=settings.number("slow-task-detector.execution-time.baseline-multiplier"),
         )
 
 
@@ -322,8 +363,8 @@ class BlocklistTracker:
         self._counts = _Counts(*(int(n) for n in state["counts"]))
         # Absent from states written before jobs had rules of their own.
         self._job_rules = OrderedDict(
-            (str(job_id), BlockRule(int(d), float(f), int(m), int(w)))
-            for job_id, (d, f, m, w) in state.get("rules", [])
+            (str(job_id), _rule_from_state(rule, self._rule))
+            for job_id, rule in state.get("rules", [])
         )
 
     def limit(self, registered_hosts: int, rule: BlockRule | None = None) -> int:
@@ -346,7 +387,7 @@ class BlocklistTracker:
         excess = sum(1 for h in blocked if h in registered) - self.limit(len(registered), rule)
         if excess > 0:  # the cluster shrank, or blocked hosts came back
             out.append(self._unblock(finding, blocked, registered, excess))
-        slow_now = self._record_evidence(finding, job, registered, rule.window_ms)
+        slow_now = self._record_evidence(finding, job, registered, rule)
         found = found_slow(finding, registered)
         if rule.window_ms > 0:
             recovered = [
@@ -394,10 +435,10 @@ class BlocklistTracker:
         return out
 
     def _record_evidence(
-        self, finding: SlowTasksDetected, job: _Job, registered: set[str], window_ms: int
+        self, finding: SlowTasksDetected, job: _Job, registered: set[str], rule: BlockRule
     ) -> set[str]:
         """Note each host's slow subtasks; returns the hosts with a slow attempt now."""
-        evidence, blamed_on_task = host_evidence(finding, registered, window_ms)
+        evidence, blamed_on_task = host_evidence(finding, registered, rule)
         self._counts.task_evidence += blamed_on_task
         for subtask, host in evidence:
             job.evidence.setdefault(host, {})[(finding.vertex, subtask)] = finding.ts
@@ -429,3 +470,18 @@ class BlocklistTracker:
             caused_by=(finding.id,),
             hosts=hosts,
         )
+
+
+def _rule_from_state(values: list[Any], service: BlockRule) -> BlockRule:
+    """A job's rule as `state()` wrote it; a state from before the evidence slowdown (four
+    values) takes the service's."""
+    d, f, m, w = values[:4]
+    slowdown_, multiplier = (
+        values[4:6]
+        if len(values) >= 6
+        else (
+            service.evidence_slowdown,
+            service.multiplier,
+        )
+    )
+    return BlockRule(int(d), float(f), int(m), int(w), float(slowdown_), float(multiplier))

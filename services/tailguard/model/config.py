@@ -48,6 +48,8 @@ DEFAULTS: dict[str, str] = {
     # "0 ms": FLIP-168's every-slow-attempt rule). Defaults chosen with `make bench-sim`.
     "blocklist.min-slow-attempts": "2",
     "blocklist.evidence-window": "2 min",
+    # Above ±30% noise's widest spread (1.3 / 0.7 = 1.86x the median): docs/policies/blocklist.md.
+    "blocklist.evidence-slowdown": "2.0",
     # Whether a job takes the cluster-wide (fleet) blocklist when it starts (model/fleet.py).
     "blocklist.fleet": "true",
     # The order the agent requests slots for a vertex's pending subtasks: "index" (Flink's and
@@ -110,6 +112,7 @@ FLIP_168: dict[str, str] = {
     "slow-task-detector.progress-rate.enabled": "false",
     "blocklist.min-slow-attempts": "1",
     "blocklist.evidence-window": "0 ms",
+    "blocklist.evidence-slowdown": "0",
 }
 
 # Recorded in JobSubmitted.config by the agent: whether the services ran for the job ("on"/"off").
