@@ -19,7 +19,7 @@ from tailguard.model.authority import (
     Unchecked,
     received_archive_topic,
 )
-from tailguard.model.config import DEFAULTS, Settings, is_secret
+from tailguard.model.config import BEFORE_THEIR_TIME, DEFAULTS, Settings, is_secret
 from tailguard.model.policy_settings import (
     SettingsAnnouncer,
     job_policy,
@@ -31,6 +31,7 @@ from tailguard.speculator.policy import SpeculationStrategy
 
 SPEC_MAX = "execution.batch.speculative.max-concurrent-executions"
 MIN_SLOW = "blocklist.min-slow-attempts"
+EVIDENCE_SLOWDOWN = "blocklist.evidence-slowdown"
 
 
 def submitted(job: str, config: dict[str, str], ts: int = 0) -> r.JobSubmitted:
@@ -104,6 +105,20 @@ def test_the_recorded_settings_rebuild_the_same_version_and_the_same_per_job_rul
     )
     assert recorded_settings(older)["blocklist.evidence-window"] == "5 min"
     assert recorded_settings(announced, {MIN_SLOW: "1"}).for_job(job)[MIN_SLOW] == "1"
+
+
+def test_a_key_newer_than_the_announcement_decides_as_the_release_before_it() -> None:
+    (announced,) = SettingsAnnouncer.of("blocklist", Settings()).before(submitted("j", {}))
+    assert isinstance(announced, r.PolicySettings)
+    assert recorded_settings(announced)[EVIDENCE_SLOWDOWN] == DEFAULTS[EVIDENCE_SLOWDOWN]
+    # Announced by a release before the key: every slow attempt counted then.
+    older = dataclasses.replace(
+        announced, settings={k: v for k, v in announced.settings.items() if k != EVIDENCE_SLOWDOWN}
+    )
+    assert recorded_settings(older)[EVIDENCE_SLOWDOWN] == BEFORE_THEIR_TIME[EVIDENCE_SLOWDOWN]
+    assert BEFORE_THEIR_TIME[EVIDENCE_SLOWDOWN] != DEFAULTS[EVIDENCE_SLOWDOWN]
+    # A what-if still wins.
+    assert recorded_settings(older, {EVIDENCE_SLOWDOWN: "3"})[EVIDENCE_SLOWDOWN] == "3"
 
 
 def test_job_policy_keeps_the_policy_keys() -> None:

@@ -115,6 +115,13 @@ FLIP_168: dict[str, str] = {
     "blocklist.evidence-slowdown": "0",
 }
 
+# Policy keys added after services began to announce their settings, each with the value that
+# decides as the services did before it existed: an announcement that lacks one was made by a
+# release without it, so its archive replays with that value, not today's default.
+BEFORE_THEIR_TIME: dict[str, str] = {
+    "blocklist.evidence-slowdown": "0",
+}
+
 # Recorded in JobSubmitted.config by the agent: whether the services ran for the job ("on"/"off").
 SERVICES_KEY = "tailguard.services"
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 
 from tailguard.model import records as r
 from tailguard.model.authority import INPUT_WRITERS
-from tailguard.model.config import DEFAULTS, Settings, is_secret
+from tailguard.model.config import BEFORE_THEIR_TIME, DEFAULTS, Settings, is_secret
 from tailguard.model.ids import derived_id
 
 __all__ = [
@@ -77,9 +77,11 @@ def recorded_settings(
 ) -> Settings:
     """The settings the announcing service decided with: its explicit keys over its recorded
     values for the others, so `for_job` gives each job what the service gave it; `overrides`
-    (a what-if) are explicit on top."""
+    (a what-if) are explicit on top. A key the announcement lacks because its release predates
+    the key takes the value that decided as that release did (`BEFORE_THEIR_TIME`)."""
     explicit = {k: announced.settings[k] for k in announced.explicit if k in announced.settings}
-    return Settings({**explicit, **(overrides or {})}, base=announced.settings)
+    base = {**BEFORE_THEIR_TIME, **announced.settings}
+    return Settings({**explicit, **(overrides or {})}, base=base)
 
 
 class SettingsAnnouncer:
