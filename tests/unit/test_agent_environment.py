@@ -171,8 +171,7 @@ def test_the_build_changes_with_the_code(tmp_path: Path) -> None:
     )
     (copy / "model" / "ids.py").write_text((copy / "model" / "ids.py").read_text() + "\n# x\n")
     probe = (
-        "from tailguard.agent.executor.environment import tailguard_build; "
-        "print(tailguard_build())"
+        "from tailguard.agent.executor.environment import tailguard_build; print(tailguard_build())"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe],

@@ -147,9 +147,7 @@ class NamespaceNetwork:
         links = {self._veth(i)[0] for i in range(len(self.hosts))}
         if leftovers:
             listed = _ip("netns", "list", check=False).split("\n")
-            namespaces |= {
-                line.split()[0] for line in listed if line.startswith(f"{self.tag}-")
-            }
+            namespaces |= {line.split()[0] for line in listed if line.startswith(f"{self.tag}-")}
             names = (line.split(":")[1].strip() for line in _ip("-o", "link", check=False)
                      .splitlines() if line.count(":") >= 2)  # fmt: skip
             links |= {name.split("@")[0] for name in names if name.startswith(f"{self.tag}-v")}

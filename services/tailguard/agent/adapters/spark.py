@@ -314,7 +314,8 @@ class SparkRuntime:
         with self._lock:
             live = Counter(r.host for r in self._runners.values() if not r.ended)
             stale = [
-                r for r in self._runners.values()
+                r
+                for r in self._runners.values()
                 if not r.ended and not r.connected and r.host not in executors
             ]
             launches: list[_Runner] = []
@@ -536,4 +537,3 @@ def _spark_failure(err: BaseException, timeout_s: float) -> str:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip() or type(err).__name__
     return text.splitlines()[0][:500]
-
