@@ -120,8 +120,8 @@ def _join(chain: ChainDef, params: BroadcastJoinParams) -> Join | None:
 def _orders(job: ChainedJob, joins: dict[str, Join]) -> dict[str, Join]:
     """The joins whose other side may be held, with their order. Holding is safe when the held
     producer feeds that join only (so it is no other join's first side, and nothing else waits
-    for it) and the first side does not depend on any held producer; dropping a join can only
-    make another safe, so the check repeats until nothing changes."""
+    for it) and the first side does not depend on any held producer. One pass is enough:
+    dropping the unsafe joins only shrinks the held set, so every join left stays safe."""
     consumers: dict[str, int] = {}
     for chain in job.vertices.values():
         for i in chain.inputs:
@@ -133,13 +133,10 @@ def _orders(job: ChainedJob, joins: dict[str, Join]) -> dict[str, Join]:
         held = left if first == right else right
         if consumers.get(held) == 1:
             ordered[name] = replace(join, first=first, held=held)
-    while True:
-        waiting = {j.held for j in ordered.values() if j.held is not None}
-        unsafe = [n for n, j in ordered.items() if j.first and _ancestors(job, j.first) & waiting]
-        if not unsafe:
-            return ordered
-        for name in unsafe:
-            del ordered[name]
+    waiting = {j.held for j in ordered.values() if j.held is not None}
+    return {
+        n: j for n, j in ordered.items() if not (j.first and _ancestors(job, j.first) & waiting)
+    }
 
 
 def _ancestors(job: ChainedJob, name: str) -> set[str]:

@@ -180,15 +180,21 @@ def _guard_set_parallelism(c: r.SetParallelism, view: JobView) -> str | None:
 
 
 def _overlapping(ranges: Sequence[r.InputRange]) -> str | None:
-    """The first (input, partition, subpartition) two of `ranges` both cover."""
-    seen: set[tuple[str, int, int]] = set()
-    for rng in ranges:
-        for p in range(rng.partition_start, rng.partition_end + 1):
-            for sp in range(rng.subpartition_start, rng.subpartition_end + 1):
-                cell = (rng.input, p, sp)
-                if cell in seen:
-                    return f"{rng.input} partition {p} subpartition {sp}"
-                seen.add(cell)
+    """A (input, partition, subpartition) two of `ranges` both cover, if any: two ranges of one
+    input overlap when their partition and their subpartition intervals both intersect (pairs,
+    not cells: a split input's ranges span every producer partition)."""
+    for i, a in enumerate(ranges):
+        for b in ranges[i + 1 :]:
+            if (
+                a.input == b.input
+                and a.partition_start <= b.partition_end
+                and b.partition_start <= a.partition_end
+                and a.subpartition_start <= b.subpartition_end
+                and b.subpartition_start <= a.subpartition_end
+            ):
+                p = max(a.partition_start, b.partition_start)
+                sp = max(a.subpartition_start, b.subpartition_start)
+                return f"{a.input} partition {p} subpartition {sp}"
     return None
 
 

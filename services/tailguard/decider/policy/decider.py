@@ -43,7 +43,7 @@ from tailguard.decider.policy.formula import (
     unclamped_parallelism,
 )
 from tailguard.decider.policy.graph import GraphView
-from tailguard.decider.policy.skew import SkewParams, SkewPlan, applied_splits, plan_skew
+from tailguard.decider.policy.skew import SkewParams, applied_splits, plan_skew
 from tailguard.model import records as r
 from tailguard.model.config import ConfigError, Settings
 from tailguard.model.ids import derived_id
@@ -353,7 +353,10 @@ class ParallelismDecider:
         fixed = job.graph.vertices[name].parallelism
         volume = self._volume(job, infos)
         # Skewed join splitting needs an adaptive parallelism, as in Flink.
-        skew = None if fixed is not None else self._skew(job, name, infos, volume)
+        # A join's split slices; its two inputs' group takes the whole volume (a join that can
+        # be split has no broadcast input).
+        join = job.graph.vertices[name].join
+        skew = None if fixed is not None else plan_skew(infos, join, job.skew, volume)
         data = flink_data_bound(infos) if skew is None else len(skew.positions)
         if fixed is not None:
             if data is not None and fixed > data:
@@ -384,12 +387,6 @@ class ParallelismDecider:
         if splits:
             self._counters["skewed_joins_split"] += 1
         return self._emit(job, cause, name, len(inputs), inputs, splits)
-
-    @staticmethod
-    def _skew(job: _Job, name: str, infos: list[InputInfo], volume: int) -> SkewPlan | None:
-        """A join's split slices (`policy/skew.py`), its two inputs' group taking the whole
-        volume (a join that can be split has no broadcast input)."""
-        return plan_skew(infos, job.graph.vertices[name].join, job.skew, volume)
 
     def _flink_parallelism(self, job: _Job, infos: list[InputInfo], low: int, high: int) -> int:
         non_broadcast, broadcast = _split_bytes(infos)

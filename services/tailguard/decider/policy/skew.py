@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from itertools import pairwise, product
 
 from tailguard.decider.policy.assign import InputInfo
-from tailguard.decider.policy.slices import Parts, Range, try_slice_ranges
+from tailguard.decider.policy.slices import Parts, Range, pack, try_slice_ranges
 from tailguard.model.config import ConfigError, Settings
 from tailguard.model.records import Distribution, InputRange, SkewSplit, SubtaskInputs
 
@@ -109,19 +109,8 @@ def target_size(subpartition_bytes: Sequence[int], threshold: int, volume: int) 
 def partition_ranges(column: Sequence[int], target: int) -> list[Range]:
     """`computePartitionRangesEvenlyData`: one subpartition's bytes in each producer partition,
     cut left to right into runs, a new run starting when adding the next would reach `target`
-    (Flink compares with <, where the packer uses <=)."""
-    ranges: list[Range] = []
-    total = 0
-    start = 0
-    for i, size in enumerate(column):
-        if i == start or total + size < target:
-            total += size
-        else:
-            ranges.append((start, i - 1))
-            start = i
-            total = size
-    ranges.append((start, len(column) - 1))
-    return ranges
+    (Flink compares with <, where the packer uses <=: on whole bytes, < target is <= target - 1)."""
+    return pack(column, target - 1)
 
 
 @dataclass(frozen=True, slots=True)
