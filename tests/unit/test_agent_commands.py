@@ -481,3 +481,16 @@ def test_commands_of_other_jobs_and_repeated_ids_are_ignored(driver: Harness) ->
     driver.command(mine)
     driver.command(mine)
     assert answers(driver, "u-1") == [("CommandApplied", "UnblockNodes")]
+
+
+def test_the_guard_finds_two_ranges_of_an_input_that_read_one_cell() -> None:
+    from tailguard.agent.driver.commands import _overlapping
+    from tailguard.model.records import InputRange
+
+    # A split subpartition 3: pieces of partitions 0-499 and 500-999, beside whole ones.
+    pieces = [InputRange("L", 0, 499, 3, 3), InputRange("L", 500, 999, 3, 3)]
+    assert _overlapping(pieces) is None
+    assert _overlapping([*pieces, InputRange("R", 0, 999, 3, 3)]) is None  # another input
+    clash = InputRange("L", 400, 999, 2, 4)
+    assert _overlapping([*pieces, clash]) == "L partition 400 subpartition 3"
+    assert _overlapping([InputRange("L", 0, 9, 0, 1), InputRange("L", 0, 9, 2, 3)]) is None
