@@ -223,6 +223,13 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, poll_s: float = 
         time.sleep(poll_s)
 
 
+def wait_gone(pids: Iterable[int], timeout_s: float) -> bool:
+    """Until none of `pids` is alive (our own children reaped); True if they all went within
+    the timeout."""
+    pids = list(pids)
+    return wait_until(lambda: not any(alive(p) for p in pids), timeout_s)
+
+
 def stop_all(processes: Iterable[Supervised], grace_s: float = 10.0) -> set[int]:
     """SIGTERM each of `processes` that is still ours, all at once (each one's clean stop may
     wait on its own round trips: in turn they would add up), then SIGKILL those still running
@@ -231,12 +238,12 @@ def stop_all(processes: Iterable[Supervised], grace_s: float = 10.0) -> set[int]
     for process in running:
         with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGTERM)
-    wait_until(lambda: not any(alive(p.pid) for p in running), grace_s)
+    wait_gone((p.pid for p in running), grace_s)
     killed = set()
     for process in running:
         if process.ours():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGKILL)
             killed.add(process.pid)
-    wait_until(lambda: not any(alive(pid) for pid in killed), 5.0)
+    wait_gone(killed, 5.0)
     return killed

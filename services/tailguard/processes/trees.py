@@ -18,6 +18,9 @@ import psutil
 
 from tailguard.processes import supervised
 
+# wait_gone lives with the supervisor; the tree helpers and their callers use it from here too.
+from tailguard.processes.supervised import wait_gone as wait_gone
+
 
 def parent_map() -> dict[int, int]:
     """pid -> parent pid for every live process (one scan, for many `descendants` calls)."""
@@ -78,12 +81,6 @@ def signal_all(pids: list[int], sig: signal.Signals) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-
-
-def wait_gone(pids: list[int], timeout_s: float) -> bool:
-    """Until none of `pids` is alive (our own children reaped); True if they all went within
-    the timeout."""
-    return supervised.wait_until(lambda: not any(supervised.alive(p) for p in pids), timeout_s)
 
 
 def terminate_trees(roots: list[int], grace_s: float = 10.0) -> None:

@@ -170,9 +170,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
     """A TCP socket listening on `host`:`port` (0 picks a free port), made before the app: the
     service announces its address at once, and a request that comes before faust's web server
     serves waits in the socket's backlog instead of being refused."""
-    sock = socket.create_server((host, port), backlog=64)
-    sock.set_inheritable(False)  # not into the process a reconnect execs (worker.serve)
-    return sock
+    # Not inherited by the process a reconnect execs (worker.serve): new sockets never are.
+    return socket.create_server((host, port), backlog=64)
 
 
 def serve_on_app(

@@ -228,7 +228,7 @@ def _stop_cluster(state_dir: Path, session: str) -> list[str]:
     against the Spark daemon's class name before signalling it."""
     if not (state_dir / "cluster.json").exists():
         return []
-    from tailguard.cluster.local import MASTER_CLASS, WORKER_CLASS, ClusterError, LocalCluster
+    from tailguard.cluster.local import ClusterError, LocalCluster
 
     try:
         local = LocalCluster.attach(state_dir)
@@ -236,9 +236,7 @@ def _stop_cluster(state_dir: Path, session: str) -> list[str]:
         return []  # an unreadable state file names nothing to stop
     state = local.state
     assert state is not None  # attach read it
-    anything = trees.is_alive(state.master_pid, MASTER_CLASS) or any(
-        trees.is_alive(w.pid, WORKER_CLASS) for w in state.workers
-    )
+    anything = state.master_ours() or any(w.ours() for w in state.workers)
     local.stop(grace_s=STOP_GRACE_S)  # also removes the state file of a cluster already dead
     return [f"local cluster in {state_dir}, started by {session}"] if anything else []
 
