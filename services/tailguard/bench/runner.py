@@ -478,16 +478,11 @@ def fleet_hosts(settings: Any) -> set[str]:
 
 def fleet_clear(settings: Any) -> None:
     """Take every host off the fleet list, as `tailguard blocklist remove HOST` does."""
-    from tailguard.blocklist.fleet_topic import publish
+    from tailguard.blocklist.fleet_topic import operator_removal, publish
     from tailguard.model.authority import OPERATOR
-    from tailguard.model.fleet import FleetBlock
-    from tailguard.model.ids import derived_id
 
     for host in sorted(fleet_hosts(settings)):
-        now = int(time.time() * 1000)
-        entry_id = derived_id(OPERATOR, "remove", host, now)
-        entry = FleetBlock(job_id=OPERATOR, ts=now, id=entry_id, host=host, until_ts=None)
-        publish(settings, entry, OPERATOR)
+        publish(settings, operator_removal(host, int(time.time() * 1000)), OPERATOR)
 
 
 def _check_slowness_reaches_tasks(sc: Any, cluster: Any, hosts: list[str]) -> None:

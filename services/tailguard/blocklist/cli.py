@@ -96,13 +96,7 @@ def run(args: argparse.Namespace) -> int:
             evidence=(entry_id,),
         )
     else:
-        entry = FleetBlock(
-            job_id=OPERATOR,
-            ts=now,
-            id=derived_id(OPERATOR, "remove", host, now),
-            host=host,
-            until_ts=None,
-        )
+        entry = fleet_topic.operator_removal(host, now)
     fleet_topic.publish(settings, entry, OPERATOR)
     done = "removed" if entry.removed else f"blocked until {_when(entry.until_ts or 0)}"
     print(f"{host}: {done} ({entry.id})")

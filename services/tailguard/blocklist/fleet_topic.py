@@ -30,8 +30,9 @@ from tailguard.codec.single_object import SingleObjectCodec
 from tailguard.kafka.producer import Headers, RecordProducer
 from tailguard.kafka.signing import signer_for, verifier_for
 from tailguard.kafka.topic_scan import read_only_consumer, read_to_end
-from tailguard.model.authority import input_problem
+from tailguard.model.authority import OPERATOR, input_problem
 from tailguard.model.fleet import BLOCKLIST_TOPIC, FleetBlock
+from tailguard.model.ids import derived_id
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,13 @@ def decode(key: bytes, value: bytes | None) -> FleetBlock:
     if entry.host != host:
         raise DecodeError(f"{BLOCKLIST_TOPIC} entry keyed {host!r} names host {entry.host!r}")
     return entry
+
+
+def operator_removal(host: str, now: int) -> FleetBlock:
+    """The entry that takes `host` off the fleet list at `now`, as an operator's
+    (`tailguard blocklist remove HOST`)."""
+    entry_id = derived_id(OPERATOR, "remove", host, now)
+    return FleetBlock(job_id=OPERATOR, ts=now, id=entry_id, host=host, until_ts=None)
 
 
 def read_changes(settings: Mapping[str, str], timeout: float = _TIMEOUT_S) -> list[FleetBlock]:
