@@ -41,7 +41,7 @@ def _say(line: str) -> None:
 def run(args: argparse.Namespace) -> int:
     config = getattr(args, "config", None)
     settings = load_settings(config)
-    work_dir = Path(args.work_dir or settings.get("tailguard.work-dir", "") or "work").resolve()
+    work_dir = Path(args.work_dir or settings["tailguard.work-dir"]).resolve()  # SHELL_DEFAULTS
     if args.action == "status":
         return _status(work_dir)
     if args.action == "down":
