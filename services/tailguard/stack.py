@@ -230,34 +230,24 @@ class Stack:
         """Stop what this bring-up started, newest first (the services before their broker);
         what it found running stays. Every part is tried; the first failure is raised after."""
         failed: list[BaseException] = []
-        steps: list[tuple[bool, Callable[[Report], None], str]] = [
-            (bool(self.cluster and self.cluster.started_here), self._stop_cluster, "cluster"),
-            (bool(self.services and self.services.started), self._stop_services, ""),
-            (bool(self.broker and self.broker.started_here), self._stop_broker, "broker"),
-        ]
-        for wanted, step, what in steps:
-            if not wanted:
-                continue
+        cluster, services, broker = self.cluster, self.services, self.broker
+        steps: list[tuple[Callable[[], None], str]] = []
+        if cluster is not None and cluster.started_here:
+            steps.append((cluster.stop, "cluster stopped"))
+        if services is not None and services.started:
+            # A line per service, as each stops.
+            steps.append((lambda: services.stop(say=say), ""))
+        if broker is not None and broker.started_here:
+            steps.append((broker.stop, "broker stopped"))
+        for step, line in steps:
             try:
-                step(say)
-                if what:
-                    say(f"{what} stopped")
+                step()
+                if line:
+                    say(line)
             except Exception as err:  # keep stopping the rest
                 failed.append(err)
         if failed:
             raise failed[0]
-
-    def _stop_cluster(self, _say: Report) -> None:
-        assert self.cluster is not None
-        self.cluster.stop()
-
-    def _stop_services(self, say: Report) -> None:
-        assert self.services is not None
-        self.services.stop(say=say)  # a line per service, as it stopped
-
-    def _stop_broker(self, _say: Report) -> None:
-        assert self.broker is not None
-        self.broker.stop()
 
 
 def up(request: StackRequest, say: Report = _quiet, on_launch: OnLaunch | None = None) -> Stack:
