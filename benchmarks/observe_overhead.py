@@ -48,7 +48,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tailguard.cluster.procs import descendants
+from tailguard.processes.trees import descendants
 
 # The timed job, the same in both applications: `spark` and `path` are the script's.
 JOB = """
