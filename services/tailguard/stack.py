@@ -185,24 +185,19 @@ def start_cluster(
     (the harness writes the directory down then)."""
     from tailguard.cluster.local import ClusterError, LocalCluster
 
-    running_before = False
-    with contextlib.suppress(ClusterError):
-        running_before = LocalCluster.attach(directory).processes_alive()
     local = LocalCluster(spec.workers, spec.cores, spec.memory, directory, progress=say)
-    if not running_before and before_launch is not None:
-        before_launch(local.work_dir)
     try:
-        local.start()
+        local.start(before_launch)
     except ClusterError as err:
         raise StackError(CLUSTER, str(err), local.work_dir / "logs") from None
-    if not running_before and on_launch is not None:
+    if local.started_here and on_launch is not None:
         state = local.state
         assert state is not None  # started
         on_launch(f"Spark master {state.master_url}", state.master_pid)
         for worker in state.workers:
             on_launch(f"Spark worker {worker.host}", worker.pid)
     say(f"Spark cluster at {local.master_url}, workers {', '.join(local.hosts())}")
-    return ClusterPart(local, not running_before)
+    return ClusterPart(local, local.started_here)
 
 
 @dataclass

@@ -238,6 +238,8 @@ class LocalCluster:
         # The daemons this instance launched. While starting, their exit status is the reliable
         # liveness check: the /proc command line is briefly empty while spark-class execs java.
         self._children: list[subprocess.Popen[bytes]] = []
+        # Set when this instance launched the daemons (not when it reused a running cluster).
+        self.started_here = False
 
     # ----------------------------------------------------------------- finding
     @property
@@ -342,8 +344,9 @@ class LocalCluster:
         return None
 
     # ----------------------------------------------------------------- starting
-    def start(self) -> str:
-        """Start (or reuse) the cluster; returns the master URL once every worker is ALIVE."""
+    def start(self, before_launch: Callable[[Path], None] | None = None) -> str:
+        """Start (or reuse) the cluster; returns the master URL once every worker is ALIVE.
+        `before_launch(work_dir)` is called before a launch, never for a reused cluster."""
         existing = self._read_state(self.work_dir)
         if existing is not None:
             self.state = existing
@@ -369,6 +372,8 @@ class LocalCluster:
                 return existing.master_url
             self._progress("the recorded cluster is no longer complete; replacing it")
             self.stop()
+        if before_launch is not None:
+            before_launch(self.work_dir)
         return self._launch()
 
     def _launch(self) -> str:
@@ -474,6 +479,7 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+        self.started_here = True
         self._progress(f"cluster up: {master_url}, workers {', '.join(self.hosts())}")
         return master_url
 
