@@ -37,6 +37,7 @@ from tailguard.decider.policy.broadcast_join import (
     first_side,
 )
 from tailguard.model.records import Distribution, Exchange
+from tailguard.model.topology import JobGraph
 
 
 @dataclass(frozen=True)
@@ -122,16 +123,13 @@ def _orders(job: ChainedJob, joins: dict[str, Join]) -> dict[str, Join]:
     producer feeds that join only (so it is no other join's first side, and nothing else waits
     for it) and the first side does not depend on any held producer. One pass is enough:
     dropping the unsafe joins only shrinks the held set, so every join left stays safe."""
-    consumers: dict[str, int] = {}
-    for chain in job.vertices.values():
-        for i in chain.inputs:
-            consumers[i.producer] = consumers.get(i.producer, 0) + 1
+    graph = JobGraph(job.spec())
     ordered: dict[str, Join] = {}
     for name, join in joins.items():
         left, right = join.producers
         first = right if first_side(join.how) == "right" else left
         held = left if first == right else right
-        if consumers.get(held) == 1:
+        if len(graph.consumers(held)) == 1:
             ordered[name] = replace(join, first=first, held=held)
     waiting = {j.held for j in ordered.values() if j.held is not None}
     return {
