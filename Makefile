@@ -171,11 +171,11 @@ bench-load: $(STAMP)
 bench-restart: $(STAMP)
 	$(BIN)/python benchmarks/restart_ready.py
 
-# Attach mode against Spark's own speculation: the same unmodified I/O job, plain, with
+# Attach mode against Spark's own speculation: the unmodified DataFrame I/O job, plain, with
 # speculation at Spark's defaults and at 1.5 / 0.75, and attached (docs/attach.md); after each
 # attached slow-node run, a second attached application on the same cluster (the fleet list).
 bench-attach: $(STAMP)
-	$(BIN)/tailguard bench --scenarios io-healthy,io-slow \
+	$(BIN)/tailguard bench --scenarios io-frame-healthy,io-frame-slow \
 		--contenders 'pyspark,pyspark+speculation,pyspark+speculation(flink-like),pyspark+tailguard-attach'
 
 bench: $(STAMP)

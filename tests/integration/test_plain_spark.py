@@ -61,3 +61,32 @@ def test_plain_job_output_is_exact_and_its_tasks_are_counted(
     # The I/O job's further stages each add one (after their round-robin exchange).
     assert len(run.stage_work) == 1 + stages
     assert all(stage.work_s > 0 for stage in run.stage_work)
+
+
+def test_the_dataframe_job_scans_a_task_per_file_and_its_output_is_exact(
+    spark: Any, tmp_path: Path
+) -> None:
+    # The bench's frame data: one row group per file (runner.prepare_data), a scan task each.
+    files, rows = 4, 600
+    data = example.generate(
+        tmp_path / "frame", files=files, rows_per_file=rows, row_groups_per_file=1
+    )
+    # The bench's warm-up runs the same query first: its stages are not the run's.
+    plain_spark.warm_frame(spark, data, tmp_path / "warm")
+    output = tmp_path / "out"
+    run = plain_spark.run_job(
+        spark, "io-frame", data, output, work=0, task_s=0.05, rows_per_split=rows
+    )
+    expected = example.reference(data)
+    actual = example.read_output(output)
+    assert expected.equals(actual[expected.columns.tolist()])
+    assert run.output_rows == len(expected)
+    assert run.tasks == files
+    # One scan stage of a task per file (Spark would pack these small files into one task
+    # without the open cost), the warm-up's left out; then the groupBy's reduce stage.
+    by_stage: dict[int, int] = {}
+    for task in run.spark_tasks:
+        if task.status == "SUCCESS":
+            by_stage[task.stage] = by_stage.get(task.stage, 0) + 1
+    assert list(by_stage.values()).count(files) == 1, by_stage
+    assert len(run.stage_work) >= 2

@@ -114,13 +114,20 @@ def write_settings(
 def prepare_data(work_dir: Path, size: DataSize | IoSize, scenario: Scenario) -> Path:
     # The size is in the name so a quick run never reuses a full run's data or vice versa.
     # The I/O job reads the sales data (its work is the wait, not the rows).
-    shape = "sales" if scenario.shape == "io" else scenario.shape
-    name = f"{shape}-skew{scenario.skew:g}-{size.files}x{size.rows_per_file}"
+    if scenario.shape == "io-frame":
+        # `spark.read.parquet` plans a task per file (plain_spark.run_frame_job), not per row
+        # group: one file per split, so every contender runs the same splits.
+        assert isinstance(size, IoSize)
+        files, rows, groups, shape = size.tasks, size.rows_per_split, 1, "sales-frame"
+    else:
+        files, rows, groups = size.files, size.rows_per_file, 2
+        shape = "sales" if scenario.shape == "io" else scenario.shape
+    name = f"{shape}-skew{scenario.skew:g}-{files}x{rows}"
     path = work_dir / "data" / name
     if not (path / "_COMPLETE").exists():
         shutil.rmtree(path, ignore_errors=True)
         example.generate(
-            path, files=size.files, rows_per_file=size.rows_per_file, skew=scenario.skew
+            path, files=files, rows_per_file=rows, row_groups_per_file=groups, skew=scenario.skew
         )
         (path / "_COMPLETE").write_text("")
     return path
@@ -134,6 +141,8 @@ def tailguard_job(shape: str, data: Path, output: Path, work: int, io: IoSize | 
     from tailguard.agent.graph.api import Job
 
     names = {"sales": "sales-by-region", "skew": "sales-skew", "io": "sales-io"}
+    # The DataFrame job's work as tailguard's own job: the same waits over the same splits.
+    shape = "io" if shape == "io-frame" else shape
     job = Job(names[shape])
     sales = job.read_parquet(str(data), name="sales")
     if shape == "io":
@@ -300,6 +309,8 @@ class Bench:
             # A listed host gets no task, not even the warm-up's (it would wait for it).
             usable = [h for h in cluster.hosts() if h not in listed]
             plain_spark.warm_up(spark.sparkContext, usable)
+            if scenario.shape == "io-frame" and not contender.tailguard:
+                plain_spark.warm_frame(spark, data[scenario.name], output.with_name("warm"))
             if scenario.mode == "io":
                 _check_slowness_reaches_tasks(spark.sparkContext, cluster, usable)
             if scenario.has_slow_node:

@@ -20,7 +20,10 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-JobShape = Literal["sales", "skew", "io"]
+# "io-frame": the I/O job as a team writes it in PySpark's DataFrame API (Parquet ->
+# `mapInPandas` -> `groupBy().agg` -> Parquet), the job attach mode is for; "io": the same work as
+# an RDD of Arrow tables (`plain_spark`), the fastest plain form, against tailguard's own job.
+JobShape = Literal["sales", "skew", "io", "io-frame"]
 Mode = Literal["cpu", "io"]
 
 
@@ -28,7 +31,8 @@ Mode = Literal["cpu", "io"]
 class Scenario:
     name: str
     title: str
-    shape: JobShape  # "io": waits before the shuffle; "sales"/"skew": CPU work before/after it
+    # "io"/"io-frame": waits before the shuffle; "sales"/"skew": CPU work before/after it
+    shape: JobShape
     skew: float = 0.0  # extra weight of the first region (9 -> it holds 10x each other one)
     slow_factor: float = 1.0  # 1: no slow node
     # None: slow for the whole job; otherwise the slow node recovers after this many seconds.
@@ -37,7 +41,7 @@ class Scenario:
 
     @property
     def mode(self) -> Mode:
-        return "io" if self.shape == "io" else "cpu"
+        return "io" if self.shape in ("io", "io-frame") else "cpu"
 
     @property
     def has_slow_node(self) -> bool:
@@ -67,6 +71,18 @@ SCENARIOS: dict[str, Scenario] = {
             slow_factor=5.0,
             slow_for_s=6.0,
             healthy="io-healthy",
+        ),
+        Scenario(
+            "io-frame-healthy",
+            "I/O mode, the DataFrame job (mapInPandas, groupBy), healthy cluster",
+            "io-frame",
+        ),
+        Scenario(
+            "io-frame-slow",
+            "I/O mode, the DataFrame job (mapInPandas, groupBy), one node 5x slow throughout",
+            "io-frame",
+            slow_factor=5.0,
+            healthy="io-frame-healthy",
         ),
         Scenario("cpu-sales", "CPU mode, the sales demo job, healthy cluster", "sales"),
         Scenario(
@@ -121,7 +137,9 @@ ATTACH_CONTENDER = CONTENDERS[-1].name
 SECOND_JOB = f"{ATTACH_CONTENDER}, second job"
 # The order of the tables' rows: the second job under the run it follows.
 ROW_ORDER = (*(c.name for c in CONTENDERS), SECOND_JOB)
-# `make bench-attach`: the unmodified job, plain, with Spark's speculation both ways, attached.
+# `make bench-attach`: the unmodified DataFrame job, plain, with Spark's speculation both ways,
+# attached.
+ATTACH_SCENARIOS = ("io-frame-healthy", "io-frame-slow")
 ATTACH_CONTENDERS = (
     "pyspark",
     "pyspark+speculation",
