@@ -203,8 +203,14 @@ def test_bootstrap_servers_setting_wins(tmp_path: Path) -> None:
     assert resolve_bootstrap(settings) == "kafka:9092"
 
 
+def _as_a_background_job() -> None:
+    # What a shell does to a job it starts with `&`; Python then keeps SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.mark.long
-def test_cli_foreground_until_interrupted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("background", [False, True], ids=["terminal", "started-with-&"])
+def test_cli_foreground_until_interrupted(tmp_path: Path, background: bool) -> None:
     work = tmp_path / "fg"
     process = subprocess.Popen(
         [
@@ -221,6 +227,7 @@ def test_cli_foreground_until_interrupted(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_as_a_background_job if background else None,
     )
     try:
         deadline = time.monotonic() + 30
@@ -229,7 +236,7 @@ def test_cli_foreground_until_interrupted(tmp_path: Path) -> None:
             time.sleep(0.02)
         state = EmbeddedBroker(work, mock=True).status()
         assert state is not None and state.pid == process.pid
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGINT)  # Ctrl-C
         out, err = process.communicate(timeout=30)
     finally:
         if process.poll() is None:

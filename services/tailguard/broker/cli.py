@@ -11,7 +11,6 @@ before (`tailguard broker`, `--stop`, `--status`) still work and say what replac
 from __future__ import annotations
 
 import argparse
-import contextlib
 import signal
 import sys
 import threading
@@ -209,11 +208,9 @@ def _down(broker: EmbeddedBroker, *, purge: bool) -> int:
 
 def _hold(broker: EmbeddedBroker, state: BrokerState) -> int:
     """`up --foreground` with Kafka: the broker runs until Ctrl-C or SIGTERM, then stops."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    stop = _stop_on_signals()
     print(f"running in the foreground (pid {state.pid}); Ctrl-C stops it", flush=True)
-    with contextlib.suppress(KeyboardInterrupt):
-        stop.wait()
+    stop.wait()
     broker.stop()
     print("stopped; its data is kept")
     return 0
@@ -262,13 +259,19 @@ def _foreground(broker: EmbeddedBroker, work_dir: Path) -> int:
         print(state.bootstrap)
         print(IN_MEMORY_NOTE, flush=True)
 
-    stop = threading.Event()
-    # SIGTERM sets `stop`; Ctrl-C arrives as KeyboardInterrupt, after serve() has cleaned up.
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    stop = _stop_on_signals()
     # A state file left by a crashed broker: listen where its clients look.
     crashed = read_state(work_dir)
-    try:
-        return serve(work_dir, stop, on_ready=announce, port=crashed.port if crashed else 0)
-    except KeyboardInterrupt:
-        print("stopped; the broker's data is gone")
-        return 0
+    code = serve(work_dir, stop, on_ready=announce, port=crashed.port if crashed else 0)
+    print("stopped; the broker's data is gone")
+    return code
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event that Ctrl-C and SIGTERM set. Both handled by name: a shell starts a background
+    job with SIGINT ignored, and Python then leaves it ignored, so Ctrl-C's default
+    (KeyboardInterrupt) would never come for a broker started from a script's `&`."""
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, frame: stop.set())
+    return stop
