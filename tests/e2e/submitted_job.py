@@ -128,4 +128,19 @@ def assert_planned(
     for decision in decisions.values():
         assert decision.parallelism in ran, (decision.parallelism, ran)
     assert 200 not in ran, ran
+    # The reader's floor is Spark's own coalescing's: no more than one task per
+    # minPartitionSize (1 MiB) of shuffled bytes, so the small last groupBy may run as one task.
+    shuffled: dict[str, int] = {}
+    for x in records:
+        if isinstance(x, r.AttemptFinished) and x.job_id in plans:
+            shuffled[x.job_id] = shuffled.get(x.job_id, 0) + x.input_bytes
+    floors = {
+        job_id: (v.min_parallelism, shuffled[job_id])
+        for job_id, plan in plans.items()
+        for v in plan.graph.vertices
+        if v.name == PLAN_VERTEX
+    }
+    for floor, total in floors.values():
+        assert floor is not None and floor <= max(1, -(-total // (1 << 20))), floors
+    assert any(floor == 1 and total < 1 << 20 for floor, total in floors.values()), floors
     return archive

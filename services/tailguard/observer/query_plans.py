@@ -13,7 +13,8 @@ Each request becomes a small tailguard job of its own, as the events the decider
   map outputs summed: Spark's `MapOutputStatistics`), and one undecided consumer vertex
   `reader`, ALL_TO_ALL from each producer, at most one subtask per reducer partition and at
   least what the rule asks (Spark's own floor: its default parallelism unless the user set
-  `spark.sql.adaptive.coalescePartitions.minPartitionNum`);
+  `spark.sql.adaptive.coalescePartitions.minPartitionNum`, but at most one per
+  `minPartitionSize` of the shuffled bytes, as Spark's `ShufflePartitionsUtil` sizes it);
 - per producer, its one attempt finishing with the bytes of each reducer partition as its
   subpartitions.
 

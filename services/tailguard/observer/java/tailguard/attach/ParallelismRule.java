@@ -8,6 +8,7 @@ import java.util.Map;
 
 import org.apache.spark.MapOutputStatistics;
 import org.apache.spark.SparkContext;
+import org.apache.spark.network.util.JavaUtils;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.rules.Rule;
 import org.apache.spark.sql.execution.CoalescedPartitionSpec;
@@ -135,7 +136,9 @@ public final class ParallelismRule extends Rule<SparkPlan> {
             shuffles[i] = r.shuffle;
             bytes[i++] = r.bytes;
         }
-        int[] ends = actuator.ranges(shuffles, bytes, partitions, floor(session.sparkContext()));
+        long total = 0;
+        for (long[] b : bytes) for (long x : b) total += x;
+        int[] ends = actuator.ranges(shuffles, bytes, partitions, floor(session.sparkContext(), total));
         if (ends == null) return;
         for (Read r : group) {
             List<ShufflePartitionSpec> out = new ArrayList<>(ends.length);
@@ -150,16 +153,34 @@ public final class ParallelismRule extends Rule<SparkPlan> {
         }
     }
 
-    /** The fewest ranges Spark itself would make: its default parallelism unless the user set a minimum. */
-    private static int floor(SparkContext sc) {
+    /**
+     * The fewest ranges Spark's own coalescing would make of `totalBytes` (CoalesceShufflePartitions
+     * and ShufflePartitionsUtil.coalescePartitions): the minimum partition number (the user's, else
+     * the default parallelism when parallelismFirst) only caps the target size at total / number,
+     * and the target never goes below minPartitionSize (1 MiB by default). So a shuffle smaller than
+     * number x minPartitionSize gets fewer partitions than that number: a small aggregation one.
+     * Taking the number itself as the floor forced a tiny groupBy into one task per core, each
+     * writing its own file (seen in make bench-attach: 6 reducers of a few KB where Spark ran 1).
+     */
+    private static int floor(SparkContext sc, long totalBytes) {
         SQLConf conf = SQLConf.get();
         // Read only if set: SQLConf validates a default given here against the entry's type.
         String minKey = "spark.sql.adaptive.coalescePartitions.minPartitionNum";
-        if (conf.contains(minKey)) return Integer.parseInt(conf.getConfString(minKey).trim());
-        String firstKey = "spark.sql.adaptive.coalescePartitions.parallelismFirst";
-        boolean parallelismFirst = !conf.contains(firstKey)
-            || Boolean.parseBoolean(conf.getConfString(firstKey).trim());
-        return parallelismFirst ? sc.defaultParallelism() : 1;
+        int number;
+        if (conf.contains(minKey)) {
+            number = Integer.parseInt(conf.getConfString(minKey).trim());
+        } else {
+            String firstKey = "spark.sql.adaptive.coalescePartitions.parallelismFirst";
+            boolean parallelismFirst = !conf.contains(firstKey)
+                || Boolean.parseBoolean(conf.getConfString(firstKey).trim());
+            number = parallelismFirst ? sc.defaultParallelism() : 1;
+        }
+        String sizeKey = "spark.sql.adaptive.coalescePartitions.minPartitionSize";
+        long minSize = conf.contains(sizeKey)
+            ? JavaUtils.byteStringAsBytes(conf.getConfString(sizeKey).trim())
+            : 1L << 20;
+        long bySize = Math.max(1L, (totalBytes + Math.max(1L, minSize) - 1) / Math.max(1L, minSize));
+        return (int) Math.max(1L, Math.min((long) number, bySize));
     }
 
     private SparkPlan rewrite(SparkPlan node, Map<Integer, scala.collection.immutable.List<ShufflePartitionSpec>> specs) {
