@@ -71,8 +71,6 @@ def test_the_dataframe_job_scans_a_task_per_file_and_its_output_is_exact(
     data = example.generate(
         tmp_path / "frame", files=files, rows_per_file=rows, row_groups_per_file=1
     )
-    # The bench's warm-up runs the same query first: its stages are not the run's.
-    plain_spark.warm_frame(spark, data, tmp_path / "warm")
     output = tmp_path / "out"
     run = plain_spark.run_job(
         spark, "io-frame", data, output, work=0, task_s=0.05, rows_per_split=rows
@@ -83,7 +81,7 @@ def test_the_dataframe_job_scans_a_task_per_file_and_its_output_is_exact(
     assert run.output_rows == len(expected)
     assert run.tasks == files
     # One scan stage of a task per file (Spark would pack these small files into one task
-    # without the open cost), the warm-up's left out; then the groupBy's reduce stage.
+    # without the open cost); then the groupBy's reduce stage.
     by_stage: dict[int, int] = {}
     for task in run.spark_tasks:
         if task.status == "SUCCESS":

@@ -280,13 +280,6 @@ def run_frame_job(spark: Any, data: Path, output: Path, task_s: float, rows_per_
     return len(list(data.glob("*.parquet")))
 
 
-def warm_frame(spark: Any, data: Path, scratch: Path) -> None:
-    """The frame job once without its waits, before the clock, for every contender alike: a
-    new application's executors otherwise spend seconds of their first scan tasks loading the
-    Parquet reader, Arrow and the generated code (measured: 8 s instead of 2.5 s on local[2])."""
-    run_frame_job(spark, data, scratch, 0.0, 1)
-
-
 def _run_rdd_job(
     sc: Any,
     shape: str,

@@ -309,8 +309,6 @@ class Bench:
             # A listed host gets no task, not even the warm-up's (it would wait for it).
             usable = [h for h in cluster.hosts() if h not in listed]
             plain_spark.warm_up(spark.sparkContext, usable)
-            if scenario.shape == "io-frame" and not contender.tailguard:
-                plain_spark.warm_frame(spark, data[scenario.name], output.with_name("warm"))
             if scenario.mode == "io":
                 _check_slowness_reaches_tasks(spark.sparkContext, cluster, usable)
             if scenario.has_slow_node:
