@@ -11,9 +11,7 @@ before (`tailguard broker`, `--stop`, `--status`) still work and say what replac
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from tailguard.broker.embedded import EmbeddedBroker
 from tailguard.broker.mock_process import serve
 from tailguard.kafka.bootstrap import BrokerError
 from tailguard.kafka.broker_state import BrokerState, read_state
+from tailguard.processes.signals import stop_on_signals
 from tailguard.settings_file import load_settings
 
 IN_MEMORY_NOTE = (
@@ -208,7 +207,7 @@ def _down(broker: EmbeddedBroker, *, purge: bool) -> int:
 
 def _hold(broker: EmbeddedBroker, state: BrokerState) -> int:
     """`up --foreground` with Kafka: the broker runs until Ctrl-C or SIGTERM, then stops."""
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     print(f"running in the foreground (pid {state.pid}); Ctrl-C stops it", flush=True)
     stop.wait()
     broker.stop()
@@ -259,19 +258,9 @@ def _foreground(broker: EmbeddedBroker, work_dir: Path) -> int:
         print(state.bootstrap)
         print(IN_MEMORY_NOTE, flush=True)
 
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     # A state file left by a crashed broker: listen where its clients look.
     crashed = read_state(work_dir)
     code = serve(work_dir, stop, on_ready=announce, port=crashed.port if crashed else 0)
     print("stopped; the broker's data is gone")
     return code
-
-
-def _stop_on_signals() -> threading.Event:
-    """An event that Ctrl-C and SIGTERM set. Both handled by name: a shell starts a background
-    job with SIGINT ignored, and Python then leaves it ignored, so Ctrl-C's default
-    (KeyboardInterrupt) would never come for a broker started from a script's `&`."""
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda signum, frame: stop.set())
-    return stop

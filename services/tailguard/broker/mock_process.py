@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 from tailguard.broker.mock_listener import MockCluster, start_mock_cluster
 from tailguard.kafka.broker_state import BrokerState, remove_state, write_state
+from tailguard.processes.signals import stop_on_signals
 from tailguard.processes.supervised import create_time
 
 log = logging.getLogger(__name__)
@@ -77,13 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m tailguard.broker.mock_process WORK_DIR [PORT]", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    stop = threading.Event()
-
-    def _on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    stop = stop_on_signals()
     return serve(Path(args[0]), stop, port=int(args[1]) if len(args) == 2 else 0)
 
 

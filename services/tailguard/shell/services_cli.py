@@ -11,11 +11,8 @@ container's command is (compose/docker-compose.yml).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from tailguard.broker.acls import service_principal
@@ -27,6 +24,7 @@ from tailguard.kafka.config import (
     security_settings,
 )
 from tailguard.logs import add_format_argument
+from tailguard.processes.signals import stop_on_signals
 from tailguard.settings_file import load_settings
 from tailguard.shell.supervisor import ServiceError, running, start, stop
 from tailguard.system.services import SERVICE_NAMES
@@ -147,10 +145,7 @@ def run(args: argparse.Namespace) -> int:
                 count=args.instances,
             )
             if args.foreground:
-                stopped = threading.Event()
-                signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-                with contextlib.suppress(KeyboardInterrupt):
-                    stopped.wait()
+                stop_on_signals().wait()
                 stop(work_dir, names)
             return 0
         if args.action == "down":
