@@ -137,9 +137,8 @@ ATTACH_CONTENDER = CONTENDERS[-1].name
 SECOND_JOB = f"{ATTACH_CONTENDER}, second job"
 # The order of the tables' rows: the second job under the run it follows.
 ROW_ORDER = (*(c.name for c in CONTENDERS), SECOND_JOB)
-# `make bench-attach`: the unmodified DataFrame job, plain, with Spark's speculation both ways,
-# attached.
-ATTACH_SCENARIOS = ("io-frame-healthy", "io-frame-slow")
+# `make bench-attach` (scenarios io-frame-*): the unmodified DataFrame job, plain, with Spark's
+# speculation both ways, attached.
 ATTACH_CONTENDERS = (
     "pyspark",
     "pyspark+speculation",
