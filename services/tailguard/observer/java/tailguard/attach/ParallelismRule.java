@@ -176,11 +176,11 @@ public final class ParallelismRule extends Rule<SparkPlan> {
             number = parallelismFirst ? sc.defaultParallelism() : 1;
         }
         String sizeKey = "spark.sql.adaptive.coalescePartitions.minPartitionSize";
-        long minSize = conf.contains(sizeKey)
+        long minSize = Math.max(1L, conf.contains(sizeKey)
             ? JavaUtils.byteStringAsBytes(conf.getConfString(sizeKey).trim())
-            : 1L << 20;
-        long bySize = Math.max(1L, (totalBytes + Math.max(1L, minSize) - 1) / Math.max(1L, minSize));
-        return (int) Math.max(1L, Math.min((long) number, bySize));
+            : 1L << 20);
+        long bySize = Math.max(1L, (totalBytes + minSize - 1) / minSize);
+        return (int) Math.min(number, bySize);  // the relay clamps to [1, partitions]
     }
 
     private SparkPlan rewrite(SparkPlan node, Map<Integer, scala.collection.immutable.List<ShufflePartitionSpec>> specs) {
