@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Job", "attach", "observe", "run", "spark_conf"]
+__all__ = ["Job", "attach", "ignoring", "observe", "run", "spark_conf"]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,6 +30,10 @@ def __getattr__(name: str) -> Any:
         from tailguard.observer import observe
 
         return observe
+    if name == "ignoring":
+        from tailguard.observer import ignoring
+
+        return ignoring
     if name == "attach":
         from tailguard.attacher import attach
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tailguard.archive import ArchiveReader
 from tailguard.model import records as r
-from tailguard.observer.query_plans import PLAN_VERTEX
+from tailguard.observer.query_plans import PLAN_VERTEX, shuffle_vertex
+from tailguard.observer.translate import observed_job_id
 
 SUBMITTED_JOB = """
 from pyspark.sql import SparkSession, functions as F
@@ -24,12 +25,20 @@ spark.stop()
 
 # A groupBy, then a sort-merge join of its result with a second shuffled table, then a groupBy:
 # three query stages that read shuffles Spark coalesces (the join's two sides as one). Prints its
-# result as one JSON line.
+# result as one JSON line. Before it, a warm-up groupBy left out (tailguard.ignore, set as a Scala
+# or Java application would): its shuffle is the application's first, shuffle 0.
 PLANNED_JOB = """
 import json
 from pyspark.sql import SparkSession, functions as F
 
 spark = SparkSession.builder.appName("planned-job").getOrCreate()
+sc = spark.sparkContext
+sc.setJobGroup("warm-up", "warm-up")
+sc.setLocalProperty("tailguard.ignore", "true")
+spark.range(0, 10_000, 1, 4).groupBy((F.col("id") % 11).alias("k")).count().collect()
+sc.setLocalProperty("tailguard.ignore", None)
+sc.setLocalProperty("spark.jobGroup.id", None)
+print("IGNORED " + json.dumps(list(sc.statusTracker().getJobIdsForGroup("warm-up"))))
 orders = spark.range(0, {rows}, 1, 4).select(
     (F.col("id") % {customers}).alias("customer"), (F.col("id") % 97).alias("amount"))
 totals = orders.groupBy("customer").agg(F.sum("amount").alias("total"))
@@ -94,12 +103,23 @@ def assert_planned(
     """PLANNED_JOB ran with its query stages planned by the decider: the result is exact; each
     stage that read a coalesced shuffle (the groupBy's reduce, the join with both sides in one
     request, the last groupBy) has a plan job in the archive, decided and applied; and each
-    ran as many tasks as the decision said. Returns the archive."""
+    ran as many tasks as the decision said. The warm-up left out is in the archive neither as
+    a job nor as a plan. Returns the archive."""
     assert done.returncode == 0, done.stderr[-3000:]
     [result] = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert json.loads(result[len("RESULT ") :]) == planned_result(rows, customers)
+    [ignored] = [line for line in done.stdout.splitlines() if line.startswith("IGNORED ")]
     [archive] = (tmp_path / "archive").glob("*.avro")
     records = [e.record for e in ArchiveReader(archive)]
+    left_out = {observed_job_id(archive.stem, j) for j in json.loads(ignored[len("IGNORED ") :])}
+    published = {x.job_id for x in records if isinstance(x, r.JobSubmitted)}
+    assert left_out and not left_out & published, (left_out, published)
+    assert not any(
+        v.name == shuffle_vertex(0)
+        for x in records
+        if isinstance(x, r.JobSubmitted) and "-job-plan-" in x.job_id
+        for v in x.graph.vertices
+    ), "the left-out warm-up's shuffle was planned"
     plans = {
         x.job_id: x for x in records if isinstance(x, r.JobSubmitted) and "-job-plan-" in x.job_id
     }

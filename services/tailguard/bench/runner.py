@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from tailguard import observer
 from tailguard.archive import ArchiveReader
 from tailguard.bench import io_job, plain_spark, report
 from tailguard.bench.scenarios import (
@@ -308,9 +309,14 @@ class Bench:
             stack.await_executors(spark, cluster.hosts(), timeout_s=EXECUTORS_TIMEOUT_S)
             # A listed host gets no task, not even the warm-up's (it would wait for it).
             usable = [h for h in cluster.hosts() if h not in listed]
-            plain_spark.warm_up(spark.sparkContext, usable)
-            if scenario.mode == "io":
-                _check_slowness_reaches_tasks(spark.sparkContext, cluster, usable)
+            # The warm-up and the probes are not the job: an attached contender's services
+            # must not judge their cold tasks (the same calls for every contender).
+            with observer.ignoring(spark):
+                plain_spark.warm_up(spark.sparkContext, usable)
+                if scenario.shape == "io-frame" and not contender.tailguard:
+                    plain_spark.warm_frame(spark, data[scenario.name], output.with_name("warm"))
+                if scenario.mode == "io":
+                    _check_slowness_reaches_tasks(spark.sparkContext, cluster, usable)
             if scenario.has_slow_node:
                 # CPU mode: after registration (a throttled executor registers late).
                 cluster.throttle(

@@ -16,10 +16,11 @@ translates them (`translate.py`) into tailguard events and publishes them (`publ
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tailguard.observer.jar import LISTENER_CLASS, JarBuildError, listener_jar
@@ -27,6 +28,7 @@ from tailguard.observer.jar import LISTENER_CLASS, JarBuildError, listener_jar
 __all__ = [
     "JarBuildError",
     "Observation",
+    "ignoring",
     "jar_class",
     "listener_jar",
     "new_listener",
@@ -35,6 +37,27 @@ __all__ = [
     "start_listener",
 ]
 _log = logging.getLogger(__name__)
+
+# The Spark local property that leaves a job out of what is published (the listener's IGNORE).
+IGNORE_PROPERTY = "tailguard.ignore"
+
+
+@contextlib.contextmanager
+def ignoring(spark: Any) -> Iterator[None]:
+    """The Spark jobs this thread starts inside the block are left out: their events are not
+    published, so the services neither judge nor command them, and attach mode's query-stage
+    rule leaves their stages to Spark. For work that is not the application's: a warm-up that
+    starts the executors' Python workers (its cold tasks would read as slow hosts), a probe, a
+    sample. Spark's local property `tailguard.ignore=true`, set for the block on this thread
+    and restored after it (from Scala or Java: `sc.setLocalProperty("tailguard.ignore",
+    "true")`). Without a listener it changes nothing."""
+    sc = spark_context(spark, "ignoring")
+    before = sc.getLocalProperty(IGNORE_PROPERTY)
+    sc.setLocalProperty(IGNORE_PROPERTY, "true")
+    try:
+        yield
+    finally:
+        sc.setLocalProperty(IGNORE_PROPERTY, before)  # None removes it
 
 
 class Observation:
@@ -65,6 +88,10 @@ class Observation:
             _log.warning("observe: Spark's listener bus did not drain: %s", err)
         context.removeSparkListener(self._listener)
         self._attached = False
+
+    def ignoring(self) -> contextlib.AbstractContextManager[None]:
+        """Leave the Spark jobs this thread starts in the block out (`ignoring`)."""
+        return ignoring(self._sc)
 
     def resume(self) -> None:
         """Observe again, from the next Spark event on (`make bench-observe-within` times the

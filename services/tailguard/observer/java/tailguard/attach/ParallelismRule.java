@@ -20,6 +20,7 @@ import org.apache.spark.sql.internal.SQLConf;
 import scala.Option;
 import scala.collection.JavaConverters;
 import scala.runtime.AbstractFunction1;
+import tailguard.observe.TaskEventListener;
 
 /**
  * tailguard's adaptive parallelism for a query stage's shuffle reads (a query-stage optimizer
@@ -68,6 +69,10 @@ public final class ParallelismRule extends Rule<SparkPlan> {
         try {
             Actuator actuator = Actuator.of(session.sparkContext());
             if (actuator == null || !actuator.plansQueryStages()) return plan;
+            // A job left out of what is published (its thread's local property): the decider
+            // hears nothing of it, so it has nothing to decide.
+            String ignore = session.sparkContext().getLocalProperty(TaskEventListener.IGNORE);
+            if (ignore != null && "true".equalsIgnoreCase(ignore.trim())) return plan;
             Map<String, List<Read>> groups = new LinkedHashMap<>();
             collect(plan, groups);
             if (groups.isEmpty()) return plan;

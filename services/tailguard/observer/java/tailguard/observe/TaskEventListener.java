@@ -8,8 +8,12 @@ import java.io.InputStreamReader;
 import java.io.OutputStreamWriter;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
+import java.util.Properties;
+import java.util.Set;
 import java.util.concurrent.TimeUnit;
 
 import org.apache.spark.SparkConf;
@@ -57,6 +61,15 @@ import scala.collection.JavaConverters;
  */
 public class TaskEventListener extends SparkListener {
     private static final String PREFIX = "spark.tailguard.";
+    /**
+     * The local property that leaves a Spark job out: its events are not published, so the
+     * services neither judge its tasks nor command it, and the query-stage rule leaves its
+     * stages to Spark. For the jobs that are not the application's work: a warm-up that starts
+     * the executors' Python workers (its cold tasks would read as slow hosts), a probe, a
+     * sample. Set it on the thread that runs them:
+     * {@code sc.setLocalProperty("tailguard.ignore", "true")}, or {@code attachment.ignoring()}.
+     */
+    public static final String IGNORE = "tailguard.ignore";
 
     private final List<String> command = new ArrayList<>();
     private final List<String[]> settings = new ArrayList<>();
@@ -67,8 +80,22 @@ public class TaskEventListener extends SparkListener {
     private long busNanos;
     private long events;
     private Actuator actuator;
+    // The running jobs' stages, left out (IGNORE) or published, each stage with the number of
+    // such jobs that hold it, and the left-out tasks: Spark posts every event on its one
+    // listener-bus thread, so these need no lock of their own.
+    private final Map<Integer, int[]> jobStages = new HashMap<>();
+    private final Set<Integer> ignoredJobs = new HashSet<>();
+    private final Map<Integer, Integer> ignoredStages = new HashMap<>();
+    private final Map<Integer, Integer> publishedStages = new HashMap<>();
+    private final Set<Long> ignoredTasks = new HashSet<>();
+    private long jobsLeftOut;
 
     public TaskEventListener() {}
+
+    /** Whether a job with these local properties is left out of what is published. */
+    public static boolean ignored(Properties properties) {
+        return properties != null && "true".equalsIgnoreCase(properties.getProperty(IGNORE, "").trim());
+    }
 
     /** The spark.extraListeners form: settings are the spark.tailguard.* keys (prefix dropped). */
     public TaskEventListener(SparkConf conf) {
@@ -121,8 +148,8 @@ public class TaskEventListener extends SparkListener {
     public synchronized int finish(long time, long timeoutMs) throws InterruptedException {
         write("E", time);
         if (relay == null) return 0;
-        System.err.printf("tailguard observe: the listener took %.1f ms of the listener bus for %d events%n",
-                          busNanos / 1e6, events);
+        System.err.printf("tailguard observe: the listener took %.1f ms of the listener bus for %d events;"
+                          + " %d jobs left out (%s)%n", busNanos / 1e6, events, jobsLeftOut, IGNORE);
         try {
             out.close();
         } catch (IOException e) {
@@ -175,6 +202,7 @@ public class TaskEventListener extends SparkListener {
         scala.collection.Seq<?> updates = event.accumUpdates();
         for (Object item : JavaConverters.seqAsJavaList(updates)) {
             scala.Tuple4<?, ?, ?, ?> update = (scala.Tuple4<?, ?, ?, ?>) item;
+            if (ignoredTasks.contains((Long) update._1())) continue;
             long inBytes = -1, inRecords = -1, shuffleBytes = -1, shuffleRecords = -1;
             for (Object a : JavaConverters.seqAsJavaList((scala.collection.Seq<?>) update._4())) {
                 AccumulableInfo info = (AccumulableInfo) a;
@@ -201,6 +229,21 @@ public class TaskEventListener extends SparkListener {
     @Override
     public void onJobStart(SparkListenerJobStart event) {
         List<StageInfo> stages = JavaConverters.seqAsJavaList(event.stageInfos());
+        boolean leftOut = ignored(event.properties());
+        int[] ids = new int[stages.size()];
+        for (int i = 0; i < ids.length; i++) ids[i] = stages.get(i).stageId();
+        jobStages.put(event.jobId(), ids);
+        if (leftOut) {
+            ignoredJobs.add(event.jobId());
+            jobsLeftOut++;
+            // A stage a published job also holds (a shared shuffle) stays published.
+            for (int id : ids) if (!publishedStages.containsKey(id)) ignoredStages.merge(id, 1, Integer::sum);
+            return;
+        }
+        for (int id : ids) {
+            publishedStages.merge(id, 1, Integer::sum);
+            ignoredStages.remove(id);
+        }
         write("J", event.time(), event.jobId(), stages.size());
         for (StageInfo stage : stages) {
             StringBuilder parents = new StringBuilder();
@@ -214,6 +257,11 @@ public class TaskEventListener extends SparkListener {
 
     @Override
     public void onJobEnd(SparkListenerJobEnd event) {
+        int[] ids = jobStages.remove(event.jobId());
+        boolean leftOut = ignoredJobs.remove(event.jobId());
+        Map<Integer, Integer> held = leftOut ? ignoredStages : publishedStages;
+        if (ids != null) for (int id : ids) held.computeIfPresent(id, (k, n) -> n > 1 ? n - 1 : null);
+        if (leftOut) return;
         boolean ok = event.jobResult() == JobSucceeded$.MODULE$;
         write("JE", event.time(), event.jobId(), ok ? "SUCCEEDED" : "FAILED");
     }
@@ -221,6 +269,10 @@ public class TaskEventListener extends SparkListener {
     @Override
     public void onTaskStart(SparkListenerTaskStart event) {
         TaskInfo t = event.taskInfo();
+        if (ignoredStages.containsKey(event.stageId())) {
+            ignoredTasks.add(t.taskId());
+            return;
+        }
         write("TS", t.launchTime(), t.taskId(), event.stageId(), event.stageAttemptId(), t.index(),
               t.partitionId(), t.attemptNumber(), t.executorId(), t.host(), t.speculative() ? 1 : 0);
     }
@@ -228,6 +280,8 @@ public class TaskEventListener extends SparkListener {
     @Override
     public void onTaskEnd(SparkListenerTaskEnd event) {
         TaskInfo t = event.taskInfo();
+        // Its own set, not the stage's: a task may end after its job (a speculative copy).
+        if (ignoredTasks.remove(t.taskId())) return;
         TaskMetrics m = event.taskMetrics();  // null when a task failed before it reported any
         long inBytes = -1, inRecords = -1, shuffleBytes = -1, shuffleRecords = -1;
         if (m != null) {
