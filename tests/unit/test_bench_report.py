@@ -254,8 +254,22 @@ def _io_runs() -> list[dict[str, object]]:
         _run("io-healthy", "tailguard (no services)", 13.0, dispatch_ms=[2.5]),
         _run("io-healthy", "pyspark", 12.4),
         _run("io-healthy", "pyspark+speculation", 12.2),
-        _run("io-slow", "tailguard+services", 15.0, blocked_hosts=["127.0.0.7"], load_after=3.0),
-        _run("io-slow", "tailguard+services", 17.0, blocked_hosts=["127.0.0.7"], load_after=5.0),
+        _run(
+            "io-slow",
+            "tailguard+services",
+            15.0,
+            blocked_hosts=["127.0.0.7"],
+            load_after=3.0,
+            cpu_s={"control_plane": 4.0, "executors": 50.0, "driver": 2.0},
+        ),
+        _run(
+            "io-slow",
+            "tailguard+services",
+            17.0,
+            blocked_hosts=["127.0.0.7"],
+            load_after=5.0,
+            cpu_s={"control_plane": 6.0, "executors": 70.0, "driver": 3.0},
+        ),
         _run("io-slow", "pyspark", 20.0),
         _run("io-slow", "pyspark+speculation", 18.0),
         _run("io-slow", "pyspark", 0.0, ok=False),
@@ -268,14 +282,15 @@ def test_io_tables_limits_and_goals() -> None:
     assert f.best_plain == "pyspark+speculation"
     assert f.ideal_s == 12.2
     assert f.limit_s == pytest.approx(14.0)
-    assert "| tailguard+services | 16.0 | 15.0–17.0 | 2 | 0.89× | 0.0 | – | 1.0 | 3.0, 5.0 |" in (
-        f.table
-    )
-    assert "| pyspark | 20.0 | 20.0–20.0 | 1 (+1 failed) |" in f.table
+    assert (
+        "| tailguard+services | 16.0 | 15.0–17.0 | 2 | 0.89× | 0.0 | – | 1.0 | 5.0 / 60.0 / 2.5 "
+        "| 3.0, 5.0 |"
+    ) in f.table
+    assert "| pyspark | 20.0 | 20.0–20.0 | 1 (+1 failed) | 1.11× | 0.0 | – | – | – |" in f.table
     assert "| *physical limit: 36 indivisible 2 s tasks on 6 hosts, no overhead* | 14.0 |" in (
         f.table
     )
-    assert "| *fluid bound: total work / capacity* | 13.8 | | | | | | | |" in f.table
+    assert "| *fluid bound: total work / capacity* | 13.8 | | | | | | | | |" in f.table
     assert "tailguard+services / best plain (pyspark+speculation) = 0.89 (goal ≤ 0.9: met)" in (
         f.goals
     )

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from tailguard.model import records as r
 from tailguard.model.percentile import percentile
 
+# The parts a run's CPU is measured in (bench/cpu.py): the broker and the services, the
+# workers' process trees, the driver JVM and its children (the attached relay).
+CPU_PARTS = ("control_plane", "executors", "driver")
+
 # ----------------------------------------------------------------- statistics
 
 
@@ -372,6 +376,8 @@ class Row:
     failed: int = 0
     load: Sequence[float] = ()  # the 1-minute load average at the end of each run
     lost_copy_s: Sequence[float | None] = ()  # per run: task-seconds of copies that lost
+    # Per run: CPU seconds of the job per part (bench.cpu.PARTS), when measured.
+    cpu_s: Sequence[Mapping[str, float] | None] = ()
 
 
 def _mean_count(values: Sequence[int | None]) -> str:
@@ -386,6 +392,15 @@ def _median_s(values: Sequence[float | None]) -> str:
     return fmt_s(spread(known).median) if known else "–"
 
 
+def _median_cpu(runs: Sequence[Mapping[str, float] | None]) -> str:
+    """Median CPU seconds per part over the runs that measured them: "control plane /
+    executors / driver"."""
+    known = [r for r in runs if r]
+    if not known:
+        return "–"
+    return " / ".join(f"{spread([r[part] for r in known]).median:.1f}" for part in CPU_PARTS)
+
+
 def scenario_table(
     rows: Sequence[Row], reference: str | None, extra: Mapping[str, float | None]
 ) -> str:
@@ -395,14 +410,16 @@ def scenario_table(
     ref = medians.get(reference) if reference else None
     lines = [
         "| contender | median s | min–max s | runs | vs best plain | speculative attempts "
-        "| lost copies task-s | blocked hosts | load 1 min per run |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| lost copies task-s | blocked hosts | CPU s: control plane / executors / driver "
+        "| load 1 min per run |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         load = ", ".join(f"{v:.1f}" for v in row.load) or "–"
         if not row.times_s:
             lines.append(
-                f"| {row.contender} | – | – | 0 (failed {row.failed}) | – | – | – | – | {load} |"
+                f"| {row.contender} | – | – | 0 (failed {row.failed}) | – | – | – | – | – "
+                f"| {load} |"
             )
             continue
         s = spread(row.times_s)
@@ -411,10 +428,11 @@ def scenario_table(
         lines.append(
             f"| {row.contender} | {s.median:.1f} | {s.low:.1f}–{s.high:.1f} | {runs} "
             f"| {fmt_ratio(ratio)} | {_mean_count(row.speculative)} "
-            f"| {_median_s(row.lost_copy_s)} | {_mean_count(row.blocked)} | {load} |"
+            f"| {_median_s(row.lost_copy_s)} | {_mean_count(row.blocked)} "
+            f"| {_median_cpu(row.cpu_s)} | {load} |"
         )
     for label, value in extra.items():
-        lines.append(f"| *{label}* | {fmt_s(value)} | | | | | | | |")
+        lines.append(f"| *{label}* | {fmt_s(value)} | | | | | | | | |")
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from tailguard import observer
 from tailguard.archive import ArchiveReader
-from tailguard.bench import io_job, plain_spark, report
+from tailguard.bench import cpu, io_job, plain_spark, report
 from tailguard.bench.scenarios import (
     BLOCK_DURATION_KEY,
     CONTENDERS,
@@ -84,6 +84,9 @@ class RunRecord:
     slow_host_tasks: int | None = None
     # The second job: the hosts on the fleet list when its application started.
     fleet_listed: list[str] = field(default_factory=list)
+    # CPU seconds the job took, per part (`bench.cpu.PARTS`): the control plane, the
+    # executors, the driver.
+    cpu_s: dict[str, float] | None = None
 
 
 @dataclass
@@ -225,8 +228,9 @@ class Bench:
         modes: list[Mode] = [m for m in ("io", "cpu") if any(s.mode == m for s in self.scenarios)]
         with (
             _quiet_spark_logs(),
-            stack.running(stack.StackRequest(self.work_dir, config=config), self.say),
+            stack.running(stack.StackRequest(self.work_dir, config=config), self.say) as up_,
         ):
+            self._control_plane = _control_plane_pids(up_)
             for mode in modes:
                 # One cluster at a time, each in its own dir (its shape differs): 6 idle
                 # workers would only add load to the CPU-mode runs.
@@ -324,6 +328,12 @@ class Bench:
                 )
                 rec.slow_host = slow
             rec.load_before = round(os.getloadavg()[0], 2)
+            roots = cpu.CpuRoots(
+                self._control_plane,
+                tuple(w.pid for w in cluster.state.workers),
+                (spark.sparkContext._gateway.proc.pid,),
+            )
+            cpu_before = roots.sample()
             if contender.tailguard:
                 self._run_tailguard(spark, settings, scenario, contender, data, output, rec)
             else:
@@ -347,6 +357,7 @@ class Bench:
                 rec.lost_copy_s = round(run.lost_copy_s, 3)
                 if scenario.has_slow_node:
                     rec.slow_host_tasks = sum(t.host == slow for t in run.spark_tasks)
+            rec.cpu_s = cpu.used(cpu_before, roots.sample())
         except Exception as err:  # a failed run is reported, the bench goes on
             rec.ok = False
             rec.error = f"{type(err).__name__}: {err}"[:500]
@@ -367,6 +378,8 @@ class Bench:
                 rec.error = "output differs from the pandas reference"
         shutil.rmtree(output, ignore_errors=True)
         return rec
+
+    _control_plane: tuple[int, ...] = ()
 
     def _builder(self, master: str, app: str, contender: Contender, settings: Any) -> Any:
         """The contender's session: UI off for all (the same conditions); the attached one
@@ -554,3 +567,11 @@ def _quiet_spark_logs() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def _control_plane_pids(up_: Any) -> tuple[int, ...]:
+    """The broker's and the services' processes: the control plane whose CPU a run reports."""
+    pids = [up_.broker.pid] if up_.broker is not None else []
+    if up_.services is not None:
+        pids += [service.pid for service in up_.services.running().values()]
+    return tuple(pids)

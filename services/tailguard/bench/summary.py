@@ -85,6 +85,7 @@ def figures(runs: Sequence[Run], scenario: Scenario, io: IoSize = IO_FULL) -> Sc
                 failed=len(mine) - len(ok),
                 load=[float(x["load_after"]) for x in mine if x.get("load_after") is not None],
                 lost_copy_s=[x.get("lost_copy_s") for x in ok],
+                cpu_s=[x.get("cpu_s") for x in ok],
             )
         )
     plain = {c: medians[c] for c in PLAIN_CONTENDERS if c in medians}
