@@ -15,7 +15,7 @@ difference is the job's.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -40,18 +40,23 @@ def trees_cpu_s(roots: Iterable[int], parents: dict[int, int] | None = None) -> 
 
 @dataclass(frozen=True)
 class CpuRoots:
-    """The root processes of each part, as the bench knows them."""
+    """The root processes of each part, as the bench knows them. `named`: the control plane's
+    processes by name (broker, each service), reported each on its own as well."""
 
     control_plane: tuple[int, ...]
     executors: tuple[int, ...]
     driver: tuple[int, ...]
+    named: Mapping[str, int] = field(default_factory=dict)
 
     def sample(self) -> dict[str, float]:
-        """CPU seconds so far, per part (one process table read for all)."""
+        """CPU seconds so far, per part and per named process (one process table read)."""
         tree = parent_map()
-        return {part: trees_cpu_s(getattr(self, part), tree) for part in PARTS}
+        parts = {part: trees_cpu_s(getattr(self, part), tree) for part in PARTS}
+        return parts | {
+            f"control_plane.{name}": trees_cpu_s((pid,), tree) for name, pid in self.named.items()
+        }
 
 
 def used(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
-    """What each part used between two samples, rounded to 10 ms."""
-    return {part: round(after[part] - before[part], 2) for part in PARTS}
+    """What each part (and named process) used between two samples, rounded to 10 ms."""
+    return {key: round(after[key] - before[key], 2) for key in before if key in after}

@@ -201,6 +201,8 @@ class Bench:
         self.runs = runs
         self.say = say
         self.contenders = contenders
+        # The broker's and the services' pids by name, once the stack is up (run()).
+        self._control_plane: dict[str, int] = {}
         self._references: dict[Path, pd.DataFrame] = {}
 
     @property
@@ -329,9 +331,10 @@ class Bench:
                 rec.slow_host = slow
             rec.load_before = round(os.getloadavg()[0], 2)
             roots = cpu.CpuRoots(
-                self._control_plane,
+                tuple(self._control_plane.values()),
                 tuple(w.pid for w in cluster.state.workers),
                 (spark.sparkContext._gateway.proc.pid,),
+                self._control_plane,
             )
             cpu_before = roots.sample()
             if contender.tailguard:
@@ -378,8 +381,6 @@ class Bench:
                 rec.error = "output differs from the pandas reference"
         shutil.rmtree(output, ignore_errors=True)
         return rec
-
-    _control_plane: tuple[int, ...] = ()
 
     def _builder(self, master: str, app: str, contender: Contender, settings: Any) -> Any:
         """The contender's session: UI off for all (the same conditions); the attached one
@@ -569,9 +570,10 @@ def _quiet_spark_logs() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _control_plane_pids(up_: Any) -> tuple[int, ...]:
-    """The broker's and the services' processes: the control plane whose CPU a run reports."""
-    pids = [up_.broker.pid] if up_.broker is not None else []
+def _control_plane_pids(up_: Any) -> dict[str, int]:
+    """The broker's and the services' processes by name: the control plane whose CPU a run
+    reports."""
+    pids = {"broker": up_.broker.pid} if up_.broker is not None else {}
     if up_.services is not None:
-        pids += [service.pid for service in up_.services.running().values()]
-    return tuple(pids)
+        pids |= {name: service.pid for name, service in up_.services.running().items()}
+    return pids
