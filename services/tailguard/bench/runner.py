@@ -23,6 +23,7 @@ from tailguard import observer
 from tailguard.archive import ArchiveReader
 from tailguard.bench import cpu, io_job, plain_spark, report
 from tailguard.bench.scenarios import (
+    ATTACH_POLICY,
     BLOCK_DURATION_KEY,
     CONTENDERS,
     SECOND_JOB,
@@ -396,7 +397,7 @@ class Bench:
             if contender.attach:
                 import tailguard
 
-                conf += tailguard.spark_conf(settings.overrides()).items()
+                conf += tailguard.spark_conf({**settings.overrides(), **ATTACH_POLICY}).items()
             builder = plain_spark.session_builder(master, app, conf)
         if any(c.attach for c in self.contenders):
             # Every session of the bench runs in one driver JVM, started with the first; Spark
