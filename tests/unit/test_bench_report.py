@@ -248,28 +248,26 @@ def test_dispatch_line_and_goals() -> None:
     assert "(goal ≤ 5: NOT met)" in slow and "(goal ≤ 20: NOT met)" in slow
 
 
+def _slow_run(t: float, load: float, cpu: tuple[float, float, float]) -> dict[str, object]:
+    """tailguard+services on io-slow, the slow host blocked, with its CPU by part."""
+    return _run(
+        "io-slow",
+        "tailguard+services",
+        t,
+        blocked_hosts=["127.0.0.7"],
+        load_after=load,
+        cpu_s=dict(zip(report.CPU_PARTS, cpu, strict=True)),
+    )
+
+
 def _io_runs() -> list[dict[str, object]]:
     return [
         _run("io-healthy", "tailguard+services", 12.6, dispatch_ms=[0.5, 1.5]),
         _run("io-healthy", "tailguard (no services)", 13.0, dispatch_ms=[2.5]),
         _run("io-healthy", "pyspark", 12.4),
         _run("io-healthy", "pyspark+speculation", 12.2),
-        _run(
-            "io-slow",
-            "tailguard+services",
-            15.0,
-            blocked_hosts=["127.0.0.7"],
-            load_after=3.0,
-            cpu_s={"control_plane": 4.0, "executors": 50.0, "driver": 2.0},
-        ),
-        _run(
-            "io-slow",
-            "tailguard+services",
-            17.0,
-            blocked_hosts=["127.0.0.7"],
-            load_after=5.0,
-            cpu_s={"control_plane": 6.0, "executors": 70.0, "driver": 3.0},
-        ),
+        _slow_run(15.0, 3.0, (4.0, 50.0, 2.0)),
+        _slow_run(17.0, 5.0, (6.0, 70.0, 3.0)),
         _run("io-slow", "pyspark", 20.0),
         _run("io-slow", "pyspark+speculation", 18.0),
         _run("io-slow", "pyspark", 0.0, ok=False),
