@@ -37,6 +37,7 @@ from tailguard.kafka.broker_state import (
     state_path,
     write_state,
 )
+from tailguard.model.durations import seconds_text
 from tailguard.processes import supervised
 
 LOG_FILE = "broker.log"
@@ -113,7 +114,7 @@ class EmbeddedBroker:
             process.kill()
             process.wait()
             raise BrokerError(
-                f"embedded broker did not become ready in {self.start_timeout_s:.0f} s; "
+                f"embedded broker did not become ready in {seconds_text(self.start_timeout_s)}; "
                 f"see {self.work_dir / LOG_FILE}"
             )
         if process.poll() is not None:
@@ -191,7 +192,8 @@ class EmbeddedBroker:
             return False
         if not supervised.Supervised(state.pid, state.created).stop(timeout_s):
             self.report(
-                f"embedded broker (pid {state.pid}) did not stop in {timeout_s:.0f} s: killed"
+                f"embedded broker (pid {state.pid}) did not stop in {seconds_text(timeout_s)}: "
+                "killed"
             )
         remove_state(self.work_dir, only_pid=state.pid)
         if purge:

@@ -44,6 +44,7 @@ from tailguard.broker.tls import write_owner_only
 from tailguard.jdk import java_path
 from tailguard.kafka.broker_state import KAFKA_MAIN_CLASS, KAFKA_PROPERTIES_FILE
 from tailguard.kafka.topics import TopicSpec, declared_topics
+from tailguard.model.durations import seconds_text
 from tailguard.processes import supervised
 
 KAFKA_DIR = "kafka"
@@ -295,7 +296,7 @@ def await_ready(
             pass
         now = time.monotonic()
         if now - began > timeout_s:
-            raise KafkaServerError(f"the Kafka broker did not answer in {timeout_s:.0f} s")
+            raise KafkaServerError(f"the Kafka broker did not answer in {seconds_text(timeout_s)}")
         if now - said >= progress_every_s:
             report(f"waiting for the Kafka broker (pid {process.pid}): {now - began:.0f} s")
             said = now
@@ -387,7 +388,8 @@ def await_leaders(
                     except KafkaException as err:
                         if time.monotonic() > deadline:
                             raise KafkaServerError(
-                                f"{topic} [{partition}] has no leader after {timeout_s:.0f} s: "
+                                f"{topic} [{partition}] has no leader after "
+                                f"{seconds_text(timeout_s)}: "
                                 f"{err.args[0].str()}"
                             ) from None
                     # Kafka tells nobody when a partition's leader takes it up: ask again soon.

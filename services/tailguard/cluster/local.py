@@ -35,6 +35,7 @@ from typing import Any, Literal
 from tailguard.cluster import slowness
 from tailguard.cluster.netns import NetnsHost
 from tailguard.jdk import java_path
+from tailguard.model.durations import seconds_text
 from tailguard.processes import trees
 from tailguard.processes.supervised import Supervised, create_time, launch, write_json
 
@@ -515,7 +516,7 @@ class LocalCluster:
                 )
             if time.monotonic() >= deadline:
                 raise ClusterError(
-                    f"timed out after {self.start_timeout_s:.0f}s waiting for {what}; see "
+                    f"timed out after {seconds_text(self.start_timeout_s)} waiting for {what}; see "
                     f"{self.work_dir / 'logs'}"
                 )
             time.sleep(0.2)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tailguard.model.durations import seconds_text
 from tailguard.processes import supervised
 from tailguard.shell import instances, stop_report
 from tailguard.system.services import SERVICE_NAMES
@@ -179,7 +180,7 @@ def start(
                 report(f"{name}: ready, metrics at {current[name].metrics_url}/metrics")
                 waiting.discard(name)
         if waiting and time.monotonic() > deadline:
-            raise ServiceError(f"not ready after {timeout_s:.0f} s: {sorted(waiting)}")
+            raise ServiceError(f"not ready after {seconds_text(timeout_s)}: {sorted(waiting)}")
         if waiting:
             time.sleep(0.2)  # polling HTTP health: the services have no other way to call back
     return {n: s for n, s in running(work_dir).items() if s.service in names}
@@ -204,7 +205,7 @@ def stop(
     killed = supervised.stop_all([s.process for s in stopping.values()], timeout_s)
     for name, service in stopping.items():
         if service.pid in killed:
-            report(f"{name}: did not stop within {timeout_s:.0f} s, killed")
+            report(f"{name}: did not stop within {seconds_text(timeout_s)}, killed")
         else:
             left = stop_report.take(services_dir(work_dir), name, service.pid)
             report(f"{name}: {left.describe()}" if left is not None else f"{name}: stopped")

@@ -64,6 +64,7 @@ from tailguard.agent.executor.runner import RunnerConfig, run_partition
 from tailguard.cluster.pinning import pinned_rdd
 from tailguard.filesystems import S3Options
 from tailguard.model.config import Settings
+from tailguard.model.durations import seconds_text
 
 log = logging.getLogger("tailguard.agent.spark")
 
@@ -527,7 +528,7 @@ def _spark_failure(err: BaseException, timeout_s: float) -> str:
     as `Cannot run program "./environment/bin/python"`), or that no executor answered."""
     text = str(err)
     if "cancelled" in text.lower():
-        return f"no executor answered within {timeout_s:.0f} s"
+        return f"no executor answered within {seconds_text(timeout_s)}"
     java = getattr(err, "java_exception", None)
     while java is not None and java.getCause() is not None:
         java = java.getCause()

@@ -21,6 +21,7 @@ from tailguard.agent.executor.sources import discover_splits
 from tailguard.agent.fleet_blocks import apply_fleet_list
 from tailguard.model import records as r
 from tailguard.model.config import SERVICES_KEY, recorded_config
+from tailguard.model.durations import seconds_text
 
 log = logging.getLogger("tailguard.agent")
 
@@ -101,7 +102,7 @@ class Lifecycle:
                 if pool.hosts:
                     return
                 raise RuntimeError(
-                    f"no slot runner connected within {wait_s:.0f} s "
+                    f"no slot runner connected within {seconds_text(wait_s)} "
                     f"({self._runners.lost} runner(s) ended before connecting; see the log)"
                 )
             try:

@@ -43,6 +43,7 @@ import pyarrow.ipc
 
 from tailguard.agent.executor.batches import compact
 from tailguard.agent.executor.storage import Storage
+from tailguard.model.durations import seconds_text
 from tailguard.model.records import InputRange, PartitionRef
 
 PARTITIONS_DIR = "partitions"
@@ -458,7 +459,7 @@ def await_partition(
             raise PartitionMissing(partition, f"stopped waiting for {_name(partition)}: {reason}")
         if time.monotonic() >= deadline:
             raise PartitionMissing(
-                partition, f"{_name(partition)} not complete within {timeout_s:.0f} s"
+                partition, f"{_name(partition)} not complete within {seconds_text(timeout_s)}"
             )
         time.sleep(poll_s)  # polling the shared storage: it has no change notification
 
