@@ -107,6 +107,7 @@ class JobEvents:
         host: str = "h0",
         attempt: int = 0,
         speculative: bool = False,
+        cold: bool = False,
     ) -> AttemptDeploying:
         return AttemptDeploying(
             **self._ids(ts),  # type: ignore[arg-type]
@@ -115,6 +116,7 @@ class JobEvents:
             attempt=attempt,
             host=host,
             speculative=speculative,
+            cold=cold,
         )
 
     def finished(

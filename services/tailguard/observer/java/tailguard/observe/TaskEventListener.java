@@ -89,6 +89,10 @@ public class TaskEventListener extends SparkListener {
     private final Map<Integer, Integer> publishedStages = new HashMap<>();
     private final Set<Long> ignoredTasks = new HashSet<>();
     private long jobsLeftOut;
+    // Executors that have finished a task (any job's, left out or not): a task launched on one
+    // that has not is cold, its time partly the executor's start-up (its JVM's warm-up, its
+    // Python worker's start), which is no evidence against its host.
+    private final Set<String> warmExecutors = new HashSet<>();
 
     public TaskEventListener() {}
 
@@ -274,12 +278,14 @@ public class TaskEventListener extends SparkListener {
             return;
         }
         write("TS", t.launchTime(), t.taskId(), event.stageId(), event.stageAttemptId(), t.index(),
-              t.partitionId(), t.attemptNumber(), t.executorId(), t.host(), t.speculative() ? 1 : 0);
+              t.partitionId(), t.attemptNumber(), t.executorId(), t.host(), t.speculative() ? 1 : 0,
+              warmExecutors.contains(t.executorId()) ? 0 : 1);
     }
 
     @Override
     public void onTaskEnd(SparkListenerTaskEnd event) {
         TaskInfo t = event.taskInfo();
+        if (t.successful()) warmExecutors.add(t.executorId());
         // Its own set, not the stage's: a task may end after its job (a speculative copy).
         if (ignoredTasks.remove(t.taskId())) return;
         TaskMetrics m = event.taskMetrics();  // null when a task failed before it reported any
