@@ -92,6 +92,7 @@ def test_jobs_started_while_ignoring_are_left_out(
 
     spark = tailguard_local_spark
     sc = spark.sparkContext
+    _job(spark)  # before the listener: its executor has finished tasks, so it starts warm
     observation = tailguard.observe(
         spark, {"tailguard.observe.log-mode": "archive", "tailguard.archive-dir": str(tmp_path)}
     )
@@ -133,3 +134,6 @@ def test_jobs_started_while_ignoring_are_left_out(
     # Nothing of the ignored jobs' tasks either: every attempt belongs to a published job.
     attempts = {x.job_id for x in records if isinstance(x, r.AttemptDeploying | r.AttemptFinished)}
     assert attempts <= expected and attempts
+    # The executor had finished tasks before the listener was added: none of its attempts is
+    # cold (the listener learns that from Spark's status store when it attaches).
+    assert not any(x.cold for x in records if isinstance(x, r.AttemptDeploying))

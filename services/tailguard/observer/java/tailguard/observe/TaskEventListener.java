@@ -148,6 +148,12 @@ public class TaskEventListener extends SparkListener {
         write("X", time, executorId, host, cores);
     }
 
+    /** An executor that registered before the listener; `warm`: it has finished a task. */
+    public void executor(long time, String executorId, String host, int cores, boolean warm) {
+        if (warm) warmExecutors.add(executorId);
+        executor(time, executorId, host, cores);
+    }
+
     /** Ends the stream and waits for the relay to publish what it holds; its exit status. */
     public synchronized int finish(long time, long timeoutMs) throws InterruptedException {
         write("E", time);
