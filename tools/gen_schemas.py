@@ -186,8 +186,8 @@ FIELD_DOCS: dict[str, str] = {
         "Started cold (its executor's start-up in its time): no evidence against its host."
     ),
     "AttemptDeploying.cold": (
-        "Started on an executor that had finished no task yet: its time is no evidence against "
-        "the host."
+        "Started on an executor that had finished no task yet while another had (it joined "
+        "late): its time is no evidence against the host."
     ),
     "hosts": "Hosts concerned.",
     "SlowTasksDetected.hosts": "Hosts registered with the job at detection time.",

@@ -288,9 +288,9 @@ class AttemptDeploying(Event):
     host: str
     speculative: bool = False
     command_id: str | None = None
-    # Started on an executor that had finished no task yet (attach mode: Spark's executors
-    # start with the application, and a first task pays the JVM's and the Python worker's
-    # start-up). Its time is no evidence against the host.
+    # Started on an executor that had finished no task yet while another executor had (attach
+    # mode: it joined late, and its first task pays the JVM's and the Python worker's start-up,
+    # which its peers no longer do). Its time is no evidence against the host.
     cold: bool = False
 
 

@@ -14,7 +14,7 @@ The mapping:
   (`decided_by="spark"`); its parent stages: ALL_TO_ALL edges (a shuffle);
 - a task (its partition): a subtask; a task attempt (`TaskInfo`): an attempt, numbered per
   subtask in launch order, speculative as Spark says, cold when its executor had finished no
-  task yet (the listener keeps that, counting the tasks of jobs left out);
+  task yet while another had (the listener keeps that, counting the tasks of jobs left out);
 - an executor's host: a node;
 - a task's end: `AttemptFinished` (success), `AttemptCanceled` (killed), `AttemptFailed`;
 - a running task's reads so far, from its executor's heartbeat: `AttemptProgress` (bytes and
@@ -313,8 +313,9 @@ class SparkEventTranslator:
         ts, task, stage, stage_attempt = int(f[0]), int(f[1]), int(f[2]), int(f[3])
         index, partition, executor, host = int(f[4]), int(f[5]), f[7], f[8]
         speculative = f[9] == "1"
-        # Launched on an executor that had finished no task yet (the listener's view, left-out
-        # jobs' tasks included); a listener older than the field sends none.
+        # Launched on an executor that had finished no task yet while another had (the
+        # listener's view, left-out jobs' tasks included); a listener older than the field
+        # sends none.
         cold = len(f) > 10 and f[10] == "1"
         job = self._stage_job.get(stage)
         parallelism = self._stage_tasks.get(stage, 0)

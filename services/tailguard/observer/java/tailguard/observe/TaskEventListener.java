@@ -89,9 +89,11 @@ public class TaskEventListener extends SparkListener {
     private final Map<Integer, Integer> publishedStages = new HashMap<>();
     private final Set<Long> ignoredTasks = new HashSet<>();
     private long jobsLeftOut;
-    // Executors that have finished a task (any job's, left out or not): a task launched on one
-    // that has not is cold, its time partly the executor's start-up (its JVM's warm-up, its
-    // Python worker's start), which is no evidence against its host.
+    // Executors that have finished a task (any job's, left out or not). A task launched on one
+    // that has not, while another has, is cold: its executor joined late, and its time holds a
+    // start-up (the JVM's warm-up, the Python worker's start) its peers no longer pay, which is
+    // no evidence against its host. The first wave of an application, whose executors start
+    // together, is compared like with like and is not cold.
     private final Set<String> warmExecutors = new HashSet<>();
 
     public TaskEventListener() {}
@@ -285,7 +287,7 @@ public class TaskEventListener extends SparkListener {
         }
         write("TS", t.launchTime(), t.taskId(), event.stageId(), event.stageAttemptId(), t.index(),
               t.partitionId(), t.attemptNumber(), t.executorId(), t.host(), t.speculative() ? 1 : 0,
-              warmExecutors.contains(t.executorId()) ? 0 : 1);
+              warmExecutors.isEmpty() || warmExecutors.contains(t.executorId()) ? 0 : 1);
     }
 
     @Override
