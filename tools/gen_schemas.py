@@ -182,13 +182,6 @@ FIELD_DOCS: dict[str, str] = {
     "baseline_ns_per_byte": "Baseline time per input byte in ns; null when input sizes unknown.",
     "slow": "The slow subtasks; empty: the vertex has no slow subtask any more.",
     "SlowAttempt.slow": "Whether this live attempt met the slow rule itself (blockable host).",
-    "SlowAttempt.cold": (
-        "Started cold (its executor's start-up in its time): no evidence against its host."
-    ),
-    "AttemptDeploying.cold": (
-        "Started on an executor that had finished no task yet while another had (it joined "
-        "late): its time is no evidence against the host."
-    ),
     "hosts": "Hosts concerned.",
     "SlowTasksDetected.hosts": "Hosts registered with the job at detection time.",
     "slow_hosts": "Hosts found slow at this check by the slow-host rule (block at once).",

@@ -182,7 +182,7 @@ def test_the_deciders_ranges_plan_a_submitted_jobs_groupby_and_join_on_the_clust
     conf["spark.driver.host"] = conf["spark.driver.bindAddress"] = "127.0.0.1"
     rows, customers = 2_000_000, 50_000
     done = spark_submit(planned_job(rows, customers), tmp_path, conf, master=cluster.master_url)
-    archive = assert_planned(done, tmp_path, rows, customers, one_executor=False)
+    archive = assert_planned(done, tmp_path, rows, customers)
     report = replay(read_archive(archive, services.settings), services.settings)
     assert report.differences == 0, [s.line() for s in report.services] + report.notes(10)
 

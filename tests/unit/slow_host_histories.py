@@ -41,11 +41,6 @@ class Job:
     # Each attempt reads its whole input at once (one batch), then processes it: its reports
     # say "all read" from the first one (the bench's I/O job: one split, one batch).
     front_loaded: bool = False
-    # Hosts whose first attempt starts cold (a Spark executor's first task: its start-up in
-    # its time), taking `cold_factor` times as long; `mark_cold`: whether the events say so.
-    cold_first: frozenset[int] = frozenset()
-    cold_factor: float = 1.0
-    mark_cold: bool = True
 
 
 @dataclass
@@ -90,7 +85,6 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
         return job.host_factor[host]
 
     blocked_until: dict[str, int] = {}
-    started: set[str] = set()  # hosts that have had an attempt
     n = len(job.task_bytes)
     emit(ev.submitted((source("v", job.task_bytes),), config=config))
     for host in hosts[:: job.slots]:
@@ -110,12 +104,8 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
             task = pending.pop(0)
             free.remove(host)
             per_byte = job.ms_per_mb * job.task_factor[task] * factor(host, now) / MB
-            cold = host // job.slots in job.cold_first and hosts[host] not in started
-            started.add(hosts[host])
-            if cold:
-                per_byte *= job.cold_factor
             running[host] = (task, now, per_byte)
-            emit(ev.deploying("v", task, now, hosts[host], cold=cold and job.mark_cold))
+            emit(ev.deploying("v", task, now, hosts[host]))
 
     place(0)
     now = 0

@@ -107,7 +107,6 @@ class JobEvents:
         host: str = "h0",
         attempt: int = 0,
         speculative: bool = False,
-        cold: bool = False,
     ) -> AttemptDeploying:
         return AttemptDeploying(
             **self._ids(ts),  # type: ignore[arg-type]
@@ -116,7 +115,6 @@ class JobEvents:
             attempt=attempt,
             host=host,
             speculative=speculative,
-            cold=cold,
         )
 
     def finished(

@@ -154,25 +154,6 @@ def test_attempts_within_the_noise_are_no_evidence_against_their_host() -> None:
     assert blocks(every.handle(noisy)) == [(("h1",), MIN)]
 
 
-def test_a_cold_attempt_is_no_evidence_unless_the_rule_is_flip_168s() -> None:
-    # Far beyond the noise (50x the median per byte) but started cold: its executor's start-up
-    # is in its time. The same attempts warm block h1; FLIP-168's rule counts every one.
-    slow = _per_byte_finding(0, (500_000, 100), (500_000, 100))
-    cold = dataclasses.replace(
-        slow,
-        slow=tuple(
-            dataclasses.replace(
-                s, live_attempts=tuple(dataclasses.replace(a, cold=True) for a in s.live_attempts)
-            )
-            for s in slow.slow
-        ),
-    )
-    assert BlocklistTracker(Settings()).handle(cold) == []
-    assert blocks(BlocklistTracker(Settings()).handle(slow)) == [(("h1",), MIN)]
-    flip_168 = {**FLIP168, "blocklist.evidence-slowdown": "0"}
-    assert blocks(BlocklistTracker(Settings(flip_168)).handle(cold)) == [(("h1",), MIN)]
-
-
 def test_without_sizes_the_slowdown_is_in_time() -> None:
     # baseline_ms 1000 at multiplier 1.5: a median of 667 ms; 1,200 ms is 1.8x, 1,400 ms 2.1x.
     def finding(ms: int) -> SlowTasksDetected:

@@ -51,25 +51,6 @@ def test_a_slow_host_that_read_its_input_at_once_is_found_once_it_runs_past_its_
     assert "h5" in run.blocked()
 
 
-@pytest.mark.parametrize("front_loaded", [False, True])
-def test_an_executor_that_starts_cold_is_not_taken_for_a_slow_host(front_loaded: bool):
-    # h5's first attempt pays its executor's start-up (5x as long), as a Spark executor that
-    # joined late does; the rest of the cluster is healthy. Marked cold, it is no evidence:
-    # nothing is found or blocked. Not marked, the same history condemns h5.
-    job = dataclasses.replace(
-        FIVE_X,
-        host_factor=(1,) * 6,
-        cold_first=frozenset({5}),
-        cold_factor=5.0,
-        front_loaded=front_loaded,
-    )
-    run = run_job(job)
-    assert not run.blocked() and all(not f.slow_hosts for f in run.findings)
-    unmarked = run_job(dataclasses.replace(job, mark_cold=False))
-    assert "h5" in {h for f in unmarked.findings for h in f.slow_hosts}
-    assert "h5" in unmarked.blocked()
-
-
 def test_noise_in_a_job_that_reads_its_input_at_once_finds_nothing():
     noise = tuple(0.7 + 0.6 * ((7 * t) % 11) / 10 for t in range(36))  # 0.7 .. 1.3
     job = Job(

@@ -63,8 +63,6 @@ def test_parquet_has_typed_columns_per_record_type(tmp_path: Path, demo_entries:
             "host": "127.0.0.2",
             "speculative": True,
             "command_id": DEMO_LAUNCH,
-            # A field added since the archive was written (v9) reads with its default.
-            "cold": False,
         }
     ]
     # A row has its own type's column only.

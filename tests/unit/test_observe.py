@@ -130,23 +130,6 @@ JE|2600|0|SUCCEEDED
     assert isinstance(events[-1], r.JobFinished) and events[-1].status is r.JobStatus.SUCCEEDED
 
 
-def test_a_task_the_listener_marks_cold_is_a_cold_attempt() -> None:
-    # The listener's last TS field: 1 when the executor had finished no task yet. A listener
-    # older than the field sends none: warm.
-    events = translate(
-        HISTORY.replace("TS|1000|13|0|0|3|3|0|2|b|0", "TS|1000|13|0|0|3|3|0|2|b|0|1")
-        + "TS|1300|14|1|0|0|0|0|1|a|0|0\n"
-    )
-    cold = {(e.vertex, e.subtask): e.cold for e in events if isinstance(e, r.AttemptDeploying)}
-    assert cold == {
-        ("stage-0", 0): False,
-        ("stage-0", 1): False,
-        ("stage-0", 2): False,
-        ("stage-0", 3): True,
-        ("stage-1", 0): False,
-    }
-
-
 def test_a_heartbeat_reports_a_running_tasks_reads_as_progress() -> None:
     events = translate(
         HISTORY

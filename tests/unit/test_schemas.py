@@ -175,7 +175,6 @@ RELEASED_DIGESTS = {
     "v6": "7691d83bfcd26bd0",
     "v7": "0318ba1e2ff96e3e",
     "v8": "703b11adc43edf48",
-    "v9": "4580b78d2d8e864c",
 }
 
 

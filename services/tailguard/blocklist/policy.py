@@ -14,10 +14,6 @@ evidence that points at the host rather than at the task:
 - **Beyond the noise:** a slow attempt is evidence only at `blocklist.evidence-slowdown` times
   its vertex's median (per byte when known): FLIP-168 calls 1.5x slow, and ±30% noise alone
   spreads attempts up to 1.86x apart.
-- **Not a cold start:** an attempt that started cold (`SlowAttempt.cold`: on a Spark executor
-  that had finished no task yet while another had, in attach mode) is no evidence: its time
-  holds a start-up its peers no longer pay, and an executor that joined late would otherwise
-  read as a slow host. Its copy may still win (the speculator copies it).
 - **Block** once a host has `blocklist.min-slow-attempts` pieces of evidence, until the
   finding's time plus `execution.batch.speculative.block-slow-node-duration`; new evidence
   extends the block, re-emitted only once the extension reaches half the duration (the detector
@@ -131,11 +127,7 @@ def _against_host(attempt: SlowAttempt, finding: SlowTasksDetected, rule: BlockR
     # up to 1.3 / 0.7 = 1.86x apart: a host that is merely on the slow side of the noise would
     # collect evidence. Only an attempt beyond the noise counts against its host.
     if rule.evidence_slowdown <= 0:
-        return True  # FLIP-168's rule: every slow attempt's host, cold or not
-    if attempt.cold:
-        # Started on an executor that had finished nothing while its peers had: its time holds
-        # a start-up they no longer pay (an executor that joined the application late).
-        return False
+        return True
     seen = slowdown(attempt, finding, rule.multiplier)
     return seen is None or seen >= rule.evidence_slowdown
 

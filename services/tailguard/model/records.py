@@ -188,9 +188,6 @@ class SlowAttempt:
     # Whether this live attempt met the slow rule itself. A slow subtask lists all its live
     # attempts (the speculator must count them), but only the slow ones' hosts may be blocked.
     slow: bool = True
-    # Started cold (`AttemptDeploying.cold`): its time says nothing of its host, so it is no
-    # evidence against it; a copy of it may still win.
-    cold: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,10 +285,6 @@ class AttemptDeploying(Event):
     host: str
     speculative: bool = False
     command_id: str | None = None
-    # Started on an executor that had finished no task yet while another executor had (attach
-    # mode: it joined late, and its first task pays the JVM's and the Python worker's start-up,
-    # which its peers no longer do). Its time is no evidence against the host.
-    cold: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -177,14 +177,12 @@ def start_listener(sc: Any, listener: Any) -> str:
     app_id: str = sc.applicationId
     now = int(time.time() * 1000)
     listener.attached(now, app_id, sc.appName)
-    # Executors that registered before the listener: their hosts are the nodes of every job,
-    # and one that has finished a task already is warm (its next tasks are not cold).
+    # Executors that registered before the listener: their hosts are the nodes of every job.
     executors = jsc.sc().statusStore().executorList(True)
     for i in range(executors.size()):
         summary = executors.apply(i)
         host = summary.hostPort().rsplit(":", 1)[0]
-        warm = summary.completedTasks() > 0
-        listener.executor(now, summary.id(), host, summary.totalCores(), warm)
+        listener.executor(now, summary.id(), host, summary.totalCores())
     jsc.sc().addSparkListener(listener)
     return app_id
 

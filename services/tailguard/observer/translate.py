@@ -13,8 +13,7 @@ The mapping:
 - a stage: a vertex `stage-<id>`, parallelism fixed at the stage's task count
   (`decided_by="spark"`); its parent stages: ALL_TO_ALL edges (a shuffle);
 - a task (its partition): a subtask; a task attempt (`TaskInfo`): an attempt, numbered per
-  subtask in launch order, speculative as Spark says, cold when its executor had finished no
-  task yet while another had (the listener keeps that, counting the tasks of jobs left out);
+  subtask in launch order, speculative as Spark says;
 - an executor's host: a node;
 - a task's end: `AttemptFinished` (success), `AttemptCanceled` (killed), `AttemptFailed`;
 - a running task's reads so far, from its executor's heartbeat: `AttemptProgress` (bytes and
@@ -313,10 +312,6 @@ class SparkEventTranslator:
         ts, task, stage, stage_attempt = int(f[0]), int(f[1]), int(f[2]), int(f[3])
         index, partition, executor, host = int(f[4]), int(f[5]), f[7], f[8]
         speculative = f[9] == "1"
-        # Launched on an executor that had finished no task yet while another had (the
-        # listener's view, left-out jobs' tasks included); a listener older than the field
-        # sends none.
-        cold = len(f) > 10 and f[10] == "1"
         job = self._stage_job.get(stage)
         parallelism = self._stage_tasks.get(stage, 0)
         # The partition is the subtask; a job that computes only some partitions (take, first)
@@ -343,7 +338,6 @@ class SparkEventTranslator:
                 attempt=attempt,
                 host=host,
                 speculative=speculative,
-                cold=cold,
             )
         )
         return out

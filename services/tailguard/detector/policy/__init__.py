@@ -113,9 +113,6 @@ class _LiveAttempt:
     host: str
     speculative: bool
     deploying_ts: int
-    # Started cold (`AttemptDeploying.cold`): judged for speculation, but neither evidence
-    # about its host nor a peer of other attempts for the slow-host rule.
-    cold: bool = False
     # The last AttemptProgress, for the progress-rate and slow-host rules.
     progress: Progress | None = None
     # Reports with bytes read: the slow-host rule judges an attempt from `min-reports` of them.
@@ -311,7 +308,7 @@ class SlowTaskDetector:
         return vertex
 
     def _deploying(self, event: AttemptDeploying, vertex: _VertexState) -> None:
-        live = _LiveAttempt(event.attempt, event.host, event.speculative, event.ts, event.cold)
+        live = _LiveAttempt(event.attempt, event.host, event.speculative, event.ts)
         vertex.live.setdefault(event.subtask, {})[event.attempt] = live
         vertex.live_by_age.pop((event.subtask, event.attempt), None)  # a repeat moves to the end
         vertex.reporting.pop((event.subtask, event.attempt), None)  # ...and starts unreported
@@ -353,9 +350,7 @@ class SlowTaskDetector:
             if size is not None:
                 key = time_per_byte(execution_ms, size)
                 vertex.per_byte.add(key, event.subtask, (execution_ms, size))
-                if size > 0 and not live.cold:
-                    # A cold attempt's time is partly its executor's start-up: not a rate of
-                    # its host, nor a reference for the others.
+                if size > 0:
                     median = vertex.finished_per_byte.median()
                     if median:
                         job.last_finished_slowdown[live.host] = execution_ms / size / median
@@ -464,7 +459,7 @@ class SlowTaskDetector:
             drained: list[tuple[str, float, int]] = []
             for (subtask, _), live in vertex.reporting.items():
                 p = live.progress
-                if p is None or subtask in vertex.done or live.cold:
+                if p is None or subtask in vertex.done:
                     continue
                 total = p.bytes_total
                 if total is None:
@@ -625,7 +620,7 @@ class SlowTaskDetector:
         running: list[float] = []
         for (subtask, _), live in vertex.live_by_age.items():
             p = live.progress
-            if p is None or p.bytes_read <= 0 or subtask in vertex.done or live.cold:
+            if p is None or p.bytes_read <= 0 or subtask in vertex.done:
                 continue
             elapsed = p.ts - live.deploying_ts
             if elapsed >= rule.min_elapsed_ms:
@@ -646,7 +641,7 @@ class SlowTaskDetector:
             if now - live.deploying_ts < rule.min_elapsed_ms:
                 break  # deploying order: the rest are younger
             p = live.progress
-            if p is None or p.bytes_read <= 0 or subtask in vertex.done or live.cold:
+            if p is None or p.bytes_read <= 0 or subtask in vertex.done:
                 continue
             per_byte = (p.ts - live.deploying_ts) / p.bytes_read
             peers.setdefault(live.host, []).append((subtask, attempt, per_byte / tau))
@@ -759,9 +754,7 @@ class SlowTaskDetector:
             slow = slow or live.host in slow_hosts
             any_slow = any_slow or slow
             entries.append(
-                SlowAttempt(
-                    live.attempt, live.host, execution_ms, size, live.speculative, slow, live.cold
-                )
+                SlowAttempt(live.attempt, live.host, execution_ms, size, live.speculative, slow)
             )
         if not any_slow:
             return None

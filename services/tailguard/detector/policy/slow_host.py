@@ -12,10 +12,6 @@ keeps up with the hosts running the same vertex. This rule compares those rates.
   `slow-task-detector.slow-host.min-reports` reports with bytes read (its rate is then an
   average over that many intervals, not one report's jitter); reports with nothing read yet do
   not count (a worker still starting is not measured).
-- **A cold attempt** (`AttemptDeploying.cold`: started on a Spark executor that had finished
-  no task yet while another had) is left out: its time holds a start-up its peers no longer
-  pay, which says nothing of the host's rate. It is no evidence, no peer and no finished
-  reference.
 - **Its peers**: the judged running attempts of its vertex on *other* hosts, or the vertex's
   finished attempts when those are more numerous. Their **median** time per byte is the
   reference: the median does not move however slow a minority of peers (the slow host's other

@@ -89,12 +89,6 @@ public class TaskEventListener extends SparkListener {
     private final Map<Integer, Integer> publishedStages = new HashMap<>();
     private final Set<Long> ignoredTasks = new HashSet<>();
     private long jobsLeftOut;
-    // Executors that have finished a task (any job's, left out or not). A task launched on one
-    // that has not, while another has, is cold: its executor joined late, and its time holds a
-    // start-up (the JVM's warm-up, the Python worker's start) its peers no longer pay, which is
-    // no evidence against its host. The first wave of an application, whose executors start
-    // together, is compared like with like and is not cold.
-    private final Set<String> warmExecutors = new HashSet<>();
 
     public TaskEventListener() {}
 
@@ -148,12 +142,6 @@ public class TaskEventListener extends SparkListener {
 
     public void executor(long time, String executorId, String host, int cores) {
         write("X", time, executorId, host, cores);
-    }
-
-    /** An executor that registered before the listener; `warm`: it has finished a task. */
-    public void executor(long time, String executorId, String host, int cores, boolean warm) {
-        if (warm) warmExecutors.add(executorId);
-        executor(time, executorId, host, cores);
     }
 
     /** Ends the stream and waits for the relay to publish what it holds; its exit status. */
@@ -286,14 +274,12 @@ public class TaskEventListener extends SparkListener {
             return;
         }
         write("TS", t.launchTime(), t.taskId(), event.stageId(), event.stageAttemptId(), t.index(),
-              t.partitionId(), t.attemptNumber(), t.executorId(), t.host(), t.speculative() ? 1 : 0,
-              warmExecutors.isEmpty() || warmExecutors.contains(t.executorId()) ? 0 : 1);
+              t.partitionId(), t.attemptNumber(), t.executorId(), t.host(), t.speculative() ? 1 : 0);
     }
 
     @Override
     public void onTaskEnd(SparkListenerTaskEnd event) {
         TaskInfo t = event.taskInfo();
-        if (t.successful()) warmExecutors.add(t.executorId());
         // Its own set, not the stage's: a task may end after its job (a speculative copy).
         if (ignoredTasks.remove(t.taskId())) return;
         TaskMetrics m = event.taskMetrics();  // null when a task failed before it reported any
