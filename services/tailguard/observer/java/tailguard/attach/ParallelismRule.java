@@ -71,8 +71,9 @@ public final class ParallelismRule extends Rule<SparkPlan> {
             if (actuator == null || !actuator.plansQueryStages()) return plan;
             // A job left out of what is published (its thread's local property): the decider
             // hears nothing of it, so it has nothing to decide.
-            String ignore = session.sparkContext().getLocalProperty(TaskEventListener.IGNORE);
-            if (ignore != null && "true".equalsIgnoreCase(ignore.trim())) return plan;
+            if (TaskEventListener.ignored(session.sparkContext().getLocalProperty(TaskEventListener.IGNORE))) {
+                return plan;
+            }
             Map<String, List<Read>> groups = new LinkedHashMap<>();
             collect(plan, groups);
             if (groups.isEmpty()) return plan;

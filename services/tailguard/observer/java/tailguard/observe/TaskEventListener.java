@@ -8,7 +8,6 @@ import java.io.InputStreamReader;
 import java.io.OutputStreamWriter;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
-import java.util.HashMap;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
@@ -28,6 +27,8 @@ import org.apache.spark.scheduler.SparkListenerExecutorMetricsUpdate;
 import org.apache.spark.scheduler.SparkListenerExecutorRemoved;
 import org.apache.spark.scheduler.SparkListenerJobEnd;
 import org.apache.spark.scheduler.SparkListenerJobStart;
+import org.apache.spark.scheduler.SparkListenerStageCompleted;
+import org.apache.spark.scheduler.SparkListenerStageSubmitted;
 import org.apache.spark.scheduler.SparkListenerTaskEnd;
 import org.apache.spark.scheduler.SparkListenerTaskStart;
 import org.apache.spark.scheduler.StageInfo;
@@ -80,21 +81,25 @@ public class TaskEventListener extends SparkListener {
     private long busNanos;
     private long events;
     private Actuator actuator;
-    // The running jobs' stages, left out (IGNORE) or published, each stage with the number of
-    // such jobs that hold it, and the left-out tasks: Spark posts every event on its one
+    // What is left out (IGNORE): running jobs, running stages and their tasks. A stage runs
+    // under the local properties of the job that submitted it (Spark's rule for a stage two
+    // jobs share), so it is left out with that job. Spark posts every event on its one
     // listener-bus thread, so these need no lock of their own.
-    private final Map<Integer, int[]> jobStages = new HashMap<>();
     private final Set<Integer> ignoredJobs = new HashSet<>();
-    private final Map<Integer, Integer> ignoredStages = new HashMap<>();
-    private final Map<Integer, Integer> publishedStages = new HashMap<>();
+    private final Set<Integer> ignoredStages = new HashSet<>();
     private final Set<Long> ignoredTasks = new HashSet<>();
     private long jobsLeftOut;
 
     public TaskEventListener() {}
 
-    /** Whether a job with these local properties is left out of what is published. */
+    /** Whether a job or stage with these local properties is left out of what is published. */
     public static boolean ignored(Properties properties) {
-        return properties != null && "true".equalsIgnoreCase(properties.getProperty(IGNORE, "").trim());
+        return properties != null && ignored(properties.getProperty(IGNORE));
+    }
+
+    /** Whether IGNORE's value (null: not set) leaves work out. */
+    public static boolean ignored(String value) {
+        return value != null && "true".equalsIgnoreCase(value.trim());
     }
 
     /** The spark.extraListeners form: settings are the spark.tailguard.* keys (prefix dropped). */
@@ -229,20 +234,10 @@ public class TaskEventListener extends SparkListener {
     @Override
     public void onJobStart(SparkListenerJobStart event) {
         List<StageInfo> stages = JavaConverters.seqAsJavaList(event.stageInfos());
-        boolean leftOut = ignored(event.properties());
-        int[] ids = new int[stages.size()];
-        for (int i = 0; i < ids.length; i++) ids[i] = stages.get(i).stageId();
-        jobStages.put(event.jobId(), ids);
-        if (leftOut) {
+        if (ignored(event.properties())) {
             ignoredJobs.add(event.jobId());
             jobsLeftOut++;
-            // A stage a published job also holds (a shared shuffle) stays published.
-            for (int id : ids) if (!publishedStages.containsKey(id)) ignoredStages.merge(id, 1, Integer::sum);
             return;
-        }
-        for (int id : ids) {
-            publishedStages.merge(id, 1, Integer::sum);
-            ignoredStages.remove(id);
         }
         write("J", event.time(), event.jobId(), stages.size());
         for (StageInfo stage : stages) {
@@ -257,19 +252,25 @@ public class TaskEventListener extends SparkListener {
 
     @Override
     public void onJobEnd(SparkListenerJobEnd event) {
-        int[] ids = jobStages.remove(event.jobId());
-        boolean leftOut = ignoredJobs.remove(event.jobId());
-        Map<Integer, Integer> held = leftOut ? ignoredStages : publishedStages;
-        if (ids != null) for (int id : ids) held.computeIfPresent(id, (k, n) -> n > 1 ? n - 1 : null);
-        if (leftOut) return;
+        if (ignoredJobs.remove(event.jobId())) return;
         boolean ok = event.jobResult() == JobSucceeded$.MODULE$;
         write("JE", event.time(), event.jobId(), ok ? "SUCCEEDED" : "FAILED");
     }
 
     @Override
+    public void onStageSubmitted(SparkListenerStageSubmitted event) {
+        if (ignored(event.properties())) ignoredStages.add(event.stageInfo().stageId());
+    }
+
+    @Override
+    public void onStageCompleted(SparkListenerStageCompleted event) {
+        ignoredStages.remove(event.stageInfo().stageId());
+    }
+
+    @Override
     public void onTaskStart(SparkListenerTaskStart event) {
         TaskInfo t = event.taskInfo();
-        if (ignoredStages.containsKey(event.stageId())) {
+        if (ignoredStages.contains(event.stageId())) {
             ignoredTasks.add(t.taskId());
             return;
         }
