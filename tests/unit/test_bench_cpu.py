@@ -29,7 +29,7 @@ def _spawn() -> subprocess.Popen[str]:
 def test_a_parts_cpu_counts_its_reaped_children_and_nothing_outside_it() -> None:
     inside, outside = _spawn(), _spawn()
     try:
-        roots = cpu.CpuRoots(control_plane=(inside.pid,), executors=(), driver=())
+        roots = cpu.CpuRoots(control_plane={"inside": inside.pid}, executors=(), driver=())
         before = roots.sample()
         for proc in (inside, outside):
             assert proc.stdin is not None
@@ -41,7 +41,8 @@ def test_a_parts_cpu_counts_its_reaped_children_and_nothing_outside_it() -> None
     finally:
         for proc in (inside, outside):
             proc.communicate("")
-    assert set(used) == set(cpu.PARTS)
+    assert set(used) == {*cpu.PARTS, "control_plane.inside"}
     # The grandchild's 0.5 s (and its interpreter's start) counts; `outside`'s does not.
     assert 0.45 <= used["control_plane"] <= 1.2, used
+    assert used["control_plane.inside"] == used["control_plane"]
     assert used["executors"] == used["driver"] == 0.0

@@ -15,12 +15,15 @@ difference is the job's.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psutil
 
 from tailguard.bench.report import CPU_PARTS as PARTS
 from tailguard.processes.trees import descendants, parent_map
+
+# The parts `CpuRoots.sample` reports, as the report's table reads them.
+__all__ = ["PARTS", "CpuRoots", "trees_cpu_s", "used"]
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -40,20 +43,26 @@ def trees_cpu_s(roots: Iterable[int], parents: dict[int, int] | None = None) -> 
 
 @dataclass(frozen=True)
 class CpuRoots:
-    """The root processes of each part, as the bench knows them. `named`: the control plane's
-    processes by name (broker, each service), reported each on its own as well."""
+    """The root processes of each part, as the bench knows them: the control plane's by name
+    (the broker, each service), each reported on its own as well as in the part's total."""
 
-    control_plane: tuple[int, ...]
+    control_plane: Mapping[str, int]
     executors: tuple[int, ...]
     driver: tuple[int, ...]
-    named: Mapping[str, int] = field(default_factory=dict)
 
     def sample(self) -> dict[str, float]:
-        """CPU seconds so far, per part and per named process (one process table read)."""
+        """CPU seconds so far, per part and per control-plane process (one process table
+        read; each tree walked once)."""
         tree = parent_map()
-        parts = {part: trees_cpu_s(getattr(self, part), tree) for part in PARTS}
-        return parts | {
-            f"control_plane.{name}": trees_cpu_s((pid,), tree) for name, pid in self.named.items()
+        named = {
+            f"control_plane.{name}": trees_cpu_s((pid,), tree)
+            for name, pid in self.control_plane.items()
+        }
+        return {
+            "control_plane": sum(named.values()),
+            "executors": trees_cpu_s(self.executors, tree),
+            "driver": trees_cpu_s(self.driver, tree),
+            **named,
         }
 
 

@@ -332,10 +332,9 @@ class Bench:
                 rec.slow_host = slow
             rec.load_before = round(os.getloadavg()[0], 2)
             roots = cpu.CpuRoots(
-                tuple(self._control_plane.values()),
+                self._control_plane,
                 tuple(w.pid for w in cluster.state.workers),
                 (spark.sparkContext._gateway.proc.pid,),
-                self._control_plane,
             )
             cpu_before = roots.sample()
             if contender.tailguard:
