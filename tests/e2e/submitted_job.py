@@ -13,7 +13,7 @@ from pathlib import Path
 from tailguard.archive import ArchiveReader
 from tailguard.model import records as r
 from tailguard.observer.query_plans import PLAN_VERTEX, shuffle_vertex
-from tailguard.observer.translate import observed_job_id
+from tailguard.observer.translate import is_plan_job, observed_job_id
 
 SUBMITTED_JOB = """
 from pyspark.sql import SparkSession, functions as F
@@ -117,11 +117,11 @@ def assert_planned(
     assert not any(
         v.name == shuffle_vertex(0)
         for x in records
-        if isinstance(x, r.JobSubmitted) and "-job-plan-" in x.job_id
+        if isinstance(x, r.JobSubmitted) and is_plan_job(x.job_id)
         for v in x.graph.vertices
     ), "the left-out warm-up's shuffle was planned"
     plans = {
-        x.job_id: x for x in records if isinstance(x, r.JobSubmitted) and "-job-plan-" in x.job_id
+        x.job_id: x for x in records if isinstance(x, r.JobSubmitted) and is_plan_job(x.job_id)
     }
     decisions = {
         x.job_id: x

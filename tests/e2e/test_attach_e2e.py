@@ -29,6 +29,7 @@ from tests.e2e.submitted_job import (
 import tailguard
 from tailguard.archive import ArchiveReader
 from tailguard.model import records as r
+from tailguard.observer.translate import is_plan_job
 from tailguard.replay.engine import replay
 from tailguard.replay.inputs import read_archive
 from tailguard.testing import Harness, run_settings
@@ -212,9 +213,7 @@ def test_the_spark_submit_form_attaches_with_no_code_in_the_job(
     [archive] = (tmp_path / "archive").glob("*.avro")
     records = [e.record for e in ArchiveReader(archive)]
     # The Spark jobs, not the query-stage plans the decider was asked about.
-    submitted = [
-        x for x in records if isinstance(x, r.JobSubmitted) and "-job-plan-" not in x.job_id
-    ]
+    submitted = [x for x in records if isinstance(x, r.JobSubmitted) and not is_plan_job(x.job_id)]
     assert submitted and all(x.name.startswith("plain-job (Spark job") for x in submitted)
-    ended = [x for x in records if isinstance(x, r.JobFinished) and "-job-plan-" not in x.job_id]
+    ended = [x for x in records if isinstance(x, r.JobFinished) and not is_plan_job(x.job_id)]
     assert len(ended) == len(submitted)

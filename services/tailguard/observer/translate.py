@@ -46,6 +46,7 @@ __all__ = [
     "ObserveError",
     "RunningTask",
     "SparkEventTranslator",
+    "is_plan_job",
     "observed_job_id",
     "stage_vertex",
 ]
@@ -66,9 +67,17 @@ def observed_job_id(app_id: str, spark_job: int) -> str:
     return f"{app_id}-job-{spark_job}"
 
 
+_PLAN_JOB = "-job-plan-"
+
+
 def plan_job_id(app_id: str, request: int) -> str:
     # Under the application's job prefix, so the relay reads the decisions about it.
-    return f"{app_id}-job-plan-{request}"
+    return f"{app_id}{_PLAN_JOB}{request}"
+
+
+def is_plan_job(job_id: str) -> bool:
+    """Whether `job_id` is a query stage's plan job (`plan_job_id`), not a Spark job."""
+    return _PLAN_JOB in job_id
 
 
 def stage_vertex(stage: int) -> str:
