@@ -119,6 +119,7 @@ def test_replay_exits_2_on_a_usage_or_input_error(
     [
         (["bench", "--scenarios", "io-slowest"], "unknown scenario(s) ['io-slowest']"),
         (["bench", "--runs", "0"], "--runs must be at least 1"),
+        (["bench", "--task-seconds", "0"], "--task-seconds must be above 0"),
         (["cluster", "throttle", "127.0.0.2", "--factor", "0.5"], "factor must be >= 1"),
     ],
 )
