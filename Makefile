@@ -174,8 +174,10 @@ bench-restart: $(STAMP)
 # Attach mode against Spark's own speculation: the unmodified DataFrame I/O job, plain, with
 # speculation at Spark's defaults and at 1.5 / 0.75, and attached (docs/attach.md); after each
 # attached slow-node run, a second attached application on the same cluster (the fleet list).
+# Tasks of 4 s: with 2 s the job is CPU-bound on 2 cores (~34 CPU-s of Spark and pandas against
+# 12 s of waits on 6 slots), and the slow node cost plain PySpark 1.7 s of 22 s (docs/benchmarks.md).
 bench-attach: $(STAMP)
-	$(BIN)/tailguard bench --scenarios io-frame-healthy,io-frame-slow \
+	$(BIN)/tailguard bench --scenarios io-frame-healthy,io-frame-slow --task-seconds 4 \
 		--contenders 'pyspark,pyspark+speculation,pyspark+speculation(flink-like),pyspark+tailguard-attach'
 
 bench: $(STAMP)
