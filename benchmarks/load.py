@@ -1,6 +1,7 @@
 """Decision latency of the five services against the number of concurrent jobs (make bench-load).
 
-The services run as `tailguard services up` runs them, on an embedded broker of their own. N
+The services run as `tailguard services up` runs them, on an embedded broker of their own (Apache
+Kafka; `--mock`: librdkafka's mock cluster, the offline option, for the two side by side). N
 simulated agents publish the event stream of a synthetic job of 1,000 tasks each (the job of
 benchmarks/policy_throughput.py: four vertices in waves over 50 hosts with 2 slots, 3 of them 4x
 slow, so the detector finds stragglers and the speculator and blocklist answer), paced in wall
@@ -28,7 +29,7 @@ kind of output (a finding is the detector's; each command type is one service's)
 from its direct cause's arrival (an event's send, or a finding's arrival at this harness) to its
 own arrival, which says which service holds the tail.
 
-    make bench-load         # or: .venv/bin/python benchmarks/load.py --jobs 1,5,10,20,40
+    make bench-load         # or: .venv/bin/python benchmarks/load.py --jobs 1,5,10,20,40 [--mock]
 """
 
 from __future__ import annotations
@@ -277,6 +278,9 @@ def service_log_lines(directory: Path) -> list[str]:
     return sorted(lines)
 
 
+BROKER_KINDS = {False: "Apache Kafka", True: "librdkafka's mock cluster"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", default="1,5,10,20,40", help="comma-separated N values")
@@ -299,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         help="also list the K slowest own hops with their clock time, and the services' "
         "snapshot writes and warnings, to set side by side",
     )
+    parser.add_argument(
+        "--mock", action="store_true", help="librdkafka's mock cluster instead of Apache Kafka"
+    )
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.jobs.split(",") if n.strip()]
     if not counts or min(counts) < 1:
@@ -307,18 +314,19 @@ def main(argv: list[str] | None = None) -> int:
     span_s = (template[-1].ts - template[0].ts) / 1000 / args.speedup
     print(
         f"bench-load: jobs of {args.tasks:,} tasks, {len(template):,} events each over "
-        f"{span_s:.0f} s wall (speedup {args.speedup:g}), arriving {args.arrivals}; "
+        f"{span_s:.0f} s wall (speedup {args.speedup:g}), arriving {args.arrivals}, on "
+        f"{BROKER_KINDS[args.mock]}; "
         f"load {os.getloadavg()[0]:.1f}"
     )
     print(
         f"reproduce: {sys.executable} benchmarks/load.py --jobs {args.jobs} "
         f"--tasks {args.tasks} --speedup {args.speedup:g} --seed {args.seed} "
-        f"--arrivals {args.arrivals}",
+        f"--arrivals {args.arrivals}{' --mock' if args.mock else ''}",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="tailguard-load-") as tmp:
         work = Path(tmp)
-        broker = EmbeddedBroker(work)
+        broker = EmbeddedBroker(work, mock=args.mock)
         broker.start()
         try:
             supervisor.start(work, report=lambda _: None)

@@ -1,14 +1,16 @@
-"""Log throughput and latency on the embedded broker.
+"""Log throughput and latency on the embedded broker: Apache Kafka, or with `--mock` librdkafka's
+mock cluster (the offline option), for the figures of both side by side.
 
 Starts its own embedded broker, then:
 1. produces N encoded events (an AttemptFinished / Tick mix over ~50 jobs) as fast as it can
-   and consumes and decodes them, in rounds (see `throughput`), timing each side;
+   and consumes and decodes them, timing each side: on Kafka all of them, then all of them
+   back; on the mock in rounds (see `throughput`);
 2. produces at a paced rate (default 5,000 events/s for 10 s) while a consumer reads, and reports
    the produce-to-consume latency percentiles.
 
 Targets: > 50,000 events/s each way; p99 latency < 50 ms at 5,000 events/s.
 
-Reproduce: make bench-log   (or: .venv/bin/python benchmarks/log_throughput.py)
+Reproduce: make bench-log   (or: .venv/bin/python benchmarks/log_throughput.py [--mock])
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ from tailguard.model.config import Settings
 from tailguard.model.percentile import percentile
 from tailguard.model.records import AttemptFinished, Record, Tick
 
-REPRODUCE = "make bench-log   (or: .venv/bin/python benchmarks/log_throughput.py)"
+REPRODUCE = ".venv/bin/python benchmarks/log_throughput.py"  # `make bench-log`: on Kafka
+# The mock keeps the newest ~5 MiB of each partition (rd_kafka_mock_partition_init): producing
+# everything before consuming would lose the oldest records, so it is timed in rounds of this.
+MOCK_CHUNK = 20_000
 
 
 def workload(n: int, jobs: int, seed: int = 7) -> Iterator[Record]:
@@ -98,8 +103,7 @@ def throughput(
     settings: Settings, codec: RecordCodec, topic: str, records: list[Record], chunk: int
 ) -> tuple[Side, Side]:
     """Time producing and consuming all records, in rounds of `chunk`: produce a round, then
-    consume it. Rounds, because the embedded broker keeps only the newest ~5 MB of each
-    partition: producing everything before consuming would lose the oldest records."""
+    consume it (one round of everything on Kafka; `MOCK_CHUNK` on the mock broker)."""
     producer = RecordProducer(settings, codec)
     consumer = RecordConsumer(settings, codec, [topic], f"bench-{uuid.uuid4().hex}")
     produce, consume = Side(), Side()
@@ -180,18 +184,29 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument(
-        "--chunk", type=int, default=20_000, help="events per produce-then-consume round"
+        "--chunk",
+        type=int,
+        default=None,
+        help=f"events per produce-then-consume round (default: all on Kafka, {MOCK_CHUNK:,} on "
+        "the mock, which keeps only ~5 MiB per partition)",
+    )
+    parser.add_argument(
+        "--mock", action="store_true", help="librdkafka's mock cluster instead of Apache Kafka"
     )
     parser.add_argument("--rate", type=float, default=5_000.0, help="paced run, events/s")
     parser.add_argument("--seconds", type=float, default=10.0, help="paced run length")
     args = parser.parse_args()
+    if args.events < 1 or args.rate <= 0 or args.seconds <= 0 or (args.chunk or 1) < 1:
+        parser.error("--events and --chunk must be at least 1, --rate and --seconds above 0")
+    chunk = args.chunk or (MOCK_CHUNK if args.mock else args.events)
+    kind = "librdkafka's mock cluster" if args.mock else "Apache Kafka"
 
     # Other work on the machine skews every figure here; the load is printed with the results.
     load_at_start = os.getloadavg()[0]
     work_dir = tempfile.mkdtemp(prefix="tailguard-bench-log-")
-    broker = EmbeddedBroker(work_dir)
+    broker = EmbeddedBroker(work_dir, mock=args.mock)
     bootstrap = broker.start()
-    print(f"embedded broker at {bootstrap} (work dir {work_dir})")
+    print(f"embedded broker, {kind}, at {bootstrap} (work dir {work_dir})")
     try:
         settings = Settings({"bootstrap.servers": bootstrap})
         codec = codec_for(settings)
@@ -202,7 +217,7 @@ def main() -> int:
             f"mean encoded size {statistics.mean(sizes):.0f} B"
         )
         topic = f"bench.events.{uuid.uuid4().hex[:8]}"
-        produce, consume = throughput(settings, codec, topic, records, args.chunk)
+        produce, consume = throughput(settings, codec, topic, records, chunk)
 
         # Fresh ids: latencies are matched by id.
         paced = [
@@ -213,13 +228,13 @@ def main() -> int:
             settings, codec, f"bench.paced.{uuid.uuid4().hex[:8]}", paced, args.rate
         )
     finally:
-        broker.stop()
+        broker.stop(purge=True)
 
     print()
     load = os.getloadavg()[0]
     print(
         f"machine: {os.cpu_count()} CPUs, 1-min load average {load:.1f} "
-        f"(at start {load_at_start:.1f})"
+        f"(at start {load_at_start:.1f}); broker: {kind}; rounds of {chunk:,} events"
     )
     if len(latencies) < len(paced):
         print(f"warning: only {len(latencies):,} of {len(paced):,} paced events arrived")
@@ -230,7 +245,7 @@ def main() -> int:
         f"p50 {percentile(latencies, 50):.1f} ms, p99 {percentile(latencies, 99):.1f} ms, "
         f"max {max(latencies):.1f} ms  (target p99 < 50 ms)"
     )
-    print(f"reproduce: {REPRODUCE}")
+    print(f"reproduce: {REPRODUCE}{' --mock' if args.mock else ''}")
     return 0
 
 

@@ -21,18 +21,16 @@ join, which after a kill -9 waits for the dead member's session, 6 s, to expire)
 once (`tailguard.shell.worker.StateLoad`), so ready is the process's start-up plus the longer of
 the two, not their sum. The first start, with no dead member, is printed for contrast.
 
-What the embedded broker holds: librdkafka's mock cluster (rdkafka_mock.c,
-`rd_kafka_mock_partition_init`) keeps per partition at most `max_size` = 5 MiB of message sets
-and `max_cnt` = 100,000 message sets; on each append it drops the oldest sets until within both
-(always keeping the newest). Nothing configures either. Measured with these events (~47 bytes
-encoded, ~79 bytes each in a batch): one partition kept 66,760 of 301,730 sent to it, so the
-4-partition input topic holds about 270,000 of them at most (the broker's low watermarks are
-printed). A million events cannot all stay on it, so the
-restart *without* a snapshot re-reads only what is left: that figure is a lower bound of a
-rebuild from offset 0 on real Kafka, where the whole history stays for the retention time
-(`benchmarks/load_restart.py` measures the fold of all of it: ~110 s per million).
+The embedded broker is Apache Kafka (`--mock`: librdkafka's mock cluster, the offline option).
+Kafka keeps a topic's records for its retention (a week for the record topics), so the restart
+*without* a snapshot rebuilds from offset 0: the whole history. The mock keeps per partition at
+most `max_size` = 5 MiB and `max_cnt` = 100,000 message sets (`rd_kafka_mock_partition_init`;
+nothing configures them) and drops the oldest past either: with these events (~47 bytes encoded,
+~79 in a batch) its 4-partition input topic holds about 270,000 of them, so there that figure is
+a lower bound (the broker's low watermarks are printed). The feed stays `FEED_AHEAD` records
+ahead of the service's commits on either broker, so both feed the same way.
 
-    make bench-restart       # or: .venv/bin/python benchmarks/restart_ready.py --history 1000000
+    make bench-restart    # or: benchmarks/restart_ready.py --history 1000000 [--mock]
 """
 
 from __future__ import annotations
@@ -69,9 +67,9 @@ from tailguard.system.services import Service, service_named
 
 # The services that read the events topic: the recorded job is their input.
 EVENT_SERVICES = ("decider", "detector", "failover")
-# How far the feed may run ahead of the service's committed offsets. The broker drops a
+# How far the feed may run ahead of the service's committed offsets. The mock broker drops a
 # partition's oldest batches past 5 MiB (66,760 of these events, measured): 20,000 ahead over
-# 4 partitions never reaches that, so the service reads every record of the history.
+# 4 partitions never reaches that, so the service reads every record of the history there too.
 FEED_AHEAD = 20_000
 RECORDS_REBUILT = "tailguard_service_records_rebuilt_total"
 # The worker's own line (tailguard.shell.worker.serve): the snapshot's fold and the tail's read.
@@ -167,11 +165,13 @@ class Bench:
             from_beginning=True,
         )
 
-    def start(self) -> float:
+    def start(self, timeout_s: float = 90.0) -> float:
         """Start the service as `services up` does; seconds until it reported ready."""
         begin = time.monotonic()
         # JSON lines: the phases of a start are read back from their timestamps.
-        supervisor.start(self.work, [self.service], report=lambda _: None, log_format="json")
+        supervisor.start(
+            self.work, [self.service], timeout_s=timeout_s, report=lambda _: None, log_format="json"
+        )
         return time.monotonic() - begin
 
     def pid(self) -> int:
@@ -212,7 +212,9 @@ class Bench:
             self.snapshot_path.unlink(missing_ok=True)
         self.feed([trigger])
         begin = time.monotonic()
-        ready_s = self.start()
+        # Without a snapshot on Kafka the rebuild reads the whole history before /health says
+        # ready: the decision's timeout bounds it too.
+        ready_s = self.start(decision_timeout_s)
         rebuilt = int(supervisor.running(self.work)[self.service].metrics()[RECORDS_REBUILT])
         decision_s = self._decision_seen(trigger.id, begin, decision_timeout_s)
         return Restart(
@@ -306,7 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restarts", type=int, default=5, help="restarts of each kind")
     parser.add_argument("--service", default="decider", choices=EVENT_SERVICES)
     parser.add_argument("--tasks", type=int, default=1_000, help="tasks of the recorded job")
-    parser.add_argument("--decision-timeout", type=float, default=120.0, help="seconds")
+    parser.add_argument("--decision-timeout", type=float, default=300.0, help="seconds")
+    parser.add_argument(
+        "--mock", action="store_true", help="librdkafka's mock cluster instead of Apache Kafka"
+    )
     args = parser.parse_args(argv)
     if args.history < 0 or args.restarts < 1:
         parser.error("--history must be >= 0 and --restarts >= 1")
@@ -322,18 +327,19 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"bench-restart: {args.service}; {finished * len(template):,} events of {finished} "
         f"finished jobs, {args.live} live jobs of {cut:,} of their {len(template):,} events; "
-        f"{args.restarts} restarts with the snapshot and {args.restarts} without; "
-        f"load {os.getloadavg()[0]:.1f}"
+        f"{args.restarts} restarts with the snapshot and {args.restarts} without; on "
+        f"{'the mock broker' if args.mock else 'Apache Kafka'}; load {os.getloadavg()[0]:.1f}"
     )
     print(
         f"reproduce: {sys.executable} benchmarks/restart_ready.py --history {args.history} "
         f"--live {args.live} --restarts {args.restarts} --service {args.service} "
-        f"--tasks {args.tasks}",
+        f"--tasks {args.tasks} --decision-timeout {args.decision_timeout:g}"
+        f"{' --mock' if args.mock else ''}",
         flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="tailguard-restart-") as tmp:
         work = Path(tmp)
-        broker = EmbeddedBroker(work)
+        broker = EmbeddedBroker(work, mock=args.mock)
         broker.start()
         bench: Bench | None = None
         try:
