@@ -10,11 +10,11 @@ import logging
 
 import pytest
 
-from tailguard.attacher.actuation import Actuation
 from tailguard.model import records as r
 from tailguard.model.authority import Signed, Unauthentic, Unchecked
 from tailguard.model.config import Settings
 from tailguard.model.fleet import FleetBlock
+from tailguard.observer.actuation import Actuation
 from tailguard.observer.translate import SparkEventTranslator
 
 APP = "app-7"

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tailguard.attacher import commands as ac
 from tailguard.model import records as r
 from tailguard.model.fleet import FLEET_CAUSE_PREFIX
+from tailguard.observer import command_guards as ac
 from tailguard.observer.query_plans import PLAN_VERTEX, PlanRequest
 from tailguard.observer.translate import RunningTask
 

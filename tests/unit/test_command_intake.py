@@ -16,11 +16,11 @@ from agent_fakes import Harness, one_subtask_job
 from test_agent_commands import answers
 
 from tailguard.agent.driver.ports import CommandReceived
-from tailguard.attacher.actuation import Actuation
 from tailguard.model import records as r
 from tailguard.model.authority import AGENT, Origin, Signed, Unauthentic, Unchecked
 from tailguard.model.command_intake import Admitted, CommandIntake, Duplicate, Rejected, Verdict
 from tailguard.model.config import Settings
+from tailguard.observer.actuation import Actuation
 from tailguard.observer.translate import SparkEventTranslator
 
 UNSIGNED = Unauthentic("unsigned (no tailguard.signature header)")

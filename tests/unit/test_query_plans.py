@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.attacher import commands as ac
 from tailguard.decider.policy.decider import ParallelismDecider
 from tailguard.model import records as r
 from tailguard.model.config import Settings
+from tailguard.observer import command_guards as ac
 from tailguard.observer.query_plans import PLAN_VERTEX, plan_ends
 from tailguard.observer.translate import ObserveError, SparkEventTranslator
 

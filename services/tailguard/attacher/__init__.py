@@ -14,7 +14,8 @@ or with no code at all (docs/attach.md):
 Observe mode's listener and relay carry Spark's task events to the services, as in observe mode;
 in attach mode the relay also takes the services' commands about the application's jobs, checks
 them as the owned driver does (signature, authority, once per id, a guard against the
-application's state: `commands.py`, `actuation.py`), and hands each to the JVM actuator
+application's state: `observer/command_guards.py`, `observer/actuation.py`, on the relay's
+thread), and hands each to the JVM actuator
 (`observer/java/tailguard/attach/Actuator.java`), which applies it inside Spark's scheduler under
 the scheduler's own lock. Every command is answered with `CommandApplied` or `CommandRejected`.
 SetParallelism reaches the query stages adaptive query execution plans through a query-stage

@@ -3,8 +3,8 @@
 The blocklist decides within it (per job and for the fleet), and every actuator checks a
 `BlockNodes` against it before applying one: the owned driver (agent/driver/commands.py, and
 the fleet list a job reads as it starts, agent/fleet_blocks.py), attach mode
-(attacher/commands.py), and replay's check of fleet commands. It lives here, under all of them,
-so that an actuator depends on the rule and not on the blocklist service's package. Pure.
+(observer/command_guards.py), and replay's check of fleet commands. It lives here, under all of
+them, so that an actuator depends on the rule and not on the blocklist service's package. Pure.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The one way in for the services' commands, for both actuators (docs/architecture.md).
 
-The owned driver (`agent/driver/applier.py`) and attach mode (`attacher/actuation.py`) each hold a
+The owned driver (`agent/driver/applier.py`) and attach mode (`observer/actuation.py`) each hold a
 `CommandIntake` on the one thread that applies their commands, and hand it every command they
 received with what its signature said (the `Origin` the adapter's verifier found). The intake
 answers with a verdict, and only an `Admitted` command goes on to the actuator's guards:

@@ -11,7 +11,7 @@ the jobs have reached the archive.
 Attach mode (`tailguard.attach`, docs/attach.md): when the listener has an actuator it says so
 (`ACT`, before the application line), and the relay then also acts. The services' commands about
 the application's jobs come back through the publisher's consumer, are checked and turned into
-actions (`attacher/actuation.py`) on this thread, and written to the relay's standard output, which
+actions (`observer/actuation.py`) on this thread, and written to the relay's standard output, which
 the JVM reads; its answers come back among the events (`CO`, `AV`). The relay's own output
 (logging, stray prints) goes to standard error, so nothing but actions reaches that pipe.
 
@@ -130,7 +130,7 @@ def relay(
     pending: queue.Queue[_Item] = queue.Queue()
     actuation = None
     if actuator and actions is not None and _attach_wanted(settings, mode):
-        from tailguard.attacher.actuation import Actuation
+        from tailguard.observer.actuation import Actuation
 
         actuation = Actuation(translator, settings, actions)
         actuation.probe()
@@ -285,8 +285,8 @@ def _broker_problem(settings: Settings) -> str | None:
 
 def _read_fleet(settings: Settings, into: queue.Queue[_Item], stop: threading.Event) -> None:
     """The fleet list, read now and every `FLEET_REFRESH_S` until `stop`."""
-    from tailguard.attacher.actuation import FLEET_REFRESH_S
     from tailguard.blocklist.fleet_topic import read_changes
+    from tailguard.observer.actuation import FLEET_REFRESH_S
 
     warned = False
     while not stop.is_set():

@@ -6,7 +6,7 @@ translator's picture of the application and the commands' outcomes stay in one o
 1. `received`: a command from Kafka, with what its signature said. Through the command intake
    the owned driver uses too (`model.command_intake`: signature and who may send what, then each
    id at most once, so a forgery cannot use up a real decision's id), then by its guard
-   (`attacher.commands`). A rejection is answered with `CommandRejected` at once; an action is
+   (`observer.command_guards`). A rejection is answered with `CommandRejected` at once; an action is
    written to the JVM actuator, one line.
 2. `outcome`: the actuator's answer (`CO id OK` / `CO id NO reason`) becomes `CommandApplied`
    (with its effects: `NodeBlocked` in every running job, since Spark's exclusion list is the
@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from typing import IO
 
 from tailguard.agent.fleet_blocks import blocks_to_apply
-from tailguard.attacher import commands as ac
 from tailguard.model import records as r
 from tailguard.model.authority import Origin
 from tailguard.model.command_intake import CommandIntake, Duplicate, Rejected
 from tailguard.model.config import Settings, parse_duration_ms
 from tailguard.model.fleet import FLEET_SETTING, FleetBlock
+from tailguard.observer import command_guards as ac
 from tailguard.observer.query_plans import PlanRequest
 from tailguard.observer.translate import RunningTask, SparkEventTranslator
 from tailguard.system.services import issuer_of
