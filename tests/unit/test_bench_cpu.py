@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from tailguard.bench import cpu
+from tailguard.bench.report import CPU_PARTS
 
 # On a line from stdin, burns 0.5 CPU seconds in a grandchild it waits for (so reaps), says so,
 # then waits for stdin to close.
@@ -41,7 +42,7 @@ def test_a_parts_cpu_counts_its_reaped_children_and_nothing_outside_it() -> None
     finally:
         for proc in (inside, outside):
             proc.communicate("")
-    assert set(used) == {*cpu.PARTS, "control_plane.inside"}
+    assert set(used) == {*CPU_PARTS, "control_plane.inside"}
     # The grandchild's 0.5 s (and its interpreter's start) counts; `outside`'s does not.
     assert 0.45 <= used["control_plane"] <= 1.2, used
     assert used["control_plane.inside"] == used["control_plane"]

@@ -19,11 +19,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from tailguard.bench.report import CPU_PARTS as PARTS
 from tailguard.processes.trees import descendants, parent_map
-
-# The parts `CpuRoots.sample` reports, as the report's table reads them.
-__all__ = ["PARTS", "CpuRoots", "trees_cpu_s", "used"]
 
 
 def _process_cpu_s(pid: int) -> float:

@@ -376,7 +376,7 @@ class Row:
     failed: int = 0
     load: Sequence[float] = ()  # the 1-minute load average at the end of each run
     lost_copy_s: Sequence[float | None] = ()  # per run: task-seconds of copies that lost
-    # Per run: CPU seconds of the job per part (bench.cpu.PARTS), when measured.
+    # Per run: CPU seconds of the job per part (CPU_PARTS, as bench.cpu samples them), if measured.
     cpu_s: Sequence[Mapping[str, float] | None] = ()
 
 

@@ -85,8 +85,8 @@ class RunRecord:
     slow_host_tasks: int | None = None
     # The second job: the hosts on the fleet list when its application started.
     fleet_listed: list[str] = field(default_factory=list)
-    # CPU seconds the job took, per part (`bench.cpu.PARTS`): the control plane, the
-    # executors, the driver.
+    # CPU seconds the job took, per part (`report.CPU_PARTS`, sampled by `bench.cpu`): the
+    # control plane, the executors, the driver.
     cpu_s: dict[str, float] | None = None
 
 
