@@ -53,7 +53,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from policy_throughput import Shape, SyntheticJob
-from tailguard.broker.embedded import EmbeddedBroker
+from tailguard.broker.embedded import EmbeddedBroker, broker_name
 from tailguard.codec import codec_for
 from tailguard.kafka.consumer import RecordConsumer
 from tailguard.kafka.producer import RecordProducer
@@ -278,9 +278,6 @@ def service_log_lines(directory: Path) -> list[str]:
     return sorted(lines)
 
 
-BROKER_KINDS = {False: "Apache Kafka", True: "librdkafka's mock cluster"}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", default="1,5,10,20,40", help="comma-separated N values")
@@ -315,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"bench-load: jobs of {args.tasks:,} tasks, {len(template):,} events each over "
         f"{span_s:.0f} s wall (speedup {args.speedup:g}), arriving {args.arrivals}, on "
-        f"{BROKER_KINDS[args.mock]}; "
+        f"{broker_name(args.mock)}; "
         f"load {os.getloadavg()[0]:.1f}"
     )
     print(

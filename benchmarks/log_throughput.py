@@ -199,14 +199,13 @@ def main() -> int:
     if args.events < 1 or args.rate <= 0 or args.seconds <= 0 or (args.chunk or 1) < 1:
         parser.error("--events and --chunk must be at least 1, --rate and --seconds above 0")
     chunk = args.chunk or (MOCK_CHUNK if args.mock else args.events)
-    kind = "librdkafka's mock cluster" if args.mock else "Apache Kafka"
 
     # Other work on the machine skews every figure here; the load is printed with the results.
     load_at_start = os.getloadavg()[0]
     work_dir = tempfile.mkdtemp(prefix="tailguard-bench-log-")
     broker = EmbeddedBroker(work_dir, mock=args.mock)
     bootstrap = broker.start()
-    print(f"embedded broker, {kind}, at {bootstrap} (work dir {work_dir})")
+    print(f"embedded broker, {broker.name}, at {bootstrap} (work dir {work_dir})")
     try:
         settings = Settings({"bootstrap.servers": bootstrap})
         codec = codec_for(settings)
@@ -234,7 +233,7 @@ def main() -> int:
     load = os.getloadavg()[0]
     print(
         f"machine: {os.cpu_count()} CPUs, 1-min load average {load:.1f} "
-        f"(at start {load_at_start:.1f}); broker: {kind}; rounds of {chunk:,} events"
+        f"(at start {load_at_start:.1f}); broker: {broker.name}; rounds of {chunk:,} events"
     )
     if len(latencies) < len(paced):
         print(f"warning: only {len(latencies):,} of {len(paced):,} paced events arrived")

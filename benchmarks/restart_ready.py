@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from load import as_job, recorded_job
 from tailguard.bench.report import spread
-from tailguard.broker.embedded import EmbeddedBroker
+from tailguard.broker.embedded import EmbeddedBroker, broker_name
 from tailguard.codec import codec_for
 from tailguard.kafka.consumer import RecordConsumer
 from tailguard.kafka.producer import RecordProducer
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         f"bench-restart: {args.service}; {finished * len(template):,} events of {finished} "
         f"finished jobs, {args.live} live jobs of {cut:,} of their {len(template):,} events; "
         f"{args.restarts} restarts with the snapshot and {args.restarts} without; on "
-        f"{'the mock broker' if args.mock else 'Apache Kafka'}; load {os.getloadavg()[0]:.1f}"
+        f"{broker_name(args.mock)}; load {os.getloadavg()[0]:.1f}"
     )
     print(
         f"reproduce: {sys.executable} benchmarks/restart_ready.py --history {args.history} "

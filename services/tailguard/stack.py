@@ -132,7 +132,7 @@ def start_broker(
     if state is None:
         raise StackError(BROKER, "it died at once", embedded.work_dir / LOG_FILE)
     if embedded.started_here and on_launch is not None:
-        on_launch(f"embedded broker ({'mock' if mock else 'Apache Kafka'}) {bootstrap}", state.pid)
+        on_launch(f"embedded broker ({embedded.name}) {bootstrap}", state.pid)
     say(f"broker at {bootstrap} ({'started' if embedded.started_here else 'already running'})")
     return BrokerPart(bootstrap, state.pid, embedded.work_dir, embedded.started_here)
 

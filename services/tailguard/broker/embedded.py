@@ -44,6 +44,11 @@ LOG_FILE = "broker.log"
 LOCK_FILE = "broker.lock"
 
 
+def broker_name(mock: bool) -> str:
+    """What the embedded broker is, for progress lines and benchmark reports."""
+    return "librdkafka's mock cluster" if mock else "Apache Kafka"
+
+
 class EmbeddedBroker:
     """Start, find and stop the embedded broker whose state lives under `work_dir`."""
 
@@ -70,6 +75,10 @@ class EmbeddedBroker:
         self.secure = secure
         # Set when this instance launched the process (not when it reused a running one).
         self.started_here = False
+
+    @property
+    def name(self) -> str:
+        return broker_name(self.mock)
 
     @property
     def state_file(self) -> Path:

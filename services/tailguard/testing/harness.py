@@ -283,9 +283,10 @@ class Harness:
     def broker(self) -> Broker:
         if self._broker is None:
             from tailguard import stack
+            from tailguard.broker.embedded import broker_name
 
             mock = self.defaults.broker == "mock"
-            what = "embedded broker (mock)" if mock else "embedded broker (Apache Kafka)"
+            what = f"embedded broker ({broker_name(mock)})"
             try:
                 part = self._timed(
                     what,
