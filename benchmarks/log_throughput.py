@@ -196,9 +196,11 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=5_000.0, help="paced run, events/s")
     parser.add_argument("--seconds", type=float, default=10.0, help="paced run length")
     args = parser.parse_args()
-    if args.events < 1 or args.rate <= 0 or args.seconds <= 0 or (args.chunk or 1) < 1:
+    if args.chunk is None:
+        args.chunk = MOCK_CHUNK if args.mock else args.events
+    if min(args.events, args.chunk) < 1 or args.rate <= 0 or args.seconds <= 0:
         parser.error("--events and --chunk must be at least 1, --rate and --seconds above 0")
-    chunk = args.chunk or (MOCK_CHUNK if args.mock else args.events)
+    chunk = min(args.chunk, args.events)
 
     # Other work on the machine skews every figure here; the load is printed with the results.
     load_at_start = os.getloadavg()[0]
