@@ -229,6 +229,30 @@ def test_slowness_file_round_trip_expiry_and_env(
         slowness.write(path, 0.5)
 
 
+def test_slowness_that_starts_later(tmp_path: Path) -> None:
+    """A node that turns slow mid-job: healthy before `since`, slow from it, for `duration_s`
+    after it (not after the write)."""
+    path = slowness.slowness_file(tmp_path, "127.0.0.3")
+    slow = slowness.write(path, 5.0, after_s=6.0, now=1000.0)
+    assert (slow.since, slow.until) == (1006.0, None)
+    assert slowness.factor_of(path, now=1005.9) == 1.0
+    assert slowness.factor_of(path, now=1006.0) == 5.0
+    assert slowness.factor_of(path, now=99999.0) == 5.0
+    slowness.write(path, 3.0, duration_s=4.0, after_s=6.0, now=1000.0)
+    assert [slowness.factor_of(path, now=t) for t in (1005.0, 1006.0, 1009.9, 1010.0)] == [
+        1.0,
+        3.0,
+        3.0,
+        1.0,
+    ]
+    # A file written before `since` existed reads as slow from the start.
+    path.write_text('{"factor": 2.0, "until": null}')
+    assert slowness.factor_of(path, now=0.0) == 2.0
+    for bad in ({"after_s": -1.0}, {"duration_s": -1.0}):
+        with pytest.raises(ValueError, match="must be >= 0"):
+            slowness.write(path, 2.0, **bad)  # type: ignore[arg-type]
+
+
 def test_cpu_throttle_caveat_only_with_more_executors_than_cores() -> None:
     assert cpu_throttle_caveat(2, cpus=2) is None
     caveat = cpu_throttle_caveat(3, cpus=2)

@@ -3,11 +3,14 @@ synthetic record list, and the tables."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tailguard.bench import report, summary
 from tailguard.bench.scenarios import (
     ATTACH_CONTENDERS,
+    IO_FULL,
     IO_QUICK,
     QUICK_CONTENDERS,
     SCENARIOS,
@@ -237,6 +240,34 @@ def test_io_limit_host_recovers() -> None:
         report.io_limit(0, 2.0, 6)
 
 
+def test_io_limit_node_turns_slow_mid_job() -> None:
+    # Healthy for 12 s: all 36 tasks are done by then, so the later slowness costs nothing.
+    assert report.io_limit(36, 2.0, 6, 5.0, slow_after_s=12.0).tasks_s == pytest.approx(12.0)
+    # From 11 s: the slow host's 6th task (1 s done before, 1 s at 1/5) ends at 16 s; the
+    # healthy hosts' 6th wave ends at 12 s with 35 tasks, and their 7th at 14 s.
+    assert report.io_limit(36, 2.0, 6, 5.0, slow_after_s=11.0).tasks_s == pytest.approx(14.0)
+    # Fluid from 6 s: 36 s of work by 6 s at 6 slots, the other 36 at 5.2.
+    lim = report.io_limit(36, 2.0, 6, 5.0, slow_after_s=6.0)
+    assert lim.fluid_s == pytest.approx(6.0 + 36.0 / 5.2)
+    # Slow from 6 s for 1 s only: 0.2 s of work lost, which the fluid bound spreads.
+    brief = report.io_limit(36, 2.0, 6, 5.0, slow_for_s=1.0, slow_after_s=6.0)
+    assert brief.fluid_s == pytest.approx(6.0 + 1.0 + (72.0 - 36.0 - 5.2) / 6)
+
+
+def test_io_limit_several_stages() -> None:
+    # Three stages of 36 tasks, healthy: 3 x 12 s.
+    assert report.io_limit(36, 2.0, 6, stages=3).tasks_s == pytest.approx(36.0)
+    # Slow throughout: each stage 14 s. The slow host's partial work at a stage's start does
+    # not carry over into the next stage's tasks.
+    assert report.io_limit(36, 2.0, 6, 5.0, stages=3).tasks_s == pytest.approx(42.0)
+    # Slow from 12 s: the first stage is healthy (12 s), the next two 14 s each.
+    lim = report.io_limit(36, 2.0, 6, 5.0, slow_after_s=12.0, stages=3)
+    assert lim.tasks_s == pytest.approx(40.0)
+    assert lim.fluid_s == pytest.approx(12.0 + 144.0 / 5.2)
+    with pytest.raises(ValueError):
+        report.io_limit(36, 2.0, 6, stages=0)
+
+
 def test_dispatch_line_and_goals() -> None:
     samples = [1.0] * 98 + [3.0, 40.0]
     assert report.dispatch_line(samples) == "dispatch p50 1.0 ms p99 3.4 ms"
@@ -298,7 +329,53 @@ def test_io_tables_limits_and_goals() -> None:
     assert healthy.goals == [
         "tailguard+services / best plain (pyspark+speculation) = 1.03 (goal ≤ 1.05: met)",
         "tailguard (no services) / best plain (pyspark+speculation) = 1.07 (goal ≤ 1.05: NOT met)",
+        # Issue 24's: no slower than the best Spark contender, no host blocked.
+        "tailguard+services / best plain (pyspark+speculation) = 1.03 (goal ≤ 1: NOT met)",
+        "tailguard+services: a host blocked in 0 of 1 healthy runs (goal 0: met)",
     ]
+
+
+def test_slow_node_targets_of_issue_24() -> None:
+    tg, tuned, plain = "tailguard+services", "pyspark+speculation(flink-like)", "pyspark"
+    runs = [
+        _run("io-healthy", tg, 12.0, run_index=0, blocked_hosts=["127.0.0.3"]),
+        _run("io-healthy", tg, 12.4, run_index=1),
+        _run("io-healthy", tuned, 12.5, run_index=0),
+        _run("io-healthy", tuned, 12.5, run_index=1),
+        _run("io-healthy", plain, 12.3, run_index=0),
+        # Slow: tailguard pays 14.2 - 12.2 = 2.0 s, the tuned speculation 15.0 - 12.5 = 2.5 s.
+        _run("io-slow", tg, 14.0, run_index=0, lost_copy_s=1.0, slow_host_found_ms=500.0),
+        _run("io-slow", tg, 14.4, run_index=1, lost_copy_s=4.0, slow_host_found_ms=1000.0),
+        _run("io-slow", tuned, 15.0, run_index=0, lost_copy_s=6.0),
+        _run("io-slow", tuned, 15.0, run_index=1, lost_copy_s=6.0),
+        _run("io-slow", plain, 20.0, run_index=0, lost_copy_s=0.0),
+    ]
+    goals = summary.figures(runs, SCENARIOS["io-slow"]).goals
+    assert (
+        f"slow node's cost (slow median - own healthy median): {tg} +2.00 s, {tuned} +2.50 s: "
+        "0.80x (goal ≤ 1.25x: met)"
+    ) in goals
+    assert (
+        f"slow node: {tg} / the best Spark contender ({tuned}), per rep: 0.93, 0.96 "
+        "(goal ≤ 0.95 every rep: NOT met)"
+    ) in goals
+    assert (
+        f"extra work (task-s of copies that lost): {tg} against {tuned}, per rep: "
+        "1.0 s vs 6.0 s, 4.0 s vs 6.0 s (goal ≤ 0.5× every rep: NOT met)"
+    ) in goals
+    # 750 ms median at the bench's 250 ms interval.
+    assert any(
+        g.startswith(f"{tg}: slow host found 3.0 check intervals (250 ms)")
+        and g.endswith("met)")
+        and "NOT" not in g
+        for g in goals
+    ), goals
+    healthy = summary.figures(runs, SCENARIOS["io-healthy"]).goals
+    assert f"{tg}: a host blocked in 1 of 2 healthy runs (127.0.0.3) (goal 0: NOT met)" in healthy
+    # A run in which the host was never named fails the finding target.
+    runs[6] = {**runs[6], "slow_host_found_ms": None}
+    goals = summary.figures(runs, SCENARIOS["io-slow"]).goals
+    assert any("median of 1 of 2 runs" in g and g.endswith("NOT met)") for g in goals), goals
 
 
 def test_quick_io_size_changes_the_limit() -> None:
@@ -526,3 +603,77 @@ def test_attach_targets_printed_when_every_attached_run_failed() -> None:
     [best, *_] = summary.figures(alone, SCENARIOS["io-slow"]).goals
     assert best.startswith("slow node: pyspark+tailguard-attach / the best Spark contender (none")
     assert best.endswith("NOT met)")
+
+
+def _progress(ts: int, host: str) -> r.AttemptProgress:
+    return r.AttemptProgress(
+        job_id=JOB,
+        ts=ts,
+        id=f"p-{host}-{ts}",
+        vertex="v",
+        subtask=0,
+        attempt=0,
+        host=host,
+        records_read=1,
+        bytes_read=10,
+    )
+
+
+def test_lost_race_seconds_from_the_archive() -> None:
+    def cancel(ts: int, subtask: int, attempt: int, reason: r.CancelReason) -> r.AttemptCanceled:
+        return r.AttemptCanceled(
+            job_id=JOB,
+            ts=ts,
+            id=f"c-{subtask}-{attempt}",
+            vertex="v",
+            subtask=subtask,
+            attempt=attempt,
+            host="h",
+            reason=reason,
+        )
+
+    records: list[r.Record] = [
+        _deploy(1_000, "v", 0, 0),
+        _deploy(4_000, "v", 0, 1, speculative=True),
+        _deploy(1_000, "v", 1, 0),
+        _deploy(2_000, "v", 2, 0),
+        _finish(6_000, "v", 0, 1),
+        cancel(6_500, 0, 0, r.CancelReason.LOST_RACE),  # the original lost: 5.5 s
+        cancel(3_000, 1, 0, r.CancelReason.RESTART),  # not a lost race
+        cancel(9_000, 2, 0, r.CancelReason.JOB_CANCELED),
+        cancel(9_000, 3, 0, r.CancelReason.LOST_RACE),  # never deployed in this archive
+    ]
+    assert report.lost_race_s(records) == pytest.approx(5.5)
+    assert report.lost_race_s(records[:5]) == 0.0
+
+
+def test_slow_host_finding_from_the_hosts_first_report() -> None:
+    records: list[r.Record] = [
+        _progress(900, "fast"),
+        _progress(1_000, "slow"),
+        _progress(1_500, "slow"),
+        _finding(1_700, "t", 0, (0,)),  # a finding with no verdict
+        replace(_finding(2_250, "t", 0, (0,)), slow_hosts=("slow",)),
+    ]
+    assert report.slow_host_finding_ms(records, "slow") == 1_250.0
+    assert report.slow_host_finding_ms(records, "fast") is None  # never named
+    # Turned slow at 1.2 s: counted from its first report after that.
+    assert report.slow_host_finding_ms(records, "slow", since_ms=1_200) == 750.0
+    assert report.slow_host_finding_ms(records[:4], "slow") is None
+
+
+def test_turns_slow_and_several_stages_scenarios() -> None:
+    turns, stages = SCENARIOS["io-turns-slow"], SCENARIOS["io-stages-slow"]
+    assert turns.has_slow_node and not turns.slow_throughout and turns.slow_after_s == 6.0
+    assert stages.slow_throughout and SCENARIOS["io-stages-healthy"].healthy is None
+    io = stages.io_size(IO_FULL)
+    assert (io.stages, io.tasks, io.task_s, io.workers) == (3, 18, 2.0, 6)
+    assert turns.io_size(IO_FULL) == IO_FULL
+    # Three stages of 18 tasks, slow throughout: 8 s a stage (see the io_limit tests).
+    f = summary.figures([_run("io-stages-slow", "pyspark", 30.0)], stages)
+    assert f.limit_s == pytest.approx(24.0)
+    assert "physical limit: 3 stages of 18 indivisible 2 s tasks on 6 hosts" in f.table
+    # Slow from 6 s: 18 tasks done by then, the other 18 by 14 s.
+    assert summary.figures([_run("io-turns-slow", "pyspark", 16.0)], turns).limit_s == (
+        pytest.approx(14.0)
+    )

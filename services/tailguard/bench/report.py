@@ -61,52 +61,68 @@ def stage_work(records: Iterable[r.Record]) -> list[StageWork]:
     return [StageWork(v, sum(durations[v]), max(durations[v], default=0.0)) for v in order]
 
 
+@dataclass(frozen=True)
+class SlowSpan:
+    """One host `factor` times slower from `start_s` to `end_s` (job seconds; inf: to the end).
+
+    A healthy host does one second of work per second; this one `1/factor` inside the span."""
+
+    factor: float
+    start_s: float = 0.0
+    end_s: float = math.inf
+
+    @classmethod
+    def of(
+        cls, factor: float, slow_for_s: float | None = None, slow_after_s: float | None = None
+    ) -> SlowSpan:
+        start = slow_after_s or 0.0
+        return cls(max(1.0, factor), start, math.inf if slow_for_s is None else start + slow_for_s)
+
+    @property
+    def lost(self) -> float:
+        """The capacity the host loses per second inside the span."""
+        return 1.0 - 1.0 / self.factor
+
+    def overlap(self, t: float) -> float:
+        """Seconds of [0, t] inside the span."""
+        return max(0.0, min(t, self.end_s) - self.start_s)
+
+    def capacity(self, t: float, slots: int) -> float:
+        """Healthy-host seconds of work `slots` one-slot hosts, this one among them, do by t."""
+        return slots * t - self.lost * self.overlap(t)
+
+    def time_for(self, work_s: float, slots: int) -> float:
+        """The inverse of `capacity`: when the hosts have done `work_s`."""
+        if work_s <= slots * self.start_s:
+            return work_s / slots
+        slow_rate = slots - self.lost
+        if math.isinf(self.end_s) or work_s <= self.capacity(self.end_s, slots):
+            return self.start_s + (work_s - slots * self.start_s) / slow_rate
+        return self.end_s + (work_s - self.capacity(self.end_s, slots)) / slots
+
+
 def physical_limit(
     stages: Sequence[StageWork],
     slots: int,
     slow_factor: float,
     slow_for_s: float | None = None,
+    slow_after_s: float | None = None,
 ) -> float:
-    """A lower bound on the makespan with one of `slots` nodes `slow_factor` times slower for
-    the first `slow_for_s` seconds (None: throughout).
+    """A lower bound on the makespan with one of `slots` nodes `slow_factor` times slower from
+    `slow_after_s` (None: the start) for `slow_for_s` seconds (None: to the end).
 
     Stages run one after the other (every edge is blocking). While the node is slow the cluster
-    delivers `slots - 1 + 1/slow_factor` slot-seconds of healthy work per second, afterwards
+    delivers `slots - 1 + 1/slow_factor` slot-seconds of healthy work per second, otherwise
     `slots`. A stage of total work W ends when the capacity integrated from its start reaches W,
     and not before its longest task could finish on a fast node. This is the list-scheduling
     lower bound: it lets work move freely between slots and ignores scheduling overheads.
     """
-    slow_capacity = slots - 1 + 1.0 / slow_factor
-    until = math.inf if slow_for_s is None else slow_for_s
+    span = SlowSpan.of(slow_factor, slow_for_s, slow_after_s)
     t = 0.0
     for stage in stages:
-        work = stage.work_s
-        start = t
-        if t < until:
-            slow_span = until - t
-            if work <= slow_capacity * slow_span:
-                t += work / slow_capacity
-                work = 0.0
-            else:
-                work -= slow_capacity * slow_span
-                t = until
-        t += work / slots
-        t = max(t, start + stage.longest_s)
+        done = span.time_for(span.capacity(t, slots) + stage.work_s, slots)
+        t = max(done, t + stage.longest_s)
     return t
-
-
-def _host_work_s(t: float, factor: float, slow_for_s: float | None) -> float:
-    """Healthy-host seconds of work a host slowed by `factor` (for `slow_for_s`) does by `t`."""
-    until = math.inf if slow_for_s is None else slow_for_s
-    return min(t, until) / factor + max(0.0, t - until)
-
-
-def _time_for_work_s(work_s: float, factor: float, slow_for_s: float | None) -> float:
-    """The inverse of `_host_work_s`: when such a host has done `work_s`."""
-    until = math.inf if slow_for_s is None else slow_for_s
-    if work_s * factor <= until:
-        return work_s * factor
-    return until + work_s - until / factor
 
 
 @dataclass(frozen=True)
@@ -121,38 +137,54 @@ def io_limit(
     hosts: int,
     slow_factor: float = 1.0,
     slow_for_s: float | None = None,
+    slow_after_s: float | None = None,
+    stages: int = 1,
 ) -> IoLimit:
-    """Lower bounds on the I/O job's work stage: `tasks` tasks of `task_s` healthy-host seconds
-    on `hosts` one-slot hosts, one of them `slow_factor` times slower (for `slow_for_s`, or
-    throughout), no overhead at all.
+    """Lower bounds on the I/O job's work stages: `stages` stages one after the other, each of
+    `tasks` tasks of `task_s` healthy-host seconds, on `hosts` one-slot hosts, one of them
+    `slow_factor` times slower from `slow_after_s` (None: the start) for `slow_for_s` (None: to
+    the end), no overhead at all.
 
     - `fluid_s`: total work over the capacity, `hosts - 1 + 1/factor` slot-seconds per second
-      while slow, and never below `task_s` (the critical path: one task on a healthy host).
+      while slow, and never below `task_s` a stage (the critical path: one task on a healthy
+      host).
     - `tasks_s`: tasks cannot be split, and a copy of a task (speculation) redoes it whole, so
-      no schedule beats the smallest t at which the hosts, each running tasks back to back,
-      can have finished `tasks` of them: sum over hosts of floor(work done by t / task_s).
-      This is the tighter bound and the one called the physical limit.
+      no schedule beats, stage by stage, the smallest t at which the hosts, each running tasks
+      back to back from the stage's start, can have finished `tasks` of them: sum over hosts of
+      floor(work done since the stage's start / task_s). This is the tighter bound and the one
+      called the physical limit.
     The final aggregation (one task over tiny partial sums) is left out: both bounds are for
-    the work stage only, and so a little under what any real run can reach.
+    the work stages only, and so a little under what any real run can reach.
     """
-    if tasks < 1 or task_s <= 0 or hosts < 1:
-        raise ValueError("need at least one task of positive length and one host")
-    factors = [max(1.0, slow_factor)] + [1.0] * (hosts - 1)
+    if tasks < 1 or task_s <= 0 or hosts < 1 or stages < 1:
+        raise ValueError("need at least one stage, one task of positive length and one host")
+    span = SlowSpan.of(slow_factor, slow_for_s, slow_after_s)
     fluid = physical_limit(
-        [StageWork("io", tasks * task_s, task_s)], hosts, max(1.0, slow_factor), slow_for_s
+        [StageWork(f"io-{k}", tasks * task_s, task_s) for k in range(stages)],
+        hosts,
+        span.factor,
+        slow_for_s,
+        slow_after_s,
     )
-    # The makespan is a moment at which some host completes its k-th task.
+    # Per host, the slow one first, its own span (a one-slot "cluster").
+    spans = [span] + [SlowSpan(1.0)] * (hosts - 1)
+    t = 0.0
+    for _ in range(stages):
+        t = _stage_end(t, tasks, task_s, spans)
+    return IoLimit(t, fluid)
+
+
+def _stage_end(t0: float, tasks: int, task_s: float, spans: Sequence[SlowSpan]) -> float:
+    """When `tasks` indivisible tasks started at t0 can all have finished on these hosts: the
+    makespan is a moment at which some host completes its k-th task of the stage."""
+    begun = [(h, h.capacity(t0, 1)) for h in spans]
     candidates = sorted(
-        {
-            _time_for_work_s(k * task_s, f, slow_for_s)
-            for f in set(factors)
-            for k in range(1, tasks + 1)
-        }
+        {h.time_for(b + k * task_s, 1) for h, b in begun for k in range(1, tasks + 1)}
     )
     for t in candidates:
-        done = sum(math.floor(_host_work_s(t, f, slow_for_s) / task_s + 1e-9) for f in factors)
+        done = sum(math.floor((h.capacity(t, 1) - b) / task_s + 1e-9) for h, b in begun)
         if done >= tasks:
-            return IoLimit(t, fluid)
+            return t
     raise AssertionError("unreachable: the healthy hosts alone finish every task")
 
 
@@ -183,6 +215,42 @@ def lost_copy_s(tasks: Iterable[SparkTask]) -> float:
         for t in listed
         if t.status == "KILLED" and (t.stage, t.stage_attempt, t.index) in succeeded
     )
+
+
+def lost_race_s(records: Iterable[r.Record]) -> float:
+    """tailguard's extra work, from its archive, as `lost_copy_s` counts Spark's: the
+    task-seconds of the attempts canceled because another attempt of their subtask won
+    (`LOST_RACE`), each from its deploying to its cancel."""
+    deploying: dict[tuple[str, int, int], int] = {}
+    total_ms = 0
+    for rec in records:
+        if isinstance(rec, r.AttemptDeploying):
+            deploying[(rec.vertex, rec.subtask, rec.attempt)] = rec.ts
+        elif isinstance(rec, r.AttemptCanceled) and rec.reason is r.CancelReason.LOST_RACE:
+            start = deploying.get((rec.vertex, rec.subtask, rec.attempt))
+            if start is not None:
+                total_ms += max(0, rec.ts - start)
+    return total_ms / 1000.0
+
+
+def slow_host_finding_ms(
+    records: Iterable[r.Record], host: str, since_ms: int | None = None
+) -> float | None:
+    """From the slow host's first progress report (at or after `since_ms`, when the host
+    turned slow) to the first finding whose slow-host verdict names it; None: never found."""
+    first_report: int | None = None
+    for rec in records:
+        if since_ms is not None and rec.ts < since_ms:
+            continue
+        if first_report is None and isinstance(rec, r.AttemptProgress) and rec.host == host:
+            first_report = rec.ts
+        elif (
+            first_report is not None
+            and isinstance(rec, r.SlowTasksDetected)
+            and host in rec.slow_hosts
+        ):
+            return float(rec.ts - first_report)
+    return None
 
 
 def spark_stage_work(tasks: Iterable[SparkTask]) -> list[StageWork]:

@@ -79,10 +79,16 @@ class RunRecord:
     relay_to_outcome_ms: list[float] = field(default_factory=list)
     commands_applied: int | None = None
     commands_rejected: int | None = None
-    # Spark contenders and attach mode, from Spark's status store: the task-seconds of the
-    # attempts killed because their twin won, and the tasks started on the slow host.
+    # The task-seconds of the attempts killed because their twin won (Spark contenders and
+    # attach mode from Spark's status store, tailguard's own runs from the archive), and the
+    # tasks started on the slow host (Spark's status store).
     lost_copy_s: float | None = None
     slow_host_tasks: int | None = None
+    # When the slow host turned slow (epoch ms), and from its first progress report after
+    # that to the first slow-host verdict naming it (tailguard and attached runs, from the
+    # archive; None: never named).
+    slow_since_ms: int | None = None
+    slow_host_found_ms: float | None = None
     # The second job: the hosts on the fleet list when its application started.
     fleet_listed: list[str] = field(default_factory=list)
     # CPU seconds the job took, per part (`report.CPU_PARTS`, sampled by `bench.cpu`): the
@@ -223,7 +229,9 @@ class Bench:
         config = write_settings(self.work_dir, self.size, self.io, changes)
         settings = load_settings(config, environ={})
         data = {
-            s.name: prepare_data(self.work_dir, self.io if s.mode == "io" else self.size, s)
+            s.name: prepare_data(
+                self.work_dir, s.io_size(self.io) if s.mode == "io" else self.size, s
+            )
             for s in self.scenarios
         }
         records: list[RunRecord] = []
@@ -327,9 +335,14 @@ class Bench:
             if scenario.has_slow_node:
                 # CPU mode: after registration (a throttled executor registers late).
                 cluster.throttle(
-                    slow, scenario.slow_factor, duration_s=scenario.slow_for_s, mode=scenario.mode
+                    slow,
+                    scenario.slow_factor,
+                    duration_s=scenario.slow_for_s,
+                    mode=scenario.mode,
+                    after_s=scenario.slow_after_s,
                 )
                 rec.slow_host = slow
+                rec.slow_since_ms = int((time.time() + (scenario.slow_after_s or 0.0)) * 1000)
             rec.load_before = round(os.getloadavg()[0], 2)
             roots = cpu.CpuRoots(
                 self._control_plane,
@@ -343,15 +356,16 @@ class Bench:
                 # The session was built with `tailguard.spark_conf`: attached from its start;
                 # `attach` gives the handle (its application id).
                 app_id = _attach(spark, settings).app_id if contender.attach else None
+                io = scenario.io_size(self.io)
                 run = plain_spark.run_job(
                     spark,
                     scenario.shape,
                     data[scenario.name],
                     output,
                     self.size.work,
-                    self.io.task_s,
-                    self.io.rows_per_split,
-                    self.io.stages,
+                    io.task_s,
+                    io.rows_per_split,
+                    io.stages,
                 )
                 rec.job_s = run.duration_s
                 rec.ok = True
@@ -418,7 +432,9 @@ class Bench:
     ) -> None:
         from tailguard.agent.entry import run as run_job
 
-        job = tailguard_job(scenario.shape, data[scenario.name], output, self.size.work, self.io)
+        job = tailguard_job(
+            scenario.shape, data[scenario.name], output, self.size.work, scenario.io_size(self.io)
+        )
         # No services: archive only, so the services (running for the other contender) do not
         # act on this job's events.
         result = run_job(
@@ -457,6 +473,11 @@ def _from_archive(path: Path, settings: Any, rec: RunRecord) -> None:
 
     records: list[r.Record] = [x.record for x in read_archive(path, settings)]
     rec.stage_work = [asdict(s) for s in report.stage_work(records)]
+    rec.lost_copy_s = round(report.lost_race_s(records), 3)
+    if rec.slow_host is not None:
+        rec.slow_host_found_ms = report.slow_host_finding_ms(
+            records, rec.slow_host, rec.slow_since_ms
+        )
     rec.speculation_latency_ms = speculation_latency_rows(records)
     rec.decider_latency_ms = [
         {"vertex": v, "ms": ms} for v, ms in report.decider_latencies(records)
@@ -494,6 +515,10 @@ def _from_attached(settings: Any, app_id: str, rec: RunRecord) -> None:
         events = [e.record for e in ArchiveReader(archive)]
         rec.blocked_hosts = sorted({e.host for e in events if isinstance(e, r.NodeBlocked)})
         rec.speculative_wins = sum(isinstance(e, r.SpeculativeAttemptWon) for e in events)
+        if rec.slow_host is not None:
+            rec.slow_host_found_ms = report.slow_host_finding_ms(
+                events, rec.slow_host, rec.slow_since_ms
+            )
 
 
 def fleet_hosts(settings: Any) -> set[str]:

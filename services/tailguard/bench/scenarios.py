@@ -17,7 +17,7 @@ Every contender does the same work on the same generated files; only the schedul
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 # "io-frame": the I/O job as a team writes it in PySpark's DataFrame API (Parquet ->
@@ -37,7 +37,14 @@ class Scenario:
     slow_factor: float = 1.0  # 1: no slow node
     # None: slow for the whole job; otherwise the slow node recovers after this many seconds.
     slow_for_s: float | None = None
+    # None: slow from the start; otherwise the node turns slow this many seconds into the run
+    # (I/O mode: the slowness file's own start, so no process has to stay alive to do it).
+    slow_after_s: float | None = None
     healthy: str | None = None  # the scenario that gives the ideal (same job, no slow node)
+    # I/O mode: waiting stages one after the other (`IoSize.stages`), and files (two splits
+    # each, a task per split per stage) in place of the bench's size; None: the bench's.
+    stages: int = 1
+    files: int | None = None
 
     @property
     def mode(self) -> Mode:
@@ -50,7 +57,11 @@ class Scenario:
     @property
     def slow_throughout(self) -> bool:
         """One node slow for the whole job (and after it: the second job's case)."""
-        return self.has_slow_node and self.slow_for_s is None
+        return self.has_slow_node and self.slow_for_s is None and not self.slow_after_s
+
+    def io_size(self, io: IoSize) -> IoSize:
+        """The bench's I/O size as this scenario runs it."""
+        return replace(io, stages=self.stages, files=self.files or io.files)
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -71,6 +82,33 @@ SCENARIOS: dict[str, Scenario] = {
             slow_factor=5.0,
             slow_for_s=6.0,
             healthy="io-healthy",
+        ),
+        Scenario(
+            "io-turns-slow",
+            "I/O mode, one node turns 5x slow 6 s into the job",
+            "io",
+            slow_factor=5.0,
+            slow_after_s=6.0,
+            healthy="io-healthy",
+        ),
+        # Three shuffles: two rebalances between waiting stages, then the keyed aggregation.
+        # Half the splits, so a stage is three waves and a run stays near the others' length.
+        Scenario(
+            "io-stages-healthy",
+            "I/O mode, three shuffles (three waiting stages of 18 tasks), healthy cluster",
+            "io",
+            stages=3,
+            files=9,
+        ),
+        Scenario(
+            "io-stages-slow",
+            "I/O mode, three shuffles (three waiting stages of 18 tasks), one node 5x slow "
+            "throughout",
+            "io",
+            slow_factor=5.0,
+            healthy="io-stages-healthy",
+            stages=3,
+            files=9,
         ),
         Scenario(
             "io-frame-healthy",

@@ -9,6 +9,7 @@ from typing import Any
 from tailguard.bench import report
 from tailguard.bench.scenarios import (
     ATTACH_CONTENDER,
+    BENCH_POLICY,
     CONTENDERS,
     IO_FULL,
     PLAIN_CONTENDERS,
@@ -22,6 +23,7 @@ from tailguard.bench.scenarios import (
     IoSize,
     Scenario,
 )
+from tailguard.model.config import parse_duration_ms
 
 Run = Mapping[str, Any]  # one run as stored in the JSON (`RunRecord` as a dict)
 
@@ -33,9 +35,14 @@ CPU_SALES_GOAL = 1.1
 # Issue 23's targets for attach mode (`make bench-attach`), every rep.
 ATTACH_SLOW_VS_BEST_GOAL = 1.0
 ATTACH_SLOW_VS_PLAIN_GOAL = 0.9
-ATTACH_LOST_WORK_GOAL = 0.5  # of the tuned speculation's
 ATTACH_HEALTHY_GOAL = 1.02
 SECOND_JOB_COST_GOAL_S = 0.5
+# Issue 24's targets for tailguard's own jobs with the services (I/O mode).
+SLOW_COST_VS_SPARK_GOAL = 1.25  # the slow node's cost, against the best Spark contender's
+SLOW_VS_SPARK_GOAL = 0.95  # every rep, against the best Spark contender of the same round
+LOST_WORK_GOAL = 0.5  # of the tuned speculation's, every rep (attach mode's target too)
+HEALTHY_VS_SPARK_GOAL = 1.0
+FINDING_INTERVALS_GOAL = 3.0  # first slow-host verdict after the host's first report, median
 
 
 @dataclass
@@ -60,8 +67,15 @@ def _ok_times(runs: Sequence[Run], scenario: str, contender: str) -> list[float]
 
 
 def io_limit(scenario: Scenario, io: IoSize) -> report.IoLimit:
+    mine = scenario.io_size(io)
     return report.io_limit(
-        io.tasks, io.task_s, io.workers, scenario.slow_factor, scenario.slow_for_s
+        mine.tasks,
+        mine.task_s,
+        mine.workers,
+        scenario.slow_factor,
+        scenario.slow_for_s,
+        scenario.slow_after_s,
+        mine.stages,
     )
 
 
@@ -104,9 +118,11 @@ def figures(runs: Sequence[Run], scenario: Scenario, io: IoSize = IO_FULL) -> Sc
     if scenario.mode == "io":
         bounds = io_limit(scenario, io)
         limit = bounds.tasks_s
+        size = scenario.io_size(io)
+        stages = "" if size.stages == 1 else f"{size.stages} stages of "
         extra[
-            f"physical limit: {io.tasks} indivisible {io.task_s:g} s tasks on {io.workers} hosts, "
-            "no overhead"
+            f"physical limit: {stages}{size.tasks} indivisible {size.task_s:g} s tasks on "
+            f"{size.workers} hosts, no overhead"
         ] = limit
         extra["fluid bound: total work / capacity"] = bounds.fluid_s
         if SECOND_JOB in present:
@@ -147,7 +163,7 @@ def goals(f: ScenarioFigures, runs: Sequence[Run]) -> list[str]:
     lines = []
     if s.mode == "io" and not s.has_slow_node:
         lines += _vs_best_plain(f, TAILGUARD_CONTENDERS, HEALTHY_IO_GOAL, "≤")
-    if s.mode == "io" and s.has_slow_node and s.slow_for_s is None:
+    if s.mode == "io" and s.slow_throughout:
         lines += _vs_best_plain(f, (SERVICES_CONTENDER,), SLOW_IO_GOAL, "≤")
         tg = f.medians.get(SERVICES_CONTENDER)
         if tg is not None and f.limit_s:
@@ -156,6 +172,8 @@ def goals(f: ScenarioFigures, runs: Sequence[Run]) -> list[str]:
                 f"{SERVICES_CONTENDER} / physical limit = {ratio:.2f} "
                 f"(goal ≤ {SLOW_IO_LIMIT_GOAL:g}: {_verdict(ratio <= SLOW_IO_LIMIT_GOAL)})"
             )
+    if s.mode == "io" and SERVICES_CONTENDER in f.medians:
+        lines += slow_node_goals(f, runs)
     if s.shape == "sales" and not s.has_slow_node:
         lines += _vs_best_plain(f, TAILGUARD_CONTENDERS, CPU_SALES_GOAL, "≤")
     if s.mode == "io" and any(
@@ -247,8 +265,77 @@ def attach_goals(f: ScenarioFigures, runs: Sequence[Run]) -> list[str]:
     return lines
 
 
-def _lost_work_goal(runs: Sequence[Run], scenario: str) -> str:
-    a, tuned = ATTACH_CONTENDER, TUNED_SPECULATION_CONTENDER
+def check_interval_ms() -> int:
+    """The detector's check interval in the bench's settings."""
+    return parse_duration_ms(BENCH_POLICY["slow-task-detector.check-interval"])
+
+
+def slow_node_goals(f: ScenarioFigures, runs: Sequence[Run]) -> list[str]:
+    """Issue 24's targets for tailguard with the services: on a healthy cluster no slower than
+    the best Spark contender and no host blocked; with a slow node, a cost (its slow median
+    minus its own healthy median) within 1.25x of the best Spark contender's, every rep within
+    0.95x of it, half the tuned speculation's extra work, and the slow host found within three
+    check intervals of its first progress report."""
+    s, tg, best = f.scenario, SERVICES_CONTENDER, f.best_plain
+    mine = _ok(runs, s.name, tg)
+    if not s.has_slow_node:
+        blocked = [x for x in mine if x.get("blocked_hosts")]
+        lines = _vs_best_plain(f, (tg,), HEALTHY_VS_SPARK_GOAL, "≤")
+        hosts = sorted({h for x in blocked for h in x["blocked_hosts"]})
+        lines.append(
+            f"{tg}: a host blocked in {len(blocked)} of {len(mine)} healthy runs"
+            + (f" ({', '.join(hosts)})" if hosts else "")
+            + f" (goal 0: {_verdict(not blocked)})"
+        )
+        return lines
+    lines = []
+    if best and s.healthy:
+        costs = {
+            c: f.medians[c] - report.spread(h).median
+            for c in (tg, best)
+            if c in f.medians and (h := _ok_times(runs, s.healthy, c))
+        }
+        if len(costs) == 2 and costs[best] > 0:
+            ratio = costs[tg] / costs[best]
+            lines.append(
+                f"slow node's cost (slow median - own healthy median): {tg} {costs[tg]:+.2f} s, "
+                f"{best} {costs[best]:+.2f} s: {ratio:.2f}x (goal ≤ {SLOW_COST_VS_SPARK_GOAL:g}x:"
+                f" {_verdict(ratio <= SLOW_COST_VS_SPARK_GOAL)})"
+            )
+        else:
+            shown = ", ".join(f"{c} {v:+.2f} s" for c, v in costs.items()) or "no healthy runs"
+            lines.append(
+                f"slow node's cost: {shown}; no ratio to the best Spark contender "
+                f"(goal ≤ {SLOW_COST_VS_SPARK_GOAL:g}x: NOT met)"
+            )
+        lines.append(
+            _every_rep(
+                f"slow node: {tg} / the best Spark contender ({best})",
+                _paired(runs, s.name, tg, best, "job_s"),
+                SLOW_VS_SPARK_GOAL,
+            )
+        )
+    lines.append(_lost_work_goal(runs, s.name, tg))
+    found = [float(x["slow_host_found_ms"]) for x in mine if x.get("slow_host_found_ms")]
+    interval = check_interval_ms()
+    if found:
+        median = report.spread(found).median / interval
+        lines.append(
+            f"{tg}: slow host found {median:.1f} check intervals ({interval} ms) after its first "
+            f"progress report, median of {len(found)} of {len(mine)} runs (spread "
+            f"{min(found):.0f}-{max(found):.0f} ms) (goal ≤ {FINDING_INTERVALS_GOAL:g}: "
+            f"{_verdict(median <= FINDING_INTERVALS_GOAL and len(found) == len(mine))})"
+        )
+    else:
+        lines.append(
+            f"{tg}: the slow host was never named slow in {len(mine)} runs "
+            f"(goal ≤ {FINDING_INTERVALS_GOAL:g} check intervals: NOT met)"
+        )
+    return lines
+
+
+def _lost_work_goal(runs: Sequence[Run], scenario: str, a: str = ATTACH_CONTENDER) -> str:
+    tuned = TUNED_SPECULATION_CONTENDER
     mine, theirs = _by_rep(runs, scenario, a), _by_rep(runs, scenario, tuned)
     pairs = [
         (float(mine[i]["lost_copy_s"]), float(theirs[i]["lost_copy_s"]))
@@ -257,12 +344,10 @@ def _lost_work_goal(runs: Sequence[Run], scenario: str) -> str:
     ]
     label = f"extra work (task-s of copies that lost): {a} against {tuned}"
     if not pairs:
-        return f"{label}: no rep to compare (goal ≤ {ATTACH_LOST_WORK_GOAL:g}×: NOT met)"
+        return f"{label}: no rep to compare (goal ≤ {LOST_WORK_GOAL:g}×: NOT met)"
     shown = ", ".join(f"{x:.1f} s vs {y:.1f} s" for x, y in pairs)
-    met = all(x <= ATTACH_LOST_WORK_GOAL * y for x, y in pairs)
-    return (
-        f"{label}, per rep: {shown} (goal ≤ {ATTACH_LOST_WORK_GOAL:g}× every rep: {_verdict(met)})"
-    )
+    met = all(x <= LOST_WORK_GOAL * y for x, y in pairs)
+    return f"{label}, per rep: {shown} (goal ≤ {LOST_WORK_GOAL:g}× every rep: {_verdict(met)})"
 
 
 def _second_job_goal(runs: Sequence[Run], scenario: str) -> list[str]:

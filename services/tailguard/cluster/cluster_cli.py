@@ -102,6 +102,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--for", dest="duration", type=_duration, help="only for this long (e.g. 30s, 2m)"
     )
     throttle.add_argument(
+        "--after",
+        type=_duration,
+        help="io mode: start this long from now (e.g. 6s): a node that turns slow mid-job",
+    )
+    throttle.add_argument(
         "--mode",
         choices=THROTTLE_MODES,
         default="cpu",
@@ -187,8 +192,11 @@ def _format_status(status: dict[str, Any]) -> str:
         if w["throttle"]:
             t = w["throttle"]
             left = t["seconds_left"]
-            line += f"  throttled x{t['factor']:g} {t['mode']}" + (
-                "" if left is None else f" ({left:.0f}s left)"
+            starts_in = t.get("starts_in")
+            line += (
+                f"  throttled x{t['factor']:g} {t['mode']}"
+                + ("" if starts_in is None else f" (starts in {starts_in:.0f}s)")
+                + ("" if left is None else f" ({left:.0f}s left)")
             )
         lines.append(line)
     return "\n".join(lines)
@@ -199,8 +207,14 @@ def _throttle(cluster: LocalCluster, args: argparse.Namespace) -> int:
         cluster.unthrottle(args.host)
         _say(f"{args.host} runs at full speed")
         return 0
-    pid = cluster.throttle(args.host, args.factor, args.duration, args.period_ms, args.mode)
+    if args.after and args.mode != "io":
+        _say("error: --after is for --mode io only")
+        return 2
+    pid = cluster.throttle(
+        args.host, args.factor, args.duration, args.period_ms, args.mode, after_s=args.after
+    )
     span = "" if args.duration is None else f" for {args.duration:g}s"
+    span += "" if not args.after else f" from {args.after:g}s on"
     how = f"throttler pid {pid}" if pid is not None else "tasks there read the new factor"
     _say(f"throttling {args.host} x{args.factor:g} in {args.mode} mode{span} ({how})")
     return 0

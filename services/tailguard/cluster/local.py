@@ -339,9 +339,17 @@ class LocalCluster:
             left = None if t.until is None else max(0.0, t.until - now)
             return {"mode": "cpu", "factor": t.factor, "pid": t.pid, "seconds_left": left}
         slow = slowness.read(slowness.slowness_file(self.work_dir, host))
-        if slow is not None and slow.factor_at(now) > 1.0:
+        pending = slow is not None and slow.since is not None and now < slow.since
+        if slow is not None and (pending or slow.factor_at(now) > 1.0):
             left = None if slow.until is None else max(0.0, slow.until - now)
-            return {"mode": "io", "factor": slow.factor, "pid": None, "seconds_left": left}
+            starts_in = max(0.0, slow.since - now) if pending and slow.since else None
+            return {
+                "mode": "io",
+                "factor": slow.factor,
+                "pid": None,
+                "seconds_left": left,
+                "starts_in": starts_in,
+            }
         return None
 
     # ----------------------------------------------------------------- starting
@@ -535,8 +543,10 @@ class LocalCluster:
         duration_s: float | None = None,
         period_ms: float = 100,
         mode: ThrottleMode = "cpu",
+        after_s: float | None = None,
     ) -> int | None:
-        """Slow `host` down `factor` times (for `duration_s`, or until `unthrottle`).
+        """Slow `host` down `factor` times (for `duration_s`, or until `unthrottle`; in io mode
+        from `after_s` seconds on: a node that turns slow mid-job).
 
         - `mode="cpu"`: a throttler process pauses and resumes the worker's process tree
           (returns its pid). Throttle only after the host's executor has registered: an
@@ -548,9 +558,15 @@ class LocalCluster:
         """
         if mode not in THROTTLE_MODES:
             raise ValueError(f"mode must be one of {THROTTLE_MODES}, not {mode!r}")
+        if after_s and mode != "io":
+            # A pause that starts later would need a throttler process waiting to start it;
+            # the io mode's file holds its own start, so no process has to stay alive.
+            raise ValueError("a later start (after_s) is for the io mode only")
         self.unthrottle(host)  # also re-reads the state file and checks the host
         if mode == "io":
-            slowness.write(slowness.slowness_file(self.work_dir, host), factor, duration_s)
+            slowness.write(
+                slowness.slowness_file(self.work_dir, host), factor, duration_s, after_s=after_s
+            )
             return None
         state = self._require_state()
         caveat = cpu_throttle_caveat(len(state.workers) * state.cores)

@@ -9,15 +9,17 @@ fit on a few cores and the slow node really loses `1 - 1/factor` of its capacity
 
 How the factor reaches the task:
 - `tailguard cluster` writes one small JSON file per slowed worker,
-  `<cluster work dir>/slowness/<host>.json` = `{"factor": 5.0, "until": <epoch s or null>}`,
-  atomically (write, then rename), and removes it to make the host healthy again.
+  `<cluster work dir>/slowness/<host>.json` =
+  `{"factor": 5.0, "since": <epoch s or null>, "until": <epoch s or null>}`, atomically (write,
+  then rename), and removes it to make the host healthy again.
 - Each worker is started with `TAILGUARD_SLOWNESS_FILE` naming its file. Executors inherit the
   worker's environment and Python workers the executor's, as they inherit `SPARK_LOCAL_IP`, so
   a task finds its own host's file without knowing the cluster.
 - A file rather than an environment value, because the environment of a running executor cannot
   change: the file can, so a host can be slowed or healed mid-job, and running tasks see it
   within one tick (`io_work` re-reads it every 100 ms). `until` makes a temporary slowness
-  (`--for 30s`) expire without any process having to stay alive to undo it.
+  (`--for 30s`) expire, and `since` a later one (`--after 6s`: a node that turns slow mid-job)
+  begin, without any process having to stay alive to do it.
 
 Task side: `host_factor()` (1.0 when not on a slowed host, or outside such a cluster) and
 `io_work(seconds)`, which does `seconds` of healthy-host work: it progresses at 1/factor of the
@@ -47,24 +49,40 @@ TICK_S = 0.1  # how often `io_work` re-reads the factor
 class Slowness:
     factor: float
     until: float | None  # wall-clock epoch seconds; None: until cleared
+    since: float | None = None  # wall-clock epoch seconds; None: from when it was written
 
     def factor_at(self, now: float) -> float:
-        return 1.0 if self.until is not None and now >= self.until else self.factor
+        started = self.since is None or now >= self.since
+        ended = self.until is not None and now >= self.until
+        return self.factor if started and not ended else 1.0
 
 
 def slowness_file(cluster_work_dir: Path, host: str) -> Path:
     return Path(cluster_work_dir) / SLOWNESS_DIR / f"{host}.json"
 
 
-def write(path: Path, factor: float, duration_s: float | None = None) -> Slowness:
-    """Slow the host whose file is `path` by `factor` (for `duration_s`, or until cleared)."""
+def write(
+    path: Path,
+    factor: float,
+    duration_s: float | None = None,
+    after_s: float | None = None,
+    now: float | None = None,
+) -> Slowness:
+    """Slow the host whose file is `path` by `factor`: from `after_s` seconds on (None: now),
+    for `duration_s` (None: until cleared)."""
     if not factor >= 1.0:
         raise ValueError(f"factor must be >= 1 (1 = not slowed), got {factor}")
-    until = None if duration_s is None else time.time() + duration_s
-    slow = Slowness(float(factor), until)
+    for name, value in (("duration_s", duration_s), ("after_s", after_s)):
+        if value is not None and not value >= 0:
+            raise ValueError(f"{name} must be >= 0 seconds, got {value}")
+    start = time.time() if now is None else now
+    since = None if not after_s else start + after_s
+    begins = start if since is None else since
+    until = None if duration_s is None else begins + duration_s
+    slow = Slowness(float(factor), until, since)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"factor": slow.factor, "until": slow.until}))
+    tmp.write_text(json.dumps({"factor": slow.factor, "since": slow.since, "until": slow.until}))
     tmp.replace(path)  # a task never reads a half-written file
     return slow
 
@@ -79,9 +97,10 @@ def read(path: Path) -> Slowness | None:
         raw = json.loads(path.read_text())
         factor = float(raw["factor"])
         until = None if raw.get("until") is None else float(raw["until"])
+        since = None if raw.get("since") is None else float(raw["since"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return Slowness(max(1.0, factor), until)
+    return Slowness(max(1.0, factor), until, since)
 
 
 def factor_of(path: Path | None, now: float | None = None) -> float:
