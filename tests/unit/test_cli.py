@@ -121,6 +121,10 @@ def test_replay_exits_2_on_a_usage_or_input_error(
         (["bench", "--runs", "0"], "--runs must be at least 1"),
         (["bench", "--task-seconds", "0"], "--task-seconds must be above 0"),
         (["cluster", "throttle", "127.0.0.2", "--factor", "0.5"], "factor must be >= 1"),
+        (
+            ["cluster", "throttle", "127.0.0.2", "--factor", "5", "--after", "6s"],
+            "--after is for --mode io only",
+        ),
     ],
 )
 def test_a_bad_request_is_named_and_exits_2_before_anything_starts(

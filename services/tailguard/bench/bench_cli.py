@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tailguard.bench import scenarios as sc
 from tailguard.bench import summary
+from tailguard.broker.embedded import broker_name
 
 BENCH_DIR = Path("work") / "bench"
 RESULTS_DIR = Path("benchmarks") / "results"
@@ -48,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"I/O mode: a task's wait on a healthy host (default {sc.IO_FULL.task_s:g}); longer "
         "tasks make the wait, not the 2 cores' CPU, the job's limit",
+    )
+    parser.add_argument(
+        "--mock",
+        action="store_true",
+        help="run the stack on librdkafka's mock broker, not Apache Kafka (to compare with "
+        "figures taken before Apache Kafka was the default)",
     )
     parser.add_argument("--out", default=str(RESULTS_DIR), help=f"default {RESULTS_DIR}")
     parser.add_argument("--work-dir", default=str(BENCH_DIR), help=f"default {BENCH_DIR}")
@@ -99,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
     command = f"tailguard bench {shlex.join(given)}"
     load_before = _load()
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    bench = Bench(Path(args.work_dir).resolve(), size, io, chosen, runs, _say, contenders)
+    bench = Bench(
+        Path(args.work_dir).resolve(), size, io, chosen, runs, _say, contenders, args.mock
+    )
     result = bench.run()
     raw = [asdict(x) for x in result.records]
     header = {
@@ -111,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         "by its slowness factor",
         "CPU mode": f"{runner_workers('cpu', io)} workers × 1 core, {size.splits} splits of "
         f"{size.rows_per_file // 2} rows, score work {size.work}",
+        "broker": broker_name(args.mock),
         "runs": f"{runs} per contender, interleaved",
         "contenders": ", ".join(c.name for c in contenders),
         "total wall time": f"{result.wall_s / 60:.1f} min (including cluster and session start-up)",

@@ -200,8 +200,10 @@ class Bench:
         runs: int,
         say: Say,
         contenders: tuple[Contender, ...] = CONTENDERS,
+        mock_broker: bool = False,
     ) -> None:
         self.work_dir = work_dir
+        self.mock_broker = mock_broker
         self.size = size
         self.io = io
         self.scenarios = scenarios
@@ -239,7 +241,10 @@ class Bench:
         modes: list[Mode] = [m for m in ("io", "cpu") if any(s.mode == m for s in self.scenarios)]
         with (
             _quiet_spark_logs(),
-            stack.running(stack.StackRequest(self.work_dir, config=config), self.say) as up_,
+            stack.running(
+                stack.StackRequest(self.work_dir, config=config, mock_broker=self.mock_broker),
+                self.say,
+            ) as up_,
         ):
             self._control_plane = _control_plane_pids(up_)
             for mode in modes:

@@ -131,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "throttle" and not args.off and args.factor < 1:
             _say(f"error: factor must be >= 1 (1 = not slowed), got {args.factor:g}")
             return 2  # a usage error, found before looking for the cluster
+        if args.action == "throttle" and not args.off and args.after and args.mode != "io":
+            _say("error: --after is for --mode io only (a cpu-mode throttler would wait alive)")
+            return 2
         if args.action == "down" and not (Path(args.work_dir) / STATE_FILE).exists():
             _say(f"no cluster running under {Path(args.work_dir).resolve()}")
             return 0
@@ -207,9 +210,6 @@ def _throttle(cluster: LocalCluster, args: argparse.Namespace) -> int:
         cluster.unthrottle(args.host)
         _say(f"{args.host} runs at full speed")
         return 0
-    if args.after and args.mode != "io":
-        _say("error: --after is for --mode io only")
-        return 2
     pid = cluster.throttle(
         args.host, args.factor, args.duration, args.period_ms, args.mode, after_s=args.after
     )
