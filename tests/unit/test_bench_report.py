@@ -657,8 +657,10 @@ def test_slow_host_finding_from_the_hosts_first_report() -> None:
     ]
     assert report.slow_host_finding_ms(records, "slow") == 1_250.0
     assert report.slow_host_finding_ms(records, "fast") is None  # never named
-    # Turned slow at 1.2 s: counted from its first report after that.
-    assert report.slow_host_finding_ms(records, "slow", since_ms=1_200) == 750.0
+    # Turned slow at 1.2 s, after its first report: counted from then.
+    assert report.slow_host_finding_ms(records, "slow", since_ms=1_200) == 1_050.0
+    # Turned slow before its first report: counted from the report.
+    assert report.slow_host_finding_ms(records, "slow", since_ms=500) == 1_250.0
     assert report.slow_host_finding_ms(records[:4], "slow") is None
 
 

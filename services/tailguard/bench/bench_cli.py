@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         header["policy changed for the second job"] = ", ".join(
             f"{k}={v}" for k, v in result.policy_changes.items()
         ) + (
-            f" (the bench's is {sc.BENCH_POLICY[sc.BLOCK_DURATION_KEY]}: the fleet block must "
+            f" (the bench's is {sc.block_duration()}: the fleet block must "
             "outlast a session's start-up)"
         )
         header["second job"] = (

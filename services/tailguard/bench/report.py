@@ -236,12 +236,12 @@ def lost_race_s(records: Iterable[r.Record]) -> float:
 def slow_host_finding_ms(
     records: Iterable[r.Record], host: str, since_ms: int | None = None
 ) -> float | None:
-    """From the slow host's first progress report (at or after `since_ms`, when the host
-    turned slow) to the first finding whose slow-host verdict names it; None: never found."""
+    """From when the slow host could first be judged to the first finding whose slow-host
+    verdict names it; None: never named. That moment is its first progress report, or when it
+    turned slow (`since_ms`, a node that turns slow mid-job) if that is later: its attempts
+    running then have reported already, and report again only as they read more."""
     first_report: int | None = None
     for rec in records:
-        if since_ms is not None and rec.ts < since_ms:
-            continue
         if first_report is None and isinstance(rec, r.AttemptProgress) and rec.host == host:
             first_report = rec.ts
         elif (
@@ -249,7 +249,7 @@ def slow_host_finding_ms(
             and isinstance(rec, r.SlowTasksDetected)
             and host in rec.slow_hosts
         ):
-            return float(rec.ts - first_report)
+            return float(rec.ts - max(first_report, since_ms or first_report))
     return None
 
 

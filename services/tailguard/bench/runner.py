@@ -26,6 +26,7 @@ from tailguard.bench.scenarios import (
     ATTACH_POLICY,
     BLOCK_DURATION_KEY,
     CONTENDERS,
+    IO_JOB_SETTINGS,
     SECOND_JOB,
     SECOND_JOB_BLOCK,
     Contender,
@@ -311,8 +312,10 @@ class Bench:
             if second:
                 listed = fleet_hosts(settings)
                 rec.fleet_listed = sorted(listed)
-            elif self.second_jobs and (contender.attach or contender.services):
-                # A block lasts SECOND_JOB_BLOCK here: only the second job may start with one.
+            elif contender.attach or contender.services:
+                # Every run but a second job starts with an empty fleet list: a block from an
+                # earlier run (a minute by default, SECOND_JOB_BLOCK when a second job runs)
+                # must not stand in a later scenario's run.
                 fleet_clear(settings)
         except Exception as err:  # the run goes on; the second job's report shows the list
             self.say(f"the fleet list could not be read or cleared: {err}")
@@ -447,7 +450,7 @@ class Bench:
             spark,
             log_mode="kafka" if contender.services else "archive",
             services=contender.services,
-            settings=settings,
+            settings=settings.merged(IO_JOB_SETTINGS) if scenario.mode == "io" else settings,
             progress=False,
         )
         rec.job_id = result.job_id
