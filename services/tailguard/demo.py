@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     from tailguard import stack
     from tailguard.agent.adapters.spark import session_builder
     from tailguard.agent.entry import run as run_job
+    from tailguard.bench import plain_spark
     from tailguard.examples import sales_by_region as example
     from tailguard.model.config import Settings
     from tailguard.replay.engine import replay
@@ -161,6 +162,10 @@ def run(args: argparse.Namespace) -> int:
         spark.sparkContext.setLogLevel("ERROR")
         try:
             stack.await_executors(spark, cluster.hosts())
+            # Before the clock, as `--pyspark` and the bench do: each executor's Python worker
+            # starts here. A fresh session's first Spark task pays the executor's and its
+            # Python's start-up (10-12 s of the job in a cold demo), which is not the job's.
+            plain_spark.warm_up(spark.sparkContext, cluster.hosts())
             slow = cluster.hosts()[-1]
             cluster.throttle(slow, args.slow_factor, mode=SLOW_MODE)
             _say(f"{slow} {args.slow_factor:g}x slow for I/O-bound work: the slow node")

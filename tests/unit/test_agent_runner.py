@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import pickle
 import queue
+import re
 import secrets
 import socket
 import struct
@@ -459,15 +460,141 @@ class UnusableExecutors(FakeSparkContext):
         raise RuntimeError('Cannot run program "./environment/bin/python": error=2')
 
 
-def test_spark_runtime_start_fails_when_the_executors_cannot_run_python() -> None:
+def test_spark_runtime_fails_the_job_when_the_executors_cannot_run_python() -> None:
+    # Each runner checks its executor first: the check's failure goes to the job, with the fix,
+    # and the runner's own Spark job is never started.
     from tailguard.agent.adapters.spark import SparkRuntime
+    from tailguard.agent.driver.ports import AgentThreadFailed, RunnerConnected, RunnerLost
     from tailguard.agent.executor.environment import ExecutorEnvironmentError
 
     sc = UnusableExecutors(cores=2)
     runtime = SparkRuntime(SimpleNamespace(sparkContext=sc))  # type: ignore[arg-type]
+    inbox: queue.Queue[Any] = queue.Queue()
     try:
-        with pytest.raises(ExecutorEnvironmentError, match=r"environment/bin/python.*deploy\.md"):
-            runtime.start("job", lambda _message: None)
-        assert runtime._runners == {}  # no runner was launched
+        assert runtime.start("job", inbox.put) == 2
+        failed = next_of(inbox, AgentThreadFailed)
+        assert isinstance(failed.error, ExecutorEnvironmentError)
+        assert re.search(r"environment/bin/python.*deploy\.md", str(failed.error))
+        deadline = time.monotonic() + WAIT_S
+        while runtime._failed_launches["localhost"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen = list(inbox.queue)
+        assert not any(isinstance(m, RunnerConnected) for m in seen)
+        lost = [m.reason for m in seen if isinstance(m, RunnerLost)]
+        assert lost and all(
+            reason.startswith("its executor cannot run tailguard") for reason in lost
+        )
     finally:
+        runtime.close()
+
+
+class TwoHosts(FakeSparkContext):
+    """A cluster of hosts `fast` and `slow` (one core each) whose Python on `slow` answers the
+    environment check only once `gate` is set: a whole-cluster check waits for it too."""
+
+    master = "spark://127.0.0.1:7077"
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__(cores=2)
+        self.gate = gate
+
+    def getConf(self) -> Any:
+        conf = {
+            "spark.task.maxFailures": "1",
+            "spark.speculation": "false",
+            "spark.locality.wait": "1h",
+            "spark.driver.host": "127.0.0.1",
+        }
+        return SimpleNamespace(get=lambda key, default=None: conf.get(key, default))
+
+    def parallelize(self, items: list[Any], slices: int) -> FakeRDD:
+        return GatedRDD(items, self.gate)  # its tasks run on every host, `slow` included
+
+    def pinned(self, items: list[tuple[Any, str]]) -> FakeRDD:
+        hosts = {host for _, host in items}
+        return GatedRDD([payload for payload, _ in items], self.gate if "slow" in hosts else None)
+
+
+class GatedRDD(FakeRDD):
+    def __init__(self, items: list[Any], gate: threading.Event | None) -> None:
+        super().__init__(items)
+        self.gate = gate
+
+    def mapPartitions(self, fn: Any) -> FakeRDD:
+        from tailguard.agent.executor import environment
+
+        if fn is environment.describe and self.gate is not None:
+            assert self.gate.wait(WAIT_S), "the slow host's check was never let through"
+        return super().mapPartitions(fn)
+
+
+def test_a_hosts_runners_connect_without_waiting_for_another_hosts_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tailguard.agent.adapters import spark as spark_adapter
+    from tailguard.agent.driver.ports import RunnerConnected
+    from tailguard.model.config import Settings
+
+    gate = threading.Event()
+    sc = TwoHosts(gate)
+    monkeypatch.setattr(spark_adapter, "pinned_rdd", lambda _sc, items: sc.pinned(items))
+    settings = Settings({"tailguard.runner.cancel-grace": "500 ms"})
+    runtime = spark_adapter.SparkRuntime(SimpleNamespace(sparkContext=sc), settings)  # type: ignore[arg-type]
+    monkeypatch.setattr(runtime, "executors", lambda: {"fast": 1, "slow": 1})
+    inbox: queue.Queue[Any] = queue.Queue()
+    starting = threading.Thread(target=runtime.start, args=("job", inbox.put), daemon=True)
+    starting.start()
+    try:
+        # `slow` has not answered its check: `fast`'s runner is connected all the same.
+        assert next_of(inbox, RunnerConnected, timeout=5.0).host == "fast"
+        gate.set()
+        assert next_of(inbox, RunnerConnected).host == "slow"
+    finally:
+        gate.set()
+        starting.join(WAIT_S)
+        runtime.close()
+
+
+STUCK = threading.Event()
+RELEASE = threading.Event()
+
+
+def stuck(t: pa.Table) -> pa.Table:
+    STUCK.set()
+    RELEASE.wait(30)  # a blocking call that never looks at the cancel flag
+    return t
+
+
+def test_closing_does_not_wait_for_a_runner_stuck_in_an_attempt(tmp_path: Path) -> None:
+    # The job's outputs are committed when the runtime closes: a loser stuck in a blocking call
+    # is cleaned up in the background, after the cancel grace, not on the caller's time.
+    from tailguard.agent.adapters.spark import SparkRuntime
+    from tailguard.agent.driver.ports import FromRunner, RunnerConnected
+    from tailguard.model.config import Settings
+
+    STUCK.clear()
+    RELEASE.clear()
+    sc = FakeSparkContext(cores=2)
+    settings = Settings({"tailguard.runner.cancel-grace": "3 s"})
+    runtime = SparkRuntime(SimpleNamespace(sparkContext=sc), settings)  # type: ignore[arg-type]
+    inbox: queue.Queue[Any] = queue.Queue()
+    try:
+        runtime.start("job", inbox.put)
+        busy = next_of(inbox, RunnerConnected)
+        idle = next_of(inbox, RunnerConnected)
+        task = spec(tmp_path, 0, OperatorStep("stuck", stuck))
+        runtime.deploy(busy.slot, task)
+        assert next_of(inbox, FromRunner).message == AttemptStarted(task.key)
+        assert STUCK.wait(WAIT_S)
+        started = time.monotonic()
+        runtime.close()
+        assert time.monotonic() - started < 1.5  # not the 3 s grace
+        assert runtime._runners[idle.slot].job_done.is_set()  # the idle runner has ended
+        stuck_runner = runtime._runners[busy.slot]
+        assert not stuck_runner.job_done.is_set()
+        # In the background: the runner, told to stop, gives up on its attempt after the grace
+        # and ends (a real one then ends its worker process).
+        assert stuck_runner.job_done.wait(WAIT_S)
+    finally:
+        RELEASE.set()
         runtime.close()

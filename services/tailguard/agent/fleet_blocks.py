@@ -70,8 +70,11 @@ def blocks_to_apply(
     return taken
 
 
-def apply_fleet_list(job: StartingJob, read: FleetListReader) -> list[FleetBlock]:
-    """Block the job's hosts that are on the fleet list; returns the entries applied."""
+def apply_fleet_list(
+    job: StartingJob, read: FleetListReader, hosts: Collection[str] | None = None
+) -> list[FleetBlock]:
+    """Block the job's hosts that are on the fleet list; returns the entries applied. `hosts`:
+    the job's hosts, when the pool does not hold them all yet (runners still connecting)."""
     if not job.settings.flag(FLEET_SETTING):
         log.info("job %s opted out of the fleet blocklist (%s)", job.job_id, FLEET_SETTING)
         return []
@@ -82,7 +85,7 @@ def apply_fleet_list(job: StartingJob, read: FleetListReader) -> list[FleetBlock
         return []
     applied = blocks_to_apply(
         changes,
-        job.pool.hosts.keys(),
+        job.pool.hosts.keys() if hosts is None else hosts,
         job.pool.blocked(),
         job.max_blocked_fraction,
         job.now(),

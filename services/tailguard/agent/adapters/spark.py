@@ -2,9 +2,11 @@
 
 At job start the runtime opens a listener in the driver (bound to `spark.driver.host`, guarded by
 a per-job secret) and launches one runner per executor core, each as a one-partition Spark job
-pinned to its host by location preference. A runner connects back, and from then on attempts are
-messages on its connection, not Spark jobs: a pinned Spark job per attempt cost 169 ms p50, a
-message round trip costs well under a millisecond (design §1).
+pinned to its host by location preference, after a one-task check of that executor's Python on
+the same host (`environment`). Each runner checks and starts on its own: a host's runners connect
+as soon as its executor answers, whatever the other hosts do. A runner connects back, and from
+then on attempts are messages on its connection, not Spark jobs: a pinned Spark job per attempt
+cost 169 ms p50, a message round trip costs well under a millisecond (design §1).
 
 Spark keeps doing what it is good at: executors, Python workers, loss detection. Its own retries
 and speculation are off (`spark.task.maxFailures=1`, `spark.speculation=false`) because the
@@ -169,14 +171,19 @@ def runner_listen_address(conf: Mapping[str, str], local: bool) -> tuple[str, st
 class _Runner:
     runner_id: str
     host: str
-    tag: str  # its Spark job's tag (job_tag): cancels it alone
+    tag: str  # its Spark job's tag (job_tag): cancels it alone, its environment check too
     description: str  # its Spark job's description in Spark's UI
+    # Whether its executor's Python is checked before the runner starts (the runners launched
+    # at job start; a later executor's runner is checked by its hello's build).
+    check: bool = False
     conn: Connection | None = None
     connected: bool = False
     ended: bool = False
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     # Set once its Spark job has returned (the runner's process is done with its core).
     job_done: threading.Event = field(default_factory=threading.Event)
+    # The attempt it was sent and has not reported the end of (None: idle).
+    attempt: AttemptKey | None = None
 
 
 class SparkRuntime:
@@ -213,24 +220,30 @@ class SparkRuntime:
         self._listener: Listener | None = None
         self._address: tuple[str, int] | None = None
         self._build = environment.tailguard_build()
+        # What the executors' checks compare with (set at start).
+        self._driver_python: dict[str, str] = {}
 
     @property
     def job_name(self) -> str:
         return self._job_name or self._job_id
 
     @contextlib.contextmanager
-    def _labelled(self, tag: str, description: str) -> Iterator[None]:
+    def _labelled(self, tag: str, description: str, *more_tags: str) -> Iterator[None]:
         """The Spark jobs started in this block, on this thread, are in the job's group with
-        `description` and `tag`. Spark keeps these per thread (PySpark pins a JVM thread to each
-        Python thread), and the thread's own values come back afterwards: the environment check
-        runs on the caller's thread, whose later Spark jobs are not tailguard's."""
+        `description` and `tag` (and `more_tags`). Spark keeps these per thread (PySpark pins a
+        JVM thread to each Python thread), and the thread's own values come back afterwards:
+        a check without executors runs on the caller's thread, whose later Spark jobs are not
+        tailguard's."""
+        tags = (tag, *more_tags)
         before = {key: self.sc.getLocalProperty(key) for key in _LABEL_KEYS}
         self.sc.setJobGroup(job_group(self._job_id), description, interruptOnCancel=True)
-        self.sc.addJobTag(tag)
+        for each in tags:
+            self.sc.addJobTag(each)
         try:
             yield
         finally:
-            self.sc.removeJobTag(tag)
+            for each in tags:
+                self.sc.removeJobTag(each)
             for key, value in before.items():
                 # None removes the property (SparkContext.setLocalProperty with null).
                 self.sc.setLocalProperty(key, value)  # type: ignore[arg-type]
@@ -255,12 +268,20 @@ class SparkRuntime:
     # ---------------------------------------------------------------- lifecycle
 
     def start(self, job_id: str, post: Post) -> int:
-        """Check the executors' environment, open the listener, launch the runners.
+        """Open the listener and launch the runners, each checking its executor first.
 
-        Raises `ExecutorEnvironmentError` when the executors cannot run this tailguard."""
+        An executor that cannot run this tailguard is reported as an `ExecutorEnvironmentError`
+        (in `AgentThreadFailed`, from the runner's thread): the job fails with it. Without any
+        executor yet (dynamic allocation, a queue) the whole check runs here first, as its task
+        is what makes Spark ask for one; it raises `ExecutorEnvironmentError` itself."""
         self._job_id = job_id
         self._post = post
-        self.check_executors()
+        cloudpickle.register_pickle_by_value(environment)  # type: ignore[no-untyped-call]
+        self._driver_python = environment.this_python()
+        checked = False
+        if not self.executors():
+            self.check_executors()
+            checked = True
         conf = self.sc.getConf()
         bind, advertised = runner_listen_address(
             {key: conf.get(key) or "" for key in ("spark.driver.host", "spark.driver.bindAddress")},
@@ -273,15 +294,15 @@ class SparkRuntime:
         self._address = (advertised, port)
         log.info("runner listener on %s:%d, advertised as %s:%d", bind, port, advertised, port)
         self.start_thread(self._accept, name="tg-runner-accept")
-        return self.ensure_runners()
+        return self._launch(check=not checked)
 
     def check_executors(self, timeout_s: float = ENVIRONMENT_CHECK_TIMEOUT_S) -> None:
-        """One Spark task per executor core asks its Python what it is (`environment.describe`,
-        shipped by value so it runs even where tailguard is missing); raises
-        `ExecutorEnvironmentError` naming every problem and the fix, or returns when every
-        answer matches this driver. Cost: one Spark job at job start; its Python workers are
-        then reused by the runners (docs/deploy.md: 0.3 s once the workers are up)."""
-        cloudpickle.register_pickle_by_value(environment)  # type: ignore[no-untyped-call]
+        """One Spark task per executor core (one at least) asks its Python what it is
+        (`environment.describe`, shipped by value so it runs even where tailguard is missing);
+        raises `ExecutorEnvironmentError` naming every problem and the fix, or returns when
+        every answer matches this driver. Run at start only when the application has no
+        executor yet: its task makes Spark ask for one and waits for it (else each runner checks
+        its own executor, `_check_host_of`)."""
         tasks = max(1, sum(self.executors().values()))
         tag = job_tag(self._job_id, "environment")
         timer = threading.Timer(timeout_s, self.sc.cancelJobsWithTag, (tag,))
@@ -299,7 +320,7 @@ class SparkRuntime:
             ) from None
         finally:
             timer.cancel()
-        problems = environment.incompatibilities(environment.this_python(), reports)
+        problems = environment.incompatibilities(self._driver_python, reports)
         if problems:
             raise environment.ExecutorEnvironmentError(environment.failure_message(problems))
         log.info(
@@ -309,6 +330,9 @@ class SparkRuntime:
 
     def ensure_runners(self) -> int:
         """Launch runners for executor cores without one; returns how many were launched."""
+        return self._launch(check=False)
+
+    def _launch(self, check: bool) -> int:
         if self._closed or self._post is None:
             return 0
         executors = self.executors()
@@ -331,6 +355,7 @@ class SparkRuntime:
                         host,
                         tag=job_tag(self._job_id, f"r{n}"),
                         description=f"slot runner {host} #{n} for {self.job_name}",
+                        check=check,
                     )
                     self._runners[runner.runner_id] = runner
                     launches.append(runner)
@@ -355,6 +380,8 @@ class SparkRuntime:
         )
         reason = "its Spark task finished"
         try:
+            if runner.check and not self._check_host_of(runner):
+                return
             with self._labelled(runner.tag, runner.description):
                 if self.local:
                     rdd = self.sc.parallelize([config], 1)
@@ -367,6 +394,44 @@ class SparkRuntime:
         finally:
             runner.job_done.set()
         self._ended(runner, reason)
+
+    def _check_host_of(
+        self, runner: _Runner, timeout_s: float = ENVIRONMENT_CHECK_TIMEOUT_S
+    ) -> bool:
+        """One Spark task on the runner's host (its core, whose Python worker the runner then
+        reuses) says what Python and tailguard the executor runs. True: the runner may start.
+        False: it must not (this runner has ended; an executor that cannot run tailguard has
+        been reported to the job as `ExecutorEnvironmentError`)."""
+        check_tag = f"{runner.tag}:environment"
+        timer = threading.Timer(timeout_s, self.sc.cancelJobsWithTag, (check_tag,))
+        problems: list[str]
+        try:
+            with self._labelled(
+                runner.tag, f"executor environment check for {self.job_name}", check_tag
+            ):
+                timer.start()
+                if self.local:
+                    rdd = self.sc.parallelize([runner.host], 1)
+                else:
+                    rdd = pinned_rdd(self.sc, [(runner.host, runner.host)])
+                reports = rdd.mapPartitions(environment.describe).collect()  # type: ignore[arg-type]
+            problems = environment.incompatibilities(self._driver_python, reports)
+        except Exception as err:  # the Python worker did not start, or the check was cancelled
+            if self._closed or runner.host not in self.executors():
+                # The job ended, or the executor went away: a lost runner, not a verdict.
+                self._ended(runner, f"its environment check ended: {_first_line(err)}")
+                return False
+            problems = [_spark_failure(err, timeout_s)]
+        finally:
+            timer.cancel()
+        if not problems:
+            log.debug("executor %s checked for runner %s", runner.host, runner.runner_id)
+            return True
+        error = environment.ExecutorEnvironmentError(environment.failure_message(problems))
+        if self._post is not None and not self._closed:
+            self._post(AgentThreadFailed(threading.current_thread().name, error))
+        self._ended(runner, f"its executor cannot run tailguard: {problems[0]}")
+        return False
 
     def _ended(self, runner: _Runner, reason: str) -> None:
         with self._lock:
@@ -473,6 +538,10 @@ class SparkRuntime:
                 self._ended(runner, "its connection closed")
                 return
             if isinstance(message, AttemptStarted | AttemptProgressed | AttemptEnded):
+                if isinstance(message, AttemptEnded):
+                    with self._lock:
+                        if runner.attempt == message.key:
+                            runner.attempt = None
                 post(FromRunner(runner.runner_id, message, time.perf_counter()))
 
     def _send(self, slot: str, message: DriverMessage) -> None:
@@ -493,17 +562,26 @@ class SparkRuntime:
     # ---------------------------------------------------------------- attempts
 
     def deploy(self, slot: str, spec: TaskSpec) -> None:
+        with self._lock:
+            runner = self._runners.get(slot)
+            if runner is not None:
+                runner.attempt = spec.key
         self._send(slot, Deploy.of(spec))
 
     def cancel(self, slot: str, key: AttemptKey) -> None:
         self._send(slot, Cancel(key))
 
     def close(self) -> None:
+        """Tell every runner to stop, and return once the idle ones have ended. A runner still
+        inside an attempt (a cancelled one stuck in a call that cannot see the flag) is left
+        to a background thread, which cancels its Spark job once the cancel grace is over: the
+        job's outputs are committed by now, and its caller need not wait for its losers."""
         if self._closed:
             return
         self._closed = True
         with self._lock:
             runners = list(self._runners.values())
+            busy = [r for r in runners if r.attempt is not None and not r.ended]
         for runner in runners:
             if runner.conn is not None and not runner.ended:
                 try:
@@ -516,11 +594,22 @@ class SparkRuntime:
             # Runners that never connected wait for a core: their Spark jobs are cancelled.
             if not runner.connected and not runner.ended:
                 self.sc.cancelJobsWithTag(runner.tag)
-        for runner in runners:
-            if not runner.job_done.wait(max(0.0, deadline - time.monotonic())):
-                self.sc.cancelJobsWithTag(runner.tag)
         if self._listener is not None:
             self._listener.close()
+        self._reap([r for r in runners if r not in busy], deadline)
+        if busy:
+            threading.Thread(
+                target=self._reap, args=(busy, deadline), name="tg-runner-reaper", daemon=True
+            ).start()
+
+    def _reap(self, runners: list[_Runner], deadline: float) -> None:
+        """Wait for the runners' Spark jobs until `deadline`, then cancel those still running."""
+        for runner in runners:
+            if not runner.job_done.wait(max(0.0, deadline - time.monotonic())):
+                try:
+                    self.sc.cancelJobsWithTag(runner.tag)
+                except Exception as err:  # the session was stopped meanwhile: nothing runs
+                    log.debug("runner %s not cancelled: %s", runner.runner_id, _first_line(err))
 
 
 def _spark_failure(err: BaseException, timeout_s: float) -> str:

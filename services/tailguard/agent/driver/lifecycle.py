@@ -1,5 +1,5 @@
-"""The job's lifecycle: submitting it (or taking it over), waiting for the runners before the
-first placement, and ending it (its attempts cancelled, its partitions released, its sinks
+"""The job's lifecycle: submitting it (or taking it over), waiting for the first runner before
+the first placement, and ending it (its attempts cancelled, its partitions released, its sinks
 finalised, `JobFinished` recorded) whatever ended it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tailguard.agent.driver.actions import Actions
 from tailguard.agent.driver.applier import CommandApplier
 from tailguard.agent.driver.context import JobContext
 from tailguard.agent.driver.outcomes import Outcomes
-from tailguard.agent.driver.ports import InboxMessage, RunnerConnected, RunnerLost
+from tailguard.agent.driver.ports import InboxMessage
 from tailguard.agent.driver.runners import Runners
 from tailguard.agent.driver.takeover import take_over
 from tailguard.agent.executor.sources import discover_splits
@@ -24,9 +24,6 @@ from tailguard.model.config import SERVICES_KEY, recorded_config
 from tailguard.model.durations import seconds_text
 
 log = logging.getLogger("tailguard.agent")
-
-# How long the job's start waits for the rest of the runners once the first has connected.
-RUNNER_START_GRACE_S = 10.0
 
 
 class Lifecycle:
@@ -85,43 +82,44 @@ class Lifecycle:
         inbox: queue.Queue[InboxMessage],
         dispatch: Callable[[InboxMessage], None],
     ) -> None:
-        """Wait until the runners launched at start have all reported (connected, or ended),
-        so the first placements see the whole cluster; a straggling runner (a slow or
-        throttled node) delays the start by at most `RUNNER_START_GRACE_S` after the first
-        one connected, and joins the pool when it arrives."""
+        """Wait until the first runner has connected, then take what else has arrived without
+        waiting: placement starts on the hosts that have joined, and each later runner joins
+        the pool when it connects. Waiting for every runner launched made the slowest host
+        (a throttled node, an executor whose Python starts late) the start of the job for all.
+        `launched` is how many runners the runtime started (0: none can connect)."""
         pool = self._ctx.pool
         wait_s = self._ctx.options.executor_wait_s
         deadline = time.monotonic() + wait_s
-        first_at = 0.0
-        reported = 0
-        while reported < launched or not pool.hosts:
-            if pool.hosts:
-                deadline = min(deadline, first_at + RUNNER_START_GRACE_S)
+        while not pool.hosts:
             left = deadline - time.monotonic()
             if left <= 0:
-                if pool.hosts:
-                    return
                 raise RuntimeError(
                     f"no slot runner connected within {seconds_text(wait_s)} "
-                    f"({self._runners.lost} runner(s) ended before connecting; see the log)"
+                    f"({launched} launched, {self._runners.lost} ended before connecting; "
+                    "see the log)"
                 )
             try:
                 message = inbox.get(timeout=left)
             except queue.Empty:
                 continue
-            if isinstance(message, RunnerConnected | RunnerLost):
-                reported += 1
-                if isinstance(message, RunnerConnected) and not pool.hosts:
-                    first_at = time.monotonic()
+            dispatch(message)
+        while True:
+            try:
+                message = inbox.get_nowait()
+            except queue.Empty:
+                return
             dispatch(message)
 
     def before_placing(self) -> None:
         """The blocks that hold before any attempt is placed: a recovered job's, then the
-        fleet blocklist's (whose cap counts the recovered ones)."""
+        fleet blocklist's (whose cap counts the recovered ones). Both reach hosts whose runners
+        have not connected yet too: the pool holds a block until its host joins. The fleet
+        list's cap counts every host the runtime has executors on, joined or not."""
         if self.recovered is not None:
             self._actions.restore_blocks(self.recovered.blocks)
         if self._ctx.options.fleet_list is not None:
-            apply_fleet_list(self._actions, self._ctx.options.fleet_list)
+            hosts = {*self._ctx.pool.hosts, *self._ctx.runtime.executors()}
+            apply_fleet_list(self._actions, self._ctx.options.fleet_list, sorted(hosts))
 
     # ---------------------------------------------------------------- the end
 

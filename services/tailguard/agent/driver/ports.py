@@ -101,6 +101,10 @@ class Runtime(Protocol):
         """Start runners for executor cores without one (executors Spark added or gave back);
         returns how many were launched."""
 
+    def executors(self) -> dict[str, int]:
+        """Host -> slots of the live executors: the job's hosts, whether or not their runners
+        have connected yet."""
+
     def deploy(self, slot: str, spec: TaskSpec) -> None:
         """Send an attempt to a connected runner (a failure to send arrives as RunnerLost)."""
 

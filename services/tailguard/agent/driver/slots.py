@@ -84,6 +84,9 @@ class SlotPool:
         self.hosts: dict[str, Host] = {}
         self._host_of: dict[str, str] = {}
         self._queue: list[SlotRequest] = []
+        # Blocks of hosts without a slot now (a fleet-listed or recovered host whose runners
+        # have not connected yet, or whose runners all went): they hold when the host joins.
+        self._absent_blocks: dict[str, int] = {}
 
     # ------------------------------------------------------------- cluster changes
 
@@ -92,7 +95,7 @@ class SlotPool:
         entry = self.hosts.get(host)
         new = entry is None
         if entry is None:
-            entry = self.hosts[host] = Host(host)
+            entry = self.hosts[host] = Host(host, blocked_until=self._absent_blocks.pop(host, None))
         if slot_id not in entry.slots:
             entry.slots.append(slot_id)
             self._host_of[slot_id] = host
@@ -116,18 +119,24 @@ class SlotPool:
         if entry.slots:
             return host, False
         del self.hosts[host]
+        if entry.blocked_until is not None:
+            self._absent_blocks[host] = entry.blocked_until
         return host, True
 
     def host_of(self, slot_id: str) -> str | None:
         return self._host_of.get(slot_id)
 
     def block(self, name: str, until: int) -> None:
+        """Block `name` until `until`; a host with no slot yet is blocked from when it joins."""
         if name in self.hosts:
             self.hosts[name].blocked_until = until
+        else:
+            self._absent_blocks[name] = until
 
     def unblock(self, name: str) -> None:
         if name in self.hosts:
             self.hosts[name].blocked_until = None
+        self._absent_blocks.pop(name, None)
 
     def expired_blocks(self, now: int) -> list[str]:
         return sorted(
