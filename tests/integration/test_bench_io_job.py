@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tailguard.bench.runner import IO_VERTEX, tailguard_job
-from tailguard.bench.scenarios import QUICK, IoSize, policy_for
+from tailguard.bench.scenarios import IO_JOB_SETTINGS, QUICK, IoSize, policy_for
 from tailguard.examples import sales_by_region as example
 from tailguard.testing import run_job
 
@@ -29,7 +29,9 @@ def test_the_io_job_waits_once_per_stage_at_the_source_parallelism(
     io = IoSize(files=FILES, rows_per_file=12_000, task_s=0.01, workers=2, stages=stages)
     output = tmp_path / "out"
     job = tailguard_job("io", data, output, 0, io)
-    run = run_job(job, tailguard_spark, tmp_path, settings=policy_for(QUICK, io))
+    # As the bench runs it: batch by batch, six batches per split.
+    settings = {**policy_for(QUICK, io), **IO_JOB_SETTINGS}
+    run = run_job(job, tailguard_spark, tmp_path, settings=settings)
     assert run.ok, run.result.message
 
     expected = example.reference(data)

@@ -15,11 +15,15 @@ import pyarrow as pa
 from tailguard.examples import sales_by_region as example
 
 
-def waited(table: pa.Table, task_s: float, rows_per_split: int) -> pa.Table:
-    """The table, after its rows' wait: the work of a stage before a further exchange."""
+def waited(table: pa.Table | pa.RecordBatch, task_s: float, rows_per_split: int) -> pa.Table:
+    """The rows, after their wait: the work of a stage before a further exchange. A record
+    batch (tailguard's `map_batches`, batch by batch as read) or a whole table (Spark's
+    `mapPartitions`, the split at once): the wait is per row, so the work is the same."""
+    if isinstance(table, pa.RecordBatch):
+        table = pa.Table.from_batches([table])
     # The sales example's I/O-bound work: a cancelled tailguard attempt ends its wait at once.
     return example.fetch(table, task_s / rows_per_split)
 
 
-def partials(table: pa.Table, task_s: float, rows_per_split: int) -> pa.Table:
+def partials(table: pa.Table | pa.RecordBatch, task_s: float, rows_per_split: int) -> pa.Table:
     return example.partial_sums(example.score(waited(table, task_s, rows_per_split), 0))

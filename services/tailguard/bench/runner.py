@@ -163,14 +163,19 @@ def tailguard_job(shape: str, data: Path, output: Path, work: int, io: IoSize | 
         # Each earlier stage waits, then hands its rows round robin to the next, which runs at
         # one subtask per split, so every subtask again gets a split's worth (the first stage
         # is chained to the source, which has that parallelism already).
+        # Batch by batch (`map_batches`): the wait is per row, so the work is the same as one
+        # call over the split, and the attempt reads its input as it goes, as a task that waits
+        # on a slow disk would (IO_JOB_SETTINGS' batch size).
         stage: Any = sales
         after: dict[str, Any] = {}
         for k in range(1, io.stages):
-            waited = stage.map(
-                lambda t: io_job.waited(t, task_s, rows), name=f"{IO_VERTEX}-{k}", **after
+            waited = stage.map_batches(
+                lambda b: io_job.waited(b, task_s, rows), name=f"{IO_VERTEX}-{k}", **after
             )
             stage, after = waited.rebalance(), {"parallelism": io.tasks}
-        partial = stage.map(lambda t: io_job.partials(t, task_s, rows), name=IO_VERTEX, **after)
+        partial = stage.map_batches(
+            lambda b: io_job.partials(b, task_s, rows), name=IO_VERTEX, **after
+        )
         totals = partial.partition_by("region").map(example.final_sums, name="final", parallelism=1)
     elif shape == "sales":
         partial = sales.map(
