@@ -2,11 +2,10 @@
 
 At job start the runtime opens a listener in the driver (bound to `spark.driver.host`, guarded by
 a per-job secret) and launches one runner per executor core, each as a one-partition Spark job
-pinned to its host by location preference, after a one-task check of that executor's Python on
-the same host (`environment`). Each runner checks and starts on its own: a host's runners connect
-as soon as its executor answers, whatever the other hosts do. A runner connects back, and from
-then on attempts are messages on its connection, not Spark jobs: a pinned Spark job per attempt
-cost 169 ms p50, a message round trip costs well under a millisecond (design §1).
+pinned to its host by location preference, once one Spark job has checked every executor's
+Python (`environment`). A runner connects back, and from then on attempts are messages on its
+connection, not Spark jobs: a pinned Spark job per attempt cost 169 ms p50, a message round trip
+costs well under a millisecond (design §1).
 
 Spark keeps doing what it is good at: executors, Python workers, loss detection. Its own retries
 and speculation are off (`spark.task.maxFailures=1`, `spark.speculation=false`) because the
@@ -171,11 +170,8 @@ def runner_listen_address(conf: Mapping[str, str], local: bool) -> tuple[str, st
 class _Runner:
     runner_id: str
     host: str
-    tag: str  # its Spark job's tag (job_tag): cancels it alone, its environment check too
+    tag: str  # its Spark job's tag (job_tag): cancels it alone
     description: str  # its Spark job's description in Spark's UI
-    # Whether its executor's Python is checked before the runner starts (the runners launched
-    # at job start; a later executor's runner is checked by its hello's build).
-    check: bool = False
     conn: Connection | None = None
     connected: bool = False
     ended: bool = False
@@ -228,22 +224,18 @@ class SparkRuntime:
         return self._job_name or self._job_id
 
     @contextlib.contextmanager
-    def _labelled(self, tag: str, description: str, *more_tags: str) -> Iterator[None]:
+    def _labelled(self, tag: str, description: str) -> Iterator[None]:
         """The Spark jobs started in this block, on this thread, are in the job's group with
-        `description` and `tag` (and `more_tags`). Spark keeps these per thread (PySpark pins a
-        JVM thread to each Python thread), and the thread's own values come back afterwards:
-        a check without executors runs on the caller's thread, whose later Spark jobs are not
-        tailguard's."""
-        tags = (tag, *more_tags)
+        `description` and `tag`. Spark keeps these per thread (PySpark pins a JVM thread to each
+        Python thread), and the thread's own values come back afterwards: the environment check
+        runs on the caller's thread, whose later Spark jobs are not tailguard's."""
         before = {key: self.sc.getLocalProperty(key) for key in _LABEL_KEYS}
         self.sc.setJobGroup(job_group(self._job_id), description, interruptOnCancel=True)
-        for each in tags:
-            self.sc.addJobTag(each)
+        self.sc.addJobTag(tag)
         try:
             yield
         finally:
-            for each in tags:
-                self.sc.removeJobTag(each)
+            self.sc.removeJobTag(tag)
             for key, value in before.items():
                 # None removes the property (SparkContext.setLocalProperty with null).
                 self.sc.setLocalProperty(key, value)  # type: ignore[arg-type]
@@ -268,20 +260,19 @@ class SparkRuntime:
     # ---------------------------------------------------------------- lifecycle
 
     def start(self, job_id: str, post: Post) -> int:
-        """Open the listener and launch the runners, each checking its executor first.
+        """Check the executors' environment, open the listener, launch the runners.
 
-        An executor that cannot run this tailguard is reported as an `ExecutorEnvironmentError`
-        (in `AgentThreadFailed`, from the runner's thread): the job fails with it. Without any
-        executor yet (dynamic allocation, a queue) the whole check runs here first, as its task
-        is what makes Spark ask for one; it raises `ExecutorEnvironmentError` itself."""
+        Raises `ExecutorEnvironmentError` when the executors cannot run this tailguard.
+
+        One check job over every executor, not one per runner before it starts: measured in
+        `tailguard bench` (io-slow, warm executors, load 12), a check per runner put the first
+        runner's connection at 8.4 s after the job's submission, against 1.75 s with the one
+        job, so the whole cluster's check is the cheaper barrier (docs/agent.md)."""
         self._job_id = job_id
         self._post = post
         cloudpickle.register_pickle_by_value(environment)  # type: ignore[no-untyped-call]
         self._driver_python = environment.this_python()
-        checked = False
-        if not self.executors():
-            self.check_executors()
-            checked = True
+        self.check_executors()
         conf = self.sc.getConf()
         bind, advertised = runner_listen_address(
             {key: conf.get(key) or "" for key in ("spark.driver.host", "spark.driver.bindAddress")},
@@ -294,15 +285,14 @@ class SparkRuntime:
         self._address = (advertised, port)
         log.info("runner listener on %s:%d, advertised as %s:%d", bind, port, advertised, port)
         self.start_thread(self._accept, name="tg-runner-accept")
-        return self._launch(check=not checked)
+        return self.ensure_runners()
 
     def check_executors(self, timeout_s: float = ENVIRONMENT_CHECK_TIMEOUT_S) -> None:
         """One Spark task per executor core (one at least) asks its Python what it is
         (`environment.describe`, shipped by value so it runs even where tailguard is missing);
         raises `ExecutorEnvironmentError` naming every problem and the fix, or returns when
-        every answer matches this driver. Run at start only when the application has no
-        executor yet: its task makes Spark ask for one and waits for it (else each runner checks
-        its own executor, `_check_host_of`)."""
+        every answer matches this driver. Cost: one Spark job at job start; its Python workers
+        are then reused by the runners (docs/deploy.md: 0.3 s once the workers are up)."""
         tasks = max(1, sum(self.executors().values()))
         tag = job_tag(self._job_id, "environment")
         timer = threading.Timer(timeout_s, self.sc.cancelJobsWithTag, (tag,))
@@ -330,9 +320,6 @@ class SparkRuntime:
 
     def ensure_runners(self) -> int:
         """Launch runners for executor cores without one; returns how many were launched."""
-        return self._launch(check=False)
-
-    def _launch(self, check: bool) -> int:
         if self._closed or self._post is None:
             return 0
         executors = self.executors()
@@ -355,7 +342,6 @@ class SparkRuntime:
                         host,
                         tag=job_tag(self._job_id, f"r{n}"),
                         description=f"slot runner {host} #{n} for {self.job_name}",
-                        check=check,
                     )
                     self._runners[runner.runner_id] = runner
                     launches.append(runner)
@@ -380,8 +366,6 @@ class SparkRuntime:
         )
         reason = "its Spark task finished"
         try:
-            if runner.check and not self._check_host_of(runner):
-                return
             with self._labelled(runner.tag, runner.description):
                 if self.local:
                     rdd = self.sc.parallelize([config], 1)
@@ -394,44 +378,6 @@ class SparkRuntime:
         finally:
             runner.job_done.set()
         self._ended(runner, reason)
-
-    def _check_host_of(
-        self, runner: _Runner, timeout_s: float = ENVIRONMENT_CHECK_TIMEOUT_S
-    ) -> bool:
-        """One Spark task on the runner's host (its core, whose Python worker the runner then
-        reuses) says what Python and tailguard the executor runs. True: the runner may start.
-        False: it must not (this runner has ended; an executor that cannot run tailguard has
-        been reported to the job as `ExecutorEnvironmentError`)."""
-        check_tag = f"{runner.tag}:environment"
-        timer = threading.Timer(timeout_s, self.sc.cancelJobsWithTag, (check_tag,))
-        problems: list[str]
-        try:
-            with self._labelled(
-                runner.tag, f"executor environment check for {self.job_name}", check_tag
-            ):
-                timer.start()
-                if self.local:
-                    rdd = self.sc.parallelize([runner.host], 1)
-                else:
-                    rdd = pinned_rdd(self.sc, [(runner.host, runner.host)])
-                reports = rdd.mapPartitions(environment.describe).collect()  # type: ignore[arg-type]
-            problems = environment.incompatibilities(self._driver_python, reports)
-        except Exception as err:  # the Python worker did not start, or the check was cancelled
-            if self._closed or runner.host not in self.executors():
-                # The job ended, or the executor went away: a lost runner, not a verdict.
-                self._ended(runner, f"its environment check ended: {_first_line(err)}")
-                return False
-            problems = [_spark_failure(err, timeout_s)]
-        finally:
-            timer.cancel()
-        if not problems:
-            log.debug("executor %s checked for runner %s", runner.host, runner.runner_id)
-            return True
-        error = environment.ExecutorEnvironmentError(environment.failure_message(problems))
-        if self._post is not None and not self._closed:
-            self._post(AgentThreadFailed(threading.current_thread().name, error))
-        self._ended(runner, f"its executor cannot run tailguard: {problems[0]}")
-        return False
 
     def _ended(self, runner: _Runner, reason: str) -> None:
         with self._lock:

@@ -177,8 +177,7 @@ class JobDriver:
             # Refused before anything was recorded: the job stays recoverable as it was.
             raise
         except ExecutorEnvironmentError as err:
-            # An executor's check: its runners cannot run attempts, nor would a new executor
-            # of the same environment (found at start, before that host ran any attempt).
+            # Found before any attempt ran: every attempt would fail the same way, anywhere.
             log.error("job %s: %s", self.job_id, err)
             self._end(r.JobStatus.FAILED, str(err))
         except Exception as err:  # the job ends with a JobFinished and a result, whatever happened
@@ -272,7 +271,4 @@ class JobDriver:
 
 def _thread_failed(message: AgentThreadFailed) -> None:
     # Raised here, on the driver's thread: `run` fails the job with it (JobFinished FAILED).
-    if isinstance(message.error, ExecutorEnvironmentError):
-        # A runner's check of its executor: the job fails with what it found, and the fix.
-        raise message.error
     raise RuntimeError(f"agent thread {message.thread} died: {message.error!r}") from message.error
