@@ -14,7 +14,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
@@ -277,6 +277,49 @@ def test_a_cooperative_cancel_ends_the_attempt_within_the_grace_and_the_runner_g
     assert driver.until_ended(again.key)[-1].outcome.ok
     # A late cancel of an attempt that already ended is ignored.
     driver.send(Cancel(slow.key))
+    driver.send(Shutdown())
+    assert driver.serve_result() == "shut down by the driver"
+
+
+def _progress_while_waiting(driver: Driver, task: TaskSpec, reports: int) -> list[Any]:
+    """Deploy `task` (whose operator waits in `waits`), collect `reports` progress messages
+    or as many as come within 50 intervals of 20 ms, then cancel it."""
+    ENTERED.clear()
+    driver.send(Deploy.of(task))
+    assert driver.next() == AttemptStarted(task.key)
+    assert ENTERED.wait(WAIT_S), "the operator never ran"
+    seen: list[Any] = []
+    deadline = time.monotonic() + 50 * 0.02
+    while len(seen) < reports and time.monotonic() < deadline:
+        assert driver.conn is not None
+        if driver.conn.poll(0.05):
+            seen.append(driver.next())
+    driver.send(Cancel(task.key))
+    assert driver.until_ended(task.key)[-1].outcome.cancelled
+    return [m for m in seen if isinstance(m, AttemptProgressed)]
+
+
+def test_an_attempt_still_reading_reports_every_interval_and_one_that_read_all_does_not(
+    driver: Driver,
+) -> None:
+    # The slow-host rule judges an attempt after `min-reports` reports at its last report's
+    # time: an attempt whose reads stall (a slow disk) must keep reporting, unchanged, or it
+    # is judged only after as many slow reads.
+    driver.start_runner()
+    driver.accept()
+    # Batch by batch, 4 rows each, the operator waiting in the first batch: 4 of 12 rows read.
+    reading = replace(
+        spec(driver.tmp, 0, OperatorStep("waits", waits, "map_batches")), batch_rows=4
+    )
+    stalled = _progress_while_waiting(driver, reading, reports=5)
+    assert len(stalled) == 5
+    assert {(m.records_read, m.bytes_read) for m in stalled[1:]} == {(4, reading.splits[0].bytes)}
+    # The whole input first (a map), then the wait: all read, nothing more to report.
+    whole = spec(driver.tmp, 1, OperatorStep("waits", waits))
+    done = _progress_while_waiting(driver, whole, reports=3)
+    # (A report of nothing read may come first, as the attempt starts.)
+    read = [(m.records_read, m.bytes_read) for m in done if m.bytes_read]
+    assert read == [(12, whole.input_bytes)]
     driver.send(Shutdown())
     assert driver.serve_result() == "shut down by the driver"
 

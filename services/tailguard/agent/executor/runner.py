@@ -73,6 +73,29 @@ class RunnerConfig:
         return f"RunnerConfig(runner_id={self.runner_id!r}, host={self.host!r})"
 
 
+# An unchanged report is repeated once this share of the interval has passed since the last
+# one: the loop wakes about every interval (a message may wake it sooner), so a threshold of a
+# whole interval would skip every other wake-up by a few microseconds.
+REPEAT_AFTER = 0.75
+
+
+def _still_reading(control: AttemptControl, since_last_s: float, interval_s: float) -> bool:
+    """Whether an unchanged report is due: the attempt has read some of its input and not all
+    of it, and an interval has passed. Its reads then stall, which is news: the detector's
+    slow-host rule reads an attempt's time per byte at its last report and judges it after
+    `min-reports` reports, so an attempt on a slow disk that reported only when a batch arrived
+    was judged after three slow batches (5 s of issue 24's 5x node, where its peers read a batch
+    in 0.3 s), and its time per byte was taken at its last read, not now. Nothing is repeated
+    before the first byte (a worker still starting is not measured) nor once all is read (the
+    rule bounds such an attempt from its deploying time): the extra reports are only those of
+    attempts still reading."""
+    read = control.bytes_read
+    total = control.bytes_total
+    return (
+        read > 0 and (total is None or read < total) and since_last_s >= interval_s * REPEAT_AFTER
+    )
+
+
 class _Running:
     """The attempt this runner is executing."""
 
@@ -82,6 +105,7 @@ class _Running:
         self.received = time.perf_counter()
         self.cancel_deadline: float | None = None
         self.last_report: tuple[int, int] = (-1, -1)
+        self.last_sent = 0.0  # perf_counter of the last progress report
         self.thread: threading.Thread | None = None
 
 
@@ -92,6 +116,7 @@ class SlotRunner:
         self._send_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._running: _Running | None = None
+        self._interval = max(0.01, config.progress_interval_s)
 
     def _send(self, message: RunnerMessage) -> None:
         with self._send_lock:
@@ -112,7 +137,7 @@ class SlotRunner:
                 version=tailguard_build(),
             )
         )
-        interval = max(0.01, self.config.progress_interval_s)
+        interval = self._interval
         while True:
             self._watch_running()
             try:
@@ -154,8 +179,12 @@ class SlotRunner:
             os._exit(CANCEL_EXIT_CODE)
         control = running.control
         report = (control.records_read, control.bytes_read)
-        if report != running.last_report and running.cancel_deadline is None:
-            running.last_report = report
+        now = time.perf_counter()
+        if running.cancel_deadline is None and (
+            report != running.last_report
+            or _still_reading(control, now - running.last_sent, self._interval)
+        ):
+            running.last_report, running.last_sent = report, now
             self._send(
                 AttemptProgressed(running.spec.key, report[0], report[1], control.bytes_total)
             )
