@@ -557,9 +557,11 @@ def _check_slowness_reaches_tasks(sc: Any, cluster: Any, hosts: list[str]) -> No
     """Every host's tasks read the slowness file `tailguard cluster` writes for that host, and
     are healthy before the scenario starts: otherwise an I/O-mode run would measure nothing."""
     seen: dict[str, tuple[str | None, float]] = {}
-    # A pinned task may still run elsewhere (a plain contender's session keeps Spark's 3 s
-    # locality wait, and under load the wait runs out): then its host is probed again, and
-    # said so if it never is (once reported as the cluster lacking the file, a false verdict).
+    # A host's answer may come from elsewhere: under Spark's speculation (the plain
+    # contenders' at 1.5 / 0.75) a copy of a pinned probe task can run on another host and win,
+    # and a plain session keeps Spark's 3 s locality wait. Its host is then probed again, and
+    # said so if it never answers (this once failed a run as if the cluster lacked the file:
+    # twice in 2026-11-28's issue-24 bench, both the tuned speculation's).
     for _ in range(PROBE_ROUNDS):
         missing = [h for h in hosts if h not in seen]
         if not missing:
