@@ -216,8 +216,6 @@ class SparkRuntime:
         self._listener: Listener | None = None
         self._address: tuple[str, int] | None = None
         self._build = environment.tailguard_build()
-        # What the executors' checks compare with (set at start).
-        self._driver_python: dict[str, str] = {}
 
     @property
     def job_name(self) -> str:
@@ -270,8 +268,6 @@ class SparkRuntime:
         job, so the whole cluster's check is the cheaper barrier (docs/agent.md)."""
         self._job_id = job_id
         self._post = post
-        cloudpickle.register_pickle_by_value(environment)  # type: ignore[no-untyped-call]
-        self._driver_python = environment.this_python()
         self.check_executors()
         conf = self.sc.getConf()
         bind, advertised = runner_listen_address(
@@ -288,11 +284,12 @@ class SparkRuntime:
         return self.ensure_runners()
 
     def check_executors(self, timeout_s: float = ENVIRONMENT_CHECK_TIMEOUT_S) -> None:
-        """One Spark task per executor core (one at least) asks its Python what it is
-        (`environment.describe`, shipped by value so it runs even where tailguard is missing);
-        raises `ExecutorEnvironmentError` naming every problem and the fix, or returns when
-        every answer matches this driver. Cost: one Spark job at job start; its Python workers
-        are then reused by the runners (docs/deploy.md: 0.3 s once the workers are up)."""
+        """One Spark task per executor core asks its Python what it is (`environment.describe`,
+        shipped by value so it runs even where tailguard is missing); raises
+        `ExecutorEnvironmentError` naming every problem and the fix, or returns when every
+        answer matches this driver. Cost: one Spark job at job start; its Python workers are
+        then reused by the runners (docs/deploy.md: 0.3 s once the workers are up)."""
+        cloudpickle.register_pickle_by_value(environment)  # type: ignore[no-untyped-call]
         tasks = max(1, sum(self.executors().values()))
         tag = job_tag(self._job_id, "environment")
         timer = threading.Timer(timeout_s, self.sc.cancelJobsWithTag, (tag,))
@@ -310,7 +307,7 @@ class SparkRuntime:
             ) from None
         finally:
             timer.cancel()
-        problems = environment.incompatibilities(self._driver_python, reports)
+        problems = environment.incompatibilities(environment.this_python(), reports)
         if problems:
             raise environment.ExecutorEnvironmentError(environment.failure_message(problems))
         log.info(
