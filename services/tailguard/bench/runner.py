@@ -356,7 +356,7 @@ class Bench:
                     after_s=scenario.slow_after_s,
                 )
                 rec.slow_host = slow
-                rec.slow_since_ms = int((time.time() + (scenario.slow_after_s or 0.0)) * 1000)
+                rec.slow_since_ms = _slow_since_ms(cluster, slow)
             rec.load_before = round(os.getloadavg()[0], 2)
             roots = cpu.CpuRoots(
                 self._control_plane,
@@ -488,10 +488,7 @@ def _from_archive(path: Path, settings: Any, rec: RunRecord) -> None:
     records: list[r.Record] = [x.record for x in read_archive(path, settings)]
     rec.stage_work = [asdict(s) for s in report.stage_work(records)]
     rec.lost_copy_s = round(report.lost_race_s(records), 3)
-    if rec.slow_host is not None:
-        rec.slow_host_found_ms = report.slow_host_finding_ms(
-            records, rec.slow_host, rec.slow_since_ms
-        )
+    _slow_host_found(records, rec)
     rec.speculation_latency_ms = speculation_latency_rows(records)
     rec.decider_latency_ms = [
         {"vertex": v, "ms": ms} for v, ms in report.decider_latencies(records)
@@ -506,6 +503,22 @@ def _from_archive(path: Path, settings: Any, rec: RunRecord) -> None:
             "speculated": (SCORE_VERTEX, largest[0]) in speculated,
             "speculated_subtasks": sorted(s for v, s in speculated if v == SCORE_VERTEX),
         }
+
+
+def _slow_since_ms(cluster: Any, host: str) -> int:
+    """When `host` turned (or turns) slow, epoch ms: its slowness file's own start in I/O mode,
+    else now (a CPU throttle starts when it is set)."""
+    written = slowness.read(slowness.slowness_file(cluster.work_dir, host))
+    since = written.since if written is not None and written.since is not None else time.time()
+    return int(since * 1000)
+
+
+def _slow_host_found(records: list[r.Record], rec: RunRecord) -> None:
+    """From the run's archive: when its slow host was first named slow (tailguard and attach)."""
+    if rec.slow_host is not None:
+        rec.slow_host_found_ms = report.slow_host_finding_ms(
+            records, rec.slow_host, rec.slow_since_ms
+        )
 
 
 def _attach(spark: Any, settings: Any) -> Any:
@@ -529,10 +542,7 @@ def _from_attached(settings: Any, app_id: str, rec: RunRecord) -> None:
         events = [e.record for e in ArchiveReader(archive)]
         rec.blocked_hosts = sorted({e.host for e in events if isinstance(e, r.NodeBlocked)})
         rec.speculative_wins = sum(isinstance(e, r.SpeculativeAttemptWon) for e in events)
-        if rec.slow_host is not None:
-            rec.slow_host_found_ms = report.slow_host_finding_ms(
-                events, rec.slow_host, rec.slow_since_ms
-            )
+        _slow_host_found(events, rec)
 
 
 def fleet_hosts(settings: Any) -> set[str]:

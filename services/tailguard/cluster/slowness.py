@@ -49,7 +49,9 @@ TICK_S = 0.1  # how often `io_work` re-reads the factor
 class Slowness:
     factor: float
     until: float | None  # wall-clock epoch seconds; None: until cleared
-    since: float | None = None  # wall-clock epoch seconds; None: from when it was written
+    # Wall-clock epoch seconds: when it starts (written: now, or `after_s` later); None in a
+    # file from before `since` existed, which is slow from its write.
+    since: float | None = None
 
     def factor_at(self, now: float) -> float:
         started = self.since is None or now >= self.since
@@ -75,10 +77,8 @@ def write(
     for name, value in (("duration_s", duration_s), ("after_s", after_s)):
         if value is not None and not value >= 0:
             raise ValueError(f"{name} must be >= 0 seconds, got {value}")
-    start = time.time() if now is None else now
-    since = None if not after_s else start + after_s
-    begins = start if since is None else since
-    until = None if duration_s is None else begins + duration_s
+    since = (time.time() if now is None else now) + (after_s or 0.0)
+    until = None if duration_s is None else since + duration_s
     slow = Slowness(float(factor), until, since)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
