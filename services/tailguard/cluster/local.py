@@ -339,10 +339,11 @@ class LocalCluster:
             left = None if t.until is None else max(0.0, t.until - now)
             return {"mode": "cpu", "factor": t.factor, "pid": t.pid, "seconds_left": left}
         slow = slowness.read(slowness.slowness_file(self.work_dir, host))
-        pending = slow is not None and slow.since is not None and now < slow.since
-        if slow is not None and (pending or slow.factor_at(now) > 1.0):
+        if slow is None:
+            return None
+        starts_in = None if slow.since is None or slow.since <= now else slow.since - now
+        if starts_in is not None or slow.factor_at(now) > 1.0:
             left = None if slow.until is None else max(0.0, slow.until - now)
-            starts_in = max(0.0, slow.since - now) if pending and slow.since else None
             return {
                 "mode": "io",
                 "factor": slow.factor,
