@@ -10,7 +10,7 @@ fit on a few cores and the slow node really loses `1 - 1/factor` of its capacity
 How the factor reaches the task:
 - `tailguard cluster` writes one small JSON file per slowed worker,
   `<cluster work dir>/slowness/<host>.json` =
-  `{"factor": 5.0, "since": <epoch s or null>, "until": <epoch s or null>}`, atomically (write,
+  `{"factor": 5.0, "since": <epoch s>, "until": <epoch s or null>}`, atomically (write,
   then rename), and removes it to make the host healthy again.
 - Each worker is started with `TAILGUARD_SLOWNESS_FILE` naming its file. Executors inherit the
   worker's environment and Python workers the executor's, as they inherit `SPARK_LOCAL_IP`, so
