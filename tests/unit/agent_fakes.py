@@ -198,6 +198,13 @@ class FakeRuntime:
         self.ensure_calls += 1
         return 0
 
+    def executors(self) -> dict[str, int]:
+        # Every runner connects at start: the executors' hosts are the runners' hosts.
+        slots: dict[str, int] = {}
+        for host, _ in self.slots:
+            slots[host] = slots.get(host, 0) + 1
+        return slots
+
     def deploy(self, slot: str, spec: TaskSpec) -> None:
         if self.on_deploy is not None:
             self.on_deploy(slot, spec)

@@ -72,6 +72,12 @@ class FakeJob:
     max_concurrent: int = 2
     max_blocked_fraction: float = 0.5
     calls: list[tuple[Any, ...]] = field(default_factory=list)
+    # Hosts Spark has executors on whose runners have not connected yet.
+    executors: frozenset[str] = frozenset()
+
+    @property
+    def hosts(self) -> frozenset[str]:
+        return frozenset({*self.pool.hosts, *self.executors})
 
     def initialize_vertex(
         self,
@@ -344,6 +350,23 @@ def test_block_guard_never_blocks_more_than_the_fraction(job: FakeJob) -> None:
     job.pool.remove_slot("h4/0")
     job.max_blocked_fraction = 0.5
     assert guard(command(r.BlockNodes, hosts=("h2",), until_ts=100), job) is not None
+
+
+def test_a_host_whose_runners_have_not_connected_may_be_blocked_and_counts_in_the_fraction(
+    job: FakeJob,
+) -> None:
+    """The driver places attempts once its first runner connects: a decision may name a host
+    Spark has an executor on before that host's runners join the pool."""
+    assert guard(command(r.BlockNodes, hosts=("h5",), until_ts=100), job) == (
+        "unknown host(s) ['h5']"
+    )
+    job.executors = frozenset({"h5", "h6"})
+    assert guard(command(r.BlockNodes, hosts=("h5",), until_ts=100), job) is None
+    assert guard(command(r.UnblockNodes, hosts=("h6",)), job) is None
+    # 6 hosts now: 3 may be blocked at 0.5, not 4.
+    assert guard(command(r.BlockNodes, hosts=("h1", "h5", "h6"), until_ts=100), job) is None
+    reason = guard(command(r.BlockNodes, hosts=("h1", "h2", "h5", "h6"), until_ts=100), job)
+    assert reason is not None and "would block 4 of 6 hosts" in reason
 
 
 def test_block_guard_accepts_up_to_the_fraction_and_apply_blocks_each_host(job: FakeJob) -> None:

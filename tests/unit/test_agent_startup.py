@@ -33,12 +33,6 @@ class Straggling(FakeRuntime):
                 post(RunnerConnected(slot, host, 1))
         return len(self.slots)
 
-    def executors(self) -> dict[str, int]:
-        hosts: dict[str, int] = {}
-        for host, _ in self.slots:
-            hosts[host] = hosts.get(host, 0) + 1
-        return hosts
-
     def join(self, h: Harness, host: str) -> None:
         for name, slot in self.slots:
             if name == host:
@@ -109,9 +103,12 @@ def test_the_pool_holds_a_block_until_its_host_joins_and_while_it_is_gone() -> N
     pool = SlotPool()
     pool.add_host("h1", 1)
     pool.block("h2", until=100)
-    assert pool.blocked() == []  # not a host of the job yet
+    # Not in the pool yet, but blocked: it counts against the cap and expires at its time.
+    assert pool.blocked() == ["h2"]
+    assert pool.expired_blocks(99) == [] and pool.expired_blocks(100) == ["h2"]
     pool.add_slot("h2", "h2/s0")
     assert pool.blocked() == ["h2"]
+    assert pool.hosts["h2"].free == 1 and pool.hosts["h2"].blocked_until == 100
     # Its only runner is lost and replaced: the host is still blocked.
     assert pool.remove_slot("h2/s0") == ("h2", True)
     pool.add_slot("h2", "h2/s1")
@@ -119,5 +116,6 @@ def test_the_pool_holds_a_block_until_its_host_joins_and_while_it_is_gone() -> N
     # Unblocked while absent: it joins unblocked.
     pool.remove_slot("h2/s1")
     pool.unblock("h2")
+    assert pool.blocked() == []
     pool.add_slot("h2", "h2/s2")
     assert pool.blocked() == []

@@ -293,6 +293,10 @@ class BlockingJob:
     pool: SlotPool = field(default_factory=SlotPool)
     max_blocked_fraction: float = 0.5
 
+    @property
+    def hosts(self) -> frozenset[str]:
+        return frozenset(self.pool.hosts)
+
 
 def guard_block(command: BlockNodes, settings: Settings) -> str | None:
     job = BlockingJob(settings)

@@ -41,6 +41,10 @@ class StartingJob(Protocol):
     def pool(self) -> SlotPool: ...
 
     @property
+    def hosts(self) -> frozenset[str]:
+        """The job's hosts, joined the pool or not yet (runners still connecting)."""
+
+    @property
     def max_blocked_fraction(self) -> float: ...
 
     def now(self) -> int: ...
@@ -70,11 +74,8 @@ def blocks_to_apply(
     return taken
 
 
-def apply_fleet_list(
-    job: StartingJob, read: FleetListReader, hosts: Collection[str] | None = None
-) -> list[FleetBlock]:
-    """Block the job's hosts that are on the fleet list; returns the entries applied. `hosts`:
-    the job's hosts, when the pool does not hold them all yet (runners still connecting)."""
+def apply_fleet_list(job: StartingJob, read: FleetListReader) -> list[FleetBlock]:
+    """Block the job's hosts that are on the fleet list; returns the entries applied."""
     if not job.settings.flag(FLEET_SETTING):
         log.info("job %s opted out of the fleet blocklist (%s)", job.job_id, FLEET_SETTING)
         return []
@@ -85,7 +86,7 @@ def apply_fleet_list(
         return []
     applied = blocks_to_apply(
         changes,
-        job.pool.hosts.keys() if hosts is None else hosts,
+        job.hosts,
         job.pool.blocked(),
         job.max_blocked_fraction,
         job.now(),

@@ -55,6 +55,10 @@ class Actions:
         return self._ctx.pool
 
     @property
+    def hosts(self) -> frozenset[str]:
+        return frozenset({*self._ctx.pool.hosts, *self._ctx.runtime.executors()})
+
+    @property
     def split_counts(self) -> Mapping[str, int]:
         return {name: len(splits) for name, splits in self._ctx.splits.items()}
 

@@ -31,6 +31,12 @@ class JobView(Protocol):
     def pool(self) -> SlotPool: ...
 
     @property
+    def hosts(self) -> frozenset[str]:
+        """The job's hosts: those with runners in the pool, and those Spark has a live executor
+        on whose runners have not connected yet (a command may name them; a block holds when
+        they join)."""
+
+    @property
     def split_counts(self) -> Mapping[str, int]: ...
 
     @property
@@ -257,10 +263,10 @@ def _apply_speculate(c: r.LaunchSpeculativeAttempts, job: JobActions, fallback: 
 
 
 def _guard_block(c: r.BlockNodes, view: JobView) -> str | None:
-    pool = view.pool
     if not c.hosts:
         return "no hosts to block"
-    unknown = [h for h in c.hosts if h not in pool.hosts]
+    hosts = view.hosts
+    unknown = [h for h in c.hosts if h not in hosts]
     if unknown:
         return f"unknown host(s) {unknown}"
     if c.until_ts <= c.ts:
@@ -270,9 +276,7 @@ def _guard_block(c: r.BlockNodes, view: JobView) -> str | None:
     if is_fleet_cause(c.cause) and not view.settings.flag(FLEET_SETTING):
         return f"job opted out of the fleet blocklist ({FLEET_SETTING} = false)"
     # The same rule, written once, that the blocklist service applies before it blocks.
-    return blocked_fraction_problem(
-        pool.blocked(), c.hosts, pool.hosts.keys(), view.max_blocked_fraction
-    )
+    return blocked_fraction_problem(view.pool.blocked(), c.hosts, hosts, view.max_blocked_fraction)
 
 
 def _apply_block(c: r.BlockNodes, job: JobActions, fallback: bool) -> None:
@@ -281,7 +285,7 @@ def _apply_block(c: r.BlockNodes, job: JobActions, fallback: bool) -> None:
 
 
 def _guard_unblock(c: r.UnblockNodes, view: JobView) -> str | None:
-    unknown = [h for h in c.hosts if h not in view.pool.hosts]
+    unknown = [h for h in c.hosts if h not in view.hosts]
     if unknown:
         return f"unknown host(s) {unknown}"
     return None

@@ -118,8 +118,7 @@ class Lifecycle:
         if self.recovered is not None:
             self._actions.restore_blocks(self.recovered.blocks)
         if self._ctx.options.fleet_list is not None:
-            hosts = {*self._ctx.pool.hosts, *self._ctx.runtime.executors()}
-            apply_fleet_list(self._actions, self._ctx.options.fleet_list, sorted(hosts))
+            apply_fleet_list(self._actions, self._ctx.options.fleet_list)
 
     # ---------------------------------------------------------------- the end
 

@@ -138,15 +138,17 @@ class SlotPool:
             self.hosts[name].blocked_until = None
         self._absent_blocks.pop(name, None)
 
+    def _blocks(self) -> dict[str, int]:
+        """Every block in force: hosts in the pool, and hosts without a slot now."""
+        held = {h.name: h.blocked_until for h in self.hosts.values() if h.blocked_until is not None}
+        return {**self._absent_blocks, **held}
+
     def expired_blocks(self, now: int) -> list[str]:
-        return sorted(
-            h.name
-            for h in self.hosts.values()
-            if h.blocked_until is not None and h.blocked_until <= now
-        )
+        # An absent host's block expires too: its NodeUnblocked is due whether or not it joined.
+        return sorted(name for name, until in self._blocks().items() if until <= now)
 
     def blocked(self) -> list[str]:
-        return sorted(h.name for h in self.hosts.values() if h.blocked_until is not None)
+        return sorted(self._blocks())
 
     def total_slots(self) -> int:
         return sum(h.capacity for h in self.hosts.values())
