@@ -205,8 +205,13 @@ def test_attempts_run_on_the_host_the_agent_chose(
     chosen: set[str] = set()
     for run in example_runs:
         assert_ran_where_placed(run.recorder)
-        chosen |= {e.host for e in run.recorder.deploying().values()}
-        assert {e.host for e in run.recorder.of(r.NodeAdded)} == set(hosts)
+        deployed = {e.host for e in run.recorder.deploying().values()}
+        chosen |= deployed
+        # Placement starts once the first runner connects: a job of millisecond attempts may
+        # end before a slower host's runners join, so not every host need be added; every
+        # host that got an attempt was.
+        added = {e.host for e in run.recorder.of(r.NodeAdded)}
+        assert deployed <= added <= set(hosts), (deployed, added)
     # The pool spreads concurrent attempts, so the pinning was exercised on several hosts (a
     # job whose attempts never overlap may use one host: each finishes in milliseconds).
     assert chosen <= set(hosts) and len(chosen) >= 2, chosen
