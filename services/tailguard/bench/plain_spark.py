@@ -365,6 +365,10 @@ def run_job(
     started = time.monotonic()
     if shape == "io-frame":
         splits = run_frame_job(spark, data, output, task_s, rows_per_split)
+    elif shape == "io-skew":
+        from tailguard.bench import skew_join
+
+        splits = skew_join.run_plain(spark, data, output, skew_join.SKEW_SIZE)
     else:
         splits = _run_rdd_job(sc, shape, data, output, work, task_s, rows_per_split, stages)
     duration = time.monotonic() - started

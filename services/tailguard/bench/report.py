@@ -233,6 +233,18 @@ def lost_race_s(records: Iterable[r.Record]) -> float:
     return total_ms / 1000.0
 
 
+def skew_pieces(records: Iterable[r.Record]) -> int:
+    """The pieces the decider cut skewed subpartitions into, over the job's applied
+    `SetParallelism` commands (0: no subpartition split)."""
+    applied = {e.command_id for e in records if isinstance(e, r.CommandApplied)}
+    return sum(
+        split.pieces
+        for c in records
+        if isinstance(c, r.SetParallelism) and c.id in applied
+        for split in c.skew_splits
+    )
+
+
 def slow_host_finding_ms(
     records: Iterable[r.Record], host: str, since_ms: int | None = None
 ) -> float | None:

@@ -21,12 +21,13 @@ import pandas as pd
 
 from tailguard import observer
 from tailguard.archive import ArchiveReader
-from tailguard.bench import cpu, io_job, plain_spark, report
+from tailguard.bench import cpu, io_job, plain_spark, report, skew_join
 from tailguard.bench.scenarios import (
     ATTACH_POLICY,
     BLOCK_DURATION_KEY,
     CONTENDERS,
     IO_JOB_SETTINGS,
+    SCENARIOS,
     SECOND_JOB,
     SECOND_JOB_BLOCK,
     Contender,
@@ -42,6 +43,7 @@ from tailguard.examples import sales_by_region as example
 from tailguard.model import records as r
 
 Say = Callable[[str], None]
+SKEW_JOIN_SCENARIOS = frozenset(n for n, s in SCENARIOS.items() if s.shape == "io-skew")
 SCORE_VERTEX = "score"  # where the CPU work happens (keyed in the skew job)
 IO_VERTEX = "io"  # where the I/O job waits
 SPECULATION_KEYS = ("spark.speculation.multiplier", "spark.speculation.quantile")
@@ -93,6 +95,8 @@ class RunRecord:
     slow_host_found_ms: float | None = None
     # The second job: the hosts on the fleet list when its application started.
     fleet_listed: list[str] = field(default_factory=list)
+    # The skewed join (io-join-skew): the pieces its split subpartitions became (0: none split).
+    skew_pieces: int | None = None
     # CPU seconds the job took, per part (`report.CPU_PARTS`, sampled by `bench.cpu`): the
     # control plane, the executors, the driver.
     cpu_s: dict[str, float] | None = None
@@ -127,6 +131,18 @@ def write_settings(
 def prepare_data(work_dir: Path, size: DataSize | IoSize, scenario: Scenario) -> Path:
     # The size is in the name so a quick run never reuses a full run's data or vice versa.
     # The I/O job reads the sales data (its work is the wait, not the rows).
+    if scenario.shape == "io-skew":
+        # Its own data (orders and customers) and size, the same in a quick run.
+        k = skew_join.SKEW_SIZE
+        path = (
+            work_dir
+            / "data"
+            / (f"orders-skew-{k.splits}x{k.normal_rows}+{k.hot_rows}-{k.subpartitions}")
+        )
+        if not (path / "_COMPLETE").exists():
+            skew_join.generate(path, k)
+            (path / "_COMPLETE").write_text("")
+        return path
     if scenario.shape == "io-frame":
         # `spark.read.parquet` plans a task per file (plain_spark.run_frame_job), not per row
         # group: one file per split, so every contender runs the same splits.
@@ -344,6 +360,8 @@ class Bench:
                 plain_spark.warm_up(spark.sparkContext, usable)
                 if scenario.shape == "io-frame" and not contender.tailguard:
                     plain_spark.warm_frame(spark, data[scenario.name], output.with_name("warm"))
+                if scenario.shape == "io-skew" and not contender.tailguard:
+                    skew_join.warm_plain(spark, data[scenario.name], output.with_name("warm"))
                 if scenario.mode == "io":
                     _check_slowness_reaches_tasks(spark.sparkContext, cluster, usable)
             if scenario.has_slow_node:
@@ -403,7 +421,7 @@ class Bench:
             # The plugin's relay ends with the application: its summary is complete now.
             _from_attached(settings, app_id, rec)
         if rec.ok:
-            rec.output_equal = self._output_equal(data[scenario.name], output)
+            rec.output_equal = self._output_equal(data[scenario.name], output, scenario)
             rec.ok = bool(rec.output_equal)
             if not rec.ok:
                 rec.error = "output differs from the pandas reference"
@@ -446,9 +464,19 @@ class Bench:
     ) -> None:
         from tailguard.agent.entry import run as run_job
 
-        job = tailguard_job(
-            scenario.shape, data[scenario.name], output, self.size.work, scenario.io_size(self.io)
-        )
+        if scenario.shape == "io-skew":
+            job = skew_join.tailguard_job(data[scenario.name], output, skew_join.SKEW_SIZE)
+            settings = settings.merged(skew_join.tailguard_settings())
+        else:
+            job = tailguard_job(
+                scenario.shape,
+                data[scenario.name],
+                output,
+                self.size.work,
+                scenario.io_size(self.io),
+            )
+        if scenario.mode == "io":
+            settings = settings.merged(IO_JOB_SETTINGS)
         # No services: archive only, so the services (running for the other contender) do not
         # act on this job's events.
         result = run_job(
@@ -456,7 +484,7 @@ class Bench:
             spark,
             log_mode="kafka" if contender.services else "archive",
             services=contender.services,
-            settings=settings.merged(IO_JOB_SETTINGS) if scenario.mode == "io" else settings,
+            settings=settings.merged(dict(contender.job_settings)),
             progress=False,
         )
         rec.job_id = result.job_id
@@ -474,9 +502,13 @@ class Bench:
         if result.archive:
             _from_archive(Path(result.archive), settings, rec)
 
-    def _output_equal(self, data: Path, output: Path) -> bool:
+    def _output_equal(self, data: Path, output: Path, scenario: Scenario) -> bool:
         if data not in self._references:
-            self._references[data] = example.reference(data)
+            self._references[data] = (
+                skew_join.reference(data)
+                if scenario.shape == "io-skew"
+                else example.reference(data)
+            )
         expected = self._references[data]
         actual = example.read_output(output)
         return bool(expected.equals(actual[expected.columns.tolist()]))
@@ -493,6 +525,8 @@ def _from_archive(path: Path, settings: Any, rec: RunRecord) -> None:
     rec.decider_latency_ms = [
         {"vertex": v, "ms": ms} for v, ms in report.decider_latencies(records)
     ]
+    if rec.scenario in SKEW_JOIN_SCENARIOS:
+        rec.skew_pieces = report.skew_pieces(records)
     largest = report.largest_input_subtask(records, SCORE_VERTEX)
     if largest is not None:
         speculated = report.speculated_subtasks(records)

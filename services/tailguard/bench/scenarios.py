@@ -25,7 +25,9 @@ from tailguard.model.config import DEFAULTS
 # "io-frame": the I/O job as a team writes it in PySpark's DataFrame API (Parquet ->
 # `mapInPandas` -> `groupBy().agg` -> Parquet), the job attach mode is for; "io": the same work as
 # an RDD of Arrow tables (`plain_spark`), the fastest plain form, against tailguard's own job.
-JobShape = Literal["sales", "skew", "io", "io-frame"]
+# "io-skew": orders joined to customers with one hot customer, then the wait per joined row
+# (`skew_join`): skewed join splitting (issue 27) against Spark AQE's skew join.
+JobShape = Literal["sales", "skew", "io", "io-frame", "io-skew"]
 Mode = Literal["cpu", "io"]
 
 
@@ -50,7 +52,7 @@ class Scenario:
 
     @property
     def mode(self) -> Mode:
-        return "io" if self.shape in ("io", "io-frame") else "cpu"
+        return "io" if self.shape in ("io", "io-frame", "io-skew") else "cpu"
 
     @property
     def has_slow_node(self) -> bool:
@@ -124,6 +126,12 @@ SCENARIOS: dict[str, Scenario] = {
             slow_factor=5.0,
             healthy="io-frame-healthy",
         ),
+        Scenario(
+            "io-join-skew",
+            "I/O mode, a join with one hot key (its subpartition 20x the median), the wait "
+            "after the join, healthy cluster",
+            "io-skew",
+        ),
         Scenario("cpu-sales", "CPU mode, the sales demo job, healthy cluster", "sales"),
         Scenario(
             "cpu-skew", "CPU mode, data skew: one key holds 10x the data of each other", "skew", 9.0
@@ -147,6 +155,10 @@ class Contender:
     spark_conf: tuple[tuple[str, str], ...] = ()
     # The plain PySpark job, unchanged, under `tailguard.attach` with the services (attach mode).
     attach: bool = False
+    # tailguard's job settings over the bench's (the services honour them for that job alone).
+    job_settings: tuple[tuple[str, str], ...] = ()
+    # Run only when named (`--contenders`): a variant that answers one scenario's question.
+    named_only: bool = False
 
 
 CONTENDERS: tuple[Contender, ...] = (
@@ -164,6 +176,14 @@ CONTENDERS: tuple[Contender, ...] = (
         ),
     ),
     Contender("pyspark+tailguard-attach", tailguard=False, services=True, attach=True),
+    # The skew scenario's baseline (issue 27): the same job and services, the join not split.
+    Contender(
+        "tailguard+services (no skew split)",
+        tailguard=True,
+        services=True,
+        job_settings=(("table.optimizer.skewed-join-optimization.strategy", "none"),),
+        named_only=True,
+    ),
 )
 SERVICES_CONTENDER = CONTENDERS[0].name
 TAILGUARD_CONTENDERS = tuple(c.name for c in CONTENDERS if c.tailguard)
@@ -171,7 +191,8 @@ TAILGUARD_CONTENDERS = tuple(c.name for c in CONTENDERS if c.tailguard)
 PLAIN_CONTENDERS = tuple(c.name for c in CONTENDERS if not c.tailguard and not c.attach)
 PYSPARK_CONTENDER = "pyspark"
 TUNED_SPECULATION_CONTENDER = "pyspark+speculation(flink-like)"
-ATTACH_CONTENDER = CONTENDERS[-1].name
+ATTACH_CONTENDER = "pyspark+tailguard-attach"
+NO_SKEW_SPLIT_CONTENDER = "tailguard+services (no skew split)"
 # Not a contender of its own: after each attached run on a node slow for the whole job, a
 # second attached application on the same cluster, the host still slow (`Bench._second_job`).
 SECOND_JOB = f"{ATTACH_CONTENDER}, second job"
@@ -307,12 +328,13 @@ def select(names: str | None, default: tuple[str, ...] = DEFAULT_SCENARIOS) -> l
 def select_contenders(
     names: str | None, default: tuple[str, ...] | None = None
 ) -> tuple[Contender, ...]:
-    """Contenders by name (comma-separated), in the standard order; None: `default` or all."""
+    """Contenders by name (comma-separated), in the standard order; None: `default`, or all
+    but those run only when named."""
     by_name = {c.name: c for c in CONTENDERS}
     if names:
         wanted = [n.strip() for n in names.split(",") if n.strip()]
     else:
-        wanted = list(default) if default else list(by_name)
+        wanted = list(default) if default else [c.name for c in CONTENDERS if not c.named_only]
     unknown = [n for n in wanted if n not in by_name]
     if unknown:
         raise ValueError(f"unknown contender(s) {unknown}; choose from {list(by_name)}")

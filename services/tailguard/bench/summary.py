@@ -6,12 +6,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tailguard.bench import report
+from tailguard.bench import report, skew_join
 from tailguard.bench.scenarios import (
     ATTACH_CONTENDER,
     BENCH_POLICY,
     CONTENDERS,
     IO_FULL,
+    NO_SKEW_SPLIT_CONTENDER,
     PLAIN_CONTENDERS,
     PYSPARK_CONTENDER,
     ROW_ORDER,
@@ -43,6 +44,9 @@ SLOW_VS_SPARK_GOAL = 0.95  # every rep, against the best Spark contender of the 
 LOST_WORK_GOAL = 0.5  # of the tuned speculation's, every rep (attach mode's target too)
 HEALTHY_VS_SPARK_GOAL = 1.0
 FINDING_INTERVALS_GOAL = 3.0  # first slow-host verdict after the host's first report, median
+# Issue 27's targets for the skewed join (io-join-skew), medians and every rep.
+SKEW_VS_UNSPLIT_GOAL = 0.6
+SKEW_VS_AQE_GOAL = 1.0
 
 
 @dataclass
@@ -115,7 +119,14 @@ def figures(runs: Sequence[Run], scenario: Scenario, io: IoSize = IO_FULL) -> Sc
         ideal = min(healthy) if healthy else None
         extra[f"ideal: best median on a healthy cluster ({scenario.healthy})"] = ideal
     limit = None
-    if scenario.mode == "io":
+    if scenario.shape == "io-skew":
+        k = skew_join.SKEW_SIZE
+        limit = skew_join.limit_s(k, io.workers)
+        extra[
+            f"physical limit: {k.work_s:g} s of waits on {io.workers} hosts, the hot key cut "
+            f"into {k.splits} pieces, no overhead"
+        ] = limit
+    elif scenario.mode == "io":
         bounds = io_limit(scenario, io)
         limit = bounds.tasks_s
         size = scenario.io_size(io)
@@ -183,6 +194,34 @@ def goals(f: ScenarioFigures, runs: Sequence[Run]) -> list[str]:
         lines += attach_goals(f, runs)
     if s.shape == "skew":
         lines += _skew_goal(f, runs)
+    if s.shape == "io-skew":
+        lines += skew_join_goals(f, runs)
+    return lines
+
+
+def skew_join_goals(f: ScenarioFigures, runs: Sequence[Run]) -> list[str]:
+    """Issue 27's targets for the skewed join: tailguard with splitting ≤ 0.6x itself without,
+    and ≤ 1.0x plain PySpark with AQE's skew join, on the medians and in every rep; and how
+    many pieces the hot subpartition became in each run."""
+    s, tg, lines = f.scenario, SERVICES_CONTENDER, []
+    for other, goal in (
+        (NO_SKEW_SPLIT_CONTENDER, SKEW_VS_UNSPLIT_GOAL),
+        (PYSPARK_CONTENDER, SKEW_VS_AQE_GOAL),
+    ):
+        if tg not in f.medians or other not in f.medians:
+            lines.append(f"{tg} / {other}: not both ran (goal ≤ {goal:g}: NOT met)")
+            continue
+        ratio = f.medians[tg] / f.medians[other]
+        lines.append(
+            f"{tg} / {other} = {ratio:.2f} on the medians (goal ≤ {goal:g}: "
+            f"{_verdict(ratio <= goal)})"
+        )
+        lines.append(_every_rep(f"{tg} / {other}", _paired(runs, s.name, tg, other, "job_s"), goal))
+    for c in (tg, NO_SKEW_SPLIT_CONTENDER):
+        pieces = [x.get("skew_pieces") for x in _ok(runs, s.name, c)]
+        if pieces:
+            shown = ", ".join("–" if p is None else str(p) for p in pieces)
+            lines.append(f"{c}: the hot subpartition's pieces, per run: {shown}")
     return lines
 
 
