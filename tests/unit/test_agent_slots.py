@@ -165,31 +165,3 @@ def test_could_ever_place_ignores_current_use_and_blocks() -> None:
     )
     # Nothing changed by asking.
     assert p.hosts["a"].blocked_until == 10 and used(p, "b") == 1 and used(p, "a") == 0
-
-
-def test_a_copy_of_an_attempt_on_a_blocked_host_is_served_first() -> None:
-    """The stage's regular attempts were queued first; a copy of the attempt running on `slow`
-    waits its turn until `slow` is blocked, then takes the next free slot."""
-    p = pool(a=1, b=1, slow=1)
-    copy_of = task(9)
-    for k in range(6):
-        p.request(single(k))
-    copy = SpeculativeRequest(copy_of, "c1", 0)
-    p.request(
-        SlotRequest(
-            key=copy,
-            tasks=[copy_of],
-            avoid={copy_of: frozenset({"slow"})},
-            copy_of=frozenset({"slow"}),
-        )
-    )
-    first = p.assign(now=0)
-    assert [req.key for req, _ in first] == [TaskRequest(task(k)) for k in (0, 1, 2)]
-    # Not blocked: the copy keeps its place behind tasks 4 and 5.
-    p.release(first[0][1][task(0)].slot_id)
-    assert [req.key for req, _ in p.assign(now=0)] == [TaskRequest(task(3))]
-    # Blocked: the copy goes before the regular attempts queued ahead of it.
-    p.block("slow", until=100)
-    p.release(first[1][1][task(1)].slot_id)
-    assert [req.key for req, _ in p.assign(now=0)] == [copy]
-    assert [q.key for q in p.pending()] == [TaskRequest(task(4)), TaskRequest(task(5))]

@@ -88,15 +88,12 @@ class Actions:
     def request_speculative(
         self, task: ExecutionVertexId, command_id: str, count: int, avoid: frozenset[str]
     ) -> None:
-        subtask = self._ctx.state.subtask(*task)
-        running_on = frozenset(a.host for a in subtask.live_attempts()) if subtask else frozenset()
         for n in range(count):
             self._ctx.pool.request(
                 SlotRequest(
                     key=SpeculativeRequest(task, command_id, n),
                     tasks=[task],
                     avoid={task: avoid},
-                    copy_of=running_on,
                 )
             )
 

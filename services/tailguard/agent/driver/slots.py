@@ -77,8 +77,6 @@ class SlotRequest:
     tasks: list[ExecutionVertexId]
     avoid: dict[ExecutionVertexId, frozenset[str]] = field(default_factory=dict)
     not_before: int = 0
-    # A speculative copy: the hosts its task's live attempts ran on when it was asked for.
-    copy_of: frozenset[str] = frozenset()
 
 
 class SlotPool:
@@ -215,26 +213,13 @@ class SlotPool:
     def assign(
         self, now: int, still_wanted: Callable[[SlotRequest], bool] | None = None
     ) -> list[tuple[SlotRequest, dict[ExecutionVertexId, Slot]]]:
-        """Serve the queue oldest first, but a copy of an attempt on a blocked host before
-        everything else; returns the requests that got all their slots, each slot taken. A
-        request `still_wanted` says is stale (the job changed while it waited) is dropped before
-        it can take a slot from the requests behind it.
-
-        A blocked host is a slow one (or one the operator or the fleet took out): its running
-        attempts are the job's stragglers, and their copies are what the issue-24 rule asks
-        for "at once". Served in queue order, a copy waited behind the stage's regular pending
-        attempts (4.4 s on the bench's io-slow), and the slow original ran on meanwhile: work
-        lost when the copy won. Any other copy keeps its place in the queue, as in Flink and
-        Spark, whose schedulers do not serve speculative attempts first."""
+        """Serve the queue oldest first; returns the requests that got all their slots, each
+        slot taken. A request `still_wanted` says is stale (the job changed while it waited) is
+        dropped before it can take a slot from the requests behind it."""
         served: list[tuple[SlotRequest, dict[ExecutionVertexId, Slot]]] = []
         remaining: list[SlotRequest] = []
         free = sum(h.free for h in self.hosts.values() if h.blocked_until is None)
-        blocked = {h.name for h in self.hosts.values() if h.blocked_until is not None}
-        urgent = [r for r in self._queue if r.copy_of & blocked]
-        queue = (
-            urgent + [r for r in self._queue if not r.copy_of & blocked] if urgent else self._queue
-        )
-        for request in queue:
+        for request in self._queue:
             # With every usable slot taken nothing more can be served: the rest of the queue
             # waits untouched (this runs after every message the driver handles).
             if free == 0 or request.not_before > now:
