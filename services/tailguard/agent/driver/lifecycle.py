@@ -80,7 +80,7 @@ class Lifecycle:
 
     def prefetch(self) -> None:
         """Start what the first placement needs from outside the job, to overlap the runners'
-        start: the fleet list's read (measured at ... on Apache Kafka, see docs/agent.md)."""
+        start: the fleet list's read (a consumer of its own, the topic read to its end)."""
         read = self._ctx.options.fleet_list
         if read is not None and self._ctx.settings.flag(FLEET_SETTING):
             self._fleet_list = PrefetchedList(read)
