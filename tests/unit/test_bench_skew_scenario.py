@@ -1,6 +1,6 @@
-"""The skew scenario of `tailguard bench` (issue 27): its data holds one hot key whose join
-subpartition is about 20x the median (under tailguard's own hash partitioning), the pandas
-reference joins and sums it, and the summary prints the scenario's targets from its runs."""
+"""The skew scenario of `tailguard bench` (issue 27), its pure parts: its data holds one hot
+key whose join subpartition is about 20x the median (under tailguard's own hash partitioning),
+the pandas reference joins and sums it, and the summary prints the scenario's targets."""
 
 from __future__ import annotations
 
