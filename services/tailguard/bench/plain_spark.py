@@ -259,9 +259,9 @@ FRAME_SCHEMA = "region string, revenue long, order_id long"
 ONE_FILE_PER_TASK = ("spark.sql.files.openCostInBytes", str(256 << 20))
 
 
-def _frame_scan(batches: Iterator[pd.DataFrame], io_s_per_row: float) -> Iterator[pd.DataFrame]:
-    """The frame job's map step: the I/O job's wait for the rows (longer on a slow host),
-    then their revenue, as `score` computes it."""
+def frame_scan(batches: Iterator[pd.DataFrame], io_s_per_row: float) -> Iterator[pd.DataFrame]:
+    """The frame jobs' map step (`mapInPandas`, FRAME_SCHEMA): the I/O job's wait for the rows
+    (longer on a slow host), then their revenue, as `score` computes it."""
     for frame in batches:
         table = example.score(example.fetch(pa.Table.from_pandas(frame), io_s_per_row), 0)
         yield table.select(["region", "revenue", "order_id"]).to_pandas()
@@ -272,7 +272,7 @@ def run_frame_job(spark: Any, data: Path, output: Path, task_s: float, rows_per_
     from pyspark.sql import functions as F
 
     spark.conf.set(*ONE_FILE_PER_TASK)
-    scan = functools.partial(_frame_scan, io_s_per_row=task_s / rows_per_split)
+    scan = functools.partial(frame_scan, io_s_per_row=task_s / rows_per_split)
     sales = spark.read.parquet(str(data)).mapInPandas(scan, FRAME_SCHEMA)
     totals = sales.groupBy("region").agg(
         F.sum("revenue").alias("revenue"), F.count("order_id").alias("orders")

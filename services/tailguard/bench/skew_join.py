@@ -17,14 +17,14 @@ what skew costs. Both engines split it with the same knobs lowered alike:
   `SkewSize.subpartitions` (its max parallelism);
 - Spark's AQE (`OptimizeSkewedJoin`, on by default): `skewedPartitionThresholdInBytes` 0, the
   factor at Spark's 5, `spark.sql.shuffle.partitions` the same count, the advisory partition
-  size tailguard's `avg-data-volume-per-task`.
+  size tailguard's `avg-data-volume-per-task`, and partition coalescing off (`spark_conf` says
+  why).
 """
 
 from __future__ import annotations
 
 import functools
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,6 @@ from tailguard.examples import sales_by_region as example
 HOT_KEY = -1
 JOIN_VERTEX = "enrich"
 ORDERS, CUSTOMERS = "orders", "customers"
-FRAME_SCHEMA = "region string, revenue long, order_id long"
 
 
 @dataclass(frozen=True)
@@ -184,25 +183,19 @@ def tailguard_job(path: Path, output: Path, size: SkewSize) -> Any:
     return job
 
 
-def _frame_rows(batches: Iterator[pd.DataFrame], row_s: float) -> Iterator[pd.DataFrame]:
-    for frame in batches:
-        table = example.score(example.fetch(pa.Table.from_pandas(frame), row_s), 0)
-        yield table.select(["region", "revenue", "order_id"]).to_pandas()
-
-
 def plain_frame(spark: Any, path: Path, size: SkewSize) -> Any:
     """The job in PySpark's DataFrame API, up to its result (a DataFrame); sets the session's
     SQL settings (`spark_conf`) first."""
     from pyspark.sql import functions as F
 
-    from tailguard.bench.plain_spark import ONE_FILE_PER_TASK
+    from tailguard.bench.plain_spark import FRAME_SCHEMA, ONE_FILE_PER_TASK, frame_scan
 
     for key, value in (ONE_FILE_PER_TASK, *spark_conf(size).items()):
         spark.conf.set(key, value)
     orders = spark.read.parquet(str(path / ORDERS))
     customers = spark.read.parquet(str(path / CUSTOMERS))
     rows = orders.join(customers, "k", "inner").mapInPandas(
-        functools.partial(_frame_rows, row_s=size.row_s), FRAME_SCHEMA
+        functools.partial(frame_scan, io_s_per_row=size.row_s), FRAME_SCHEMA
     )
     return rows.groupBy("region").agg(
         F.sum("revenue").alias("revenue"), F.count("order_id").alias("orders")
