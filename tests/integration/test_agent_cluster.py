@@ -212,9 +212,12 @@ def test_attempts_run_on_the_host_the_agent_chose(
         # host that got an attempt was.
         added = {e.host for e in run.recorder.of(r.NodeAdded)}
         assert deployed <= added <= set(hosts), (deployed, added)
-    # The pool spreads concurrent attempts, so the pinning was exercised on several hosts (a
-    # job whose attempts never overlap may use one host: each finishes in milliseconds).
-    assert chosen <= set(hosts) and len(chosen) >= 2, chosen
+    # These jobs' attempts take milliseconds, and placement starts at the first runner, so a
+    # run may use one host only (seen in CI: every run on 127.0.0.2). Pinning to a host other
+    # than the first is exercised below, where a copy must run on another host than its
+    # original (test_speculative_copy_runs_elsewhere_and_the_first_finisher_wins); the pool's
+    # spreading over free hosts is a unit test (test_agent_slots).
+    assert chosen and chosen <= set(hosts), chosen
 
 
 # --------------------------------------------------------------------------- speculation
