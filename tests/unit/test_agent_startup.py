@@ -4,7 +4,6 @@ fleet list's, a recovered job's) reach a host whose runners connect later."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 from agent_fakes import FakeRuntime, Harness, write_parquet_input
@@ -120,55 +119,3 @@ def test_the_pool_holds_a_block_until_its_host_joins_and_while_it_is_gone() -> N
     assert pool.blocked() == []
     pool.add_slot("h2", "h2/s2")
     assert pool.blocked() == []
-
-
-class ReadsBeforeRunners(FakeRuntime):
-    """Its runners' start takes until the fleet list's read has begun (at most 2 s): with the
-    read after the first runner, as before, the start would wait the 2 s out."""
-
-    def __init__(self, slots: list[tuple[str, str]], reading: threading.Event) -> None:
-        super().__init__(slots)
-        self.reading = reading
-        self.read_during_start: bool | None = None
-
-    def start(self, job_id: str, post: Post) -> int:
-        self.read_during_start = self.reading.wait(timeout=2.0)
-        return super().start(job_id, post)
-
-
-def test_the_fleet_list_is_read_while_the_runners_start(tmp_path: Path) -> None:
-    reading = threading.Event()
-    runtime = ReadsBeforeRunners([("h1", "h1/s0"), ("h2", "h2/s0"), ("h3", "h3/s0")], reading)
-    h = three_subtasks(tmp_path, runtime)
-    listed = FleetBlock(job_id="x", ts=0, id="blocklist-f1", host="h2", until_ts=2**62)
-
-    def read() -> list[FleetBlock]:
-        reading.set()
-        return [listed]
-
-    h.driver.options.fleet_list = read
-    h.start()
-    try:
-        assert runtime.wait_deployed(2, timeout=2.0)
-        assert runtime.read_during_start is True
-        # What it read is applied as before: h2 blocked, the attempts on the others.
-        assert [b.host for b in h.publisher.of(r.NodeBlocked)] == ["h2"]
-        assert sorted(d.slot for d in runtime.deployed[:2]) == ["h1/s0", "h3/s0"]
-    finally:
-        h.stop()
-
-
-def test_a_failed_fleet_list_read_starts_the_job_without_it(tmp_path: Path) -> None:
-    runtime = FakeRuntime.hosts(h1=1, h2=1)
-    h = three_subtasks(tmp_path, runtime)
-
-    def read() -> list[FleetBlock]:
-        raise OSError("broker down")
-
-    h.driver.options.fleet_list = read
-    h.start()
-    try:
-        assert runtime.wait_deployed(2, timeout=2.0)
-        assert h.publisher.of(r.NodeBlocked) == []
-    finally:
-        h.stop()

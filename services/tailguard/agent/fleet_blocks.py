@@ -15,7 +15,6 @@ list is an optimisation, never a reason not to run.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Protocol
 
@@ -73,33 +72,6 @@ def blocks_to_apply(
         else:
             log.info("fleet block on %s not applied: over the job's cap", entry.host)
     return taken
-
-
-class PrefetchedList:
-    """The fleet list read on a thread of its own from when it is made: the job's start makes
-    it before it launches its runners, so the read (a Kafka consumer, the topic read to its
-    end) overlaps their start instead of following the first runner. Called, it waits for the
-    read and returns its list, or raises what the read raised (`apply_fleet_list` then starts
-    the job without the list, as before)."""
-
-    def __init__(self, read: FleetListReader) -> None:
-        self._read = read
-        self._result: list[FleetBlock] = []
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="tg-fleet-list", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._result = self._read()
-        except BaseException as err:  # handed to the caller, on its own thread
-            self._error = err
-
-    def __call__(self) -> list[FleetBlock]:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._result
 
 
 def apply_fleet_list(job: StartingJob, read: FleetListReader) -> list[FleetBlock]:

@@ -193,7 +193,6 @@ class JobDriver:
 
     def _start(self) -> None:
         self._lifecycle.submit()
-        self._lifecycle.prefetch()
         launched = self._ctx.runtime.start(self.job_id, self.post)
         self._lifecycle.await_runners(launched, self.inbox, self._dispatch)
         self._lifecycle.before_placing()

@@ -18,11 +18,10 @@ from tailguard.agent.driver.ports import InboxMessage
 from tailguard.agent.driver.runners import Runners
 from tailguard.agent.driver.takeover import take_over
 from tailguard.agent.executor.sources import discover_splits
-from tailguard.agent.fleet_blocks import PrefetchedList, apply_fleet_list
+from tailguard.agent.fleet_blocks import apply_fleet_list
 from tailguard.model import records as r
 from tailguard.model.config import SERVICES_KEY, recorded_config
 from tailguard.model.durations import seconds_text
-from tailguard.model.fleet import FLEET_SETTING
 
 log = logging.getLogger("tailguard.agent")
 
@@ -47,7 +46,6 @@ class Lifecycle:
         self.started_ms = 0
         self.finished_ms = 0
         self.message = ""
-        self._fleet_list: PrefetchedList | None = None
 
     # ---------------------------------------------------------------- the start
 
@@ -77,13 +75,6 @@ class Lifecycle:
             }
         )
         ctx.events.emit(r.JobSubmitted, name=ctx.job.name, graph=spec, config=config)
-
-    def prefetch(self) -> None:
-        """Start what the first placement needs from outside the job, to overlap the runners'
-        start: the fleet list's read (a consumer of its own, the topic read to its end)."""
-        read = self._ctx.options.fleet_list
-        if read is not None and self._ctx.settings.flag(FLEET_SETTING):
-            self._fleet_list = PrefetchedList(read)
 
     def await_runners(
         self,
@@ -127,8 +118,7 @@ class Lifecycle:
         if self.recovered is not None:
             self._actions.restore_blocks(self.recovered.blocks)
         if self._ctx.options.fleet_list is not None:
-            read = self._fleet_list or self._ctx.options.fleet_list
-            apply_fleet_list(self._actions, read)
+            apply_fleet_list(self._actions, self._ctx.options.fleet_list)
 
     # ---------------------------------------------------------------- the end
 
