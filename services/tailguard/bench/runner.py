@@ -27,7 +27,6 @@ from tailguard.bench.scenarios import (
     BLOCK_DURATION_KEY,
     CONTENDERS,
     IO_JOB_SETTINGS,
-    SCENARIOS,
     SECOND_JOB,
     SECOND_JOB_BLOCK,
     Contender,
@@ -43,7 +42,6 @@ from tailguard.examples import sales_by_region as example
 from tailguard.model import records as r
 
 Say = Callable[[str], None]
-SKEW_JOIN_SCENARIOS = frozenset(n for n, s in SCENARIOS.items() if s.shape == "io-skew")
 SCORE_VERTEX = "score"  # where the CPU work happens (keyed in the skew job)
 IO_VERTEX = "io"  # where the I/O job waits
 SPECULATION_KEYS = ("spark.speculation.multiplier", "spark.speculation.quantile")
@@ -95,7 +93,8 @@ class RunRecord:
     slow_host_found_ms: float | None = None
     # The second job: the hosts on the fleet list when its application started.
     fleet_listed: list[str] = field(default_factory=list)
-    # The skewed join (io-join-skew): the pieces its split subpartitions became (0: none split).
+    # The pieces the decider split skewed join subpartitions into (0: none split; the
+    # summary prints it for io-join-skew).
     skew_pieces: int | None = None
     # CPU seconds the job took, per part (`report.CPU_PARTS`, sampled by `bench.cpu`): the
     # control plane, the executors, the driver.
@@ -525,8 +524,7 @@ def _from_archive(path: Path, settings: Any, rec: RunRecord) -> None:
     rec.decider_latency_ms = [
         {"vertex": v, "ms": ms} for v, ms in report.decider_latencies(records)
     ]
-    if rec.scenario in SKEW_JOIN_SCENARIOS:
-        rec.skew_pieces = report.skew_pieces(records)
+    rec.skew_pieces = report.skew_pieces(records)
     largest = report.largest_input_subtask(records, SCORE_VERTEX)
     if largest is not None:
         speculated = report.speculated_subtasks(records)
