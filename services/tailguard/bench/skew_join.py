@@ -34,6 +34,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tailguard.bench import io_job
 from tailguard.examples import sales_by_region as example
 
 HOT_KEY = -1
@@ -151,19 +152,7 @@ def generate(path: Path, size: SkewSize, seed: int = 27) -> Path:
 def reference(path: Path) -> pd.DataFrame:
     """The job's result by pandas: revenue and orders per region of the joined rows."""
     joined = pd.read_parquet(path / ORDERS).merge(pd.read_parquet(path / CUSTOMERS), on="k")
-    joined["revenue"] = joined["quantity"] * joined["price_cents"]
-    return (
-        joined.groupby("region")
-        .agg(revenue=("revenue", "sum"), orders=("order_id", "count"))
-        .reset_index()
-        .sort_values("region")
-        .reset_index(drop=True)
-    )
-
-
-def _partials(batch: pa.RecordBatch | pa.Table, row_s: float) -> pa.Table:
-    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
-    return example.partial_sums(example.score(example.fetch(table, row_s), 0))
+    return example.reference_of(joined)
 
 
 def tailguard_job(path: Path, output: Path, size: SkewSize) -> Any:
@@ -177,7 +166,13 @@ def tailguard_job(path: Path, output: Path, size: SkewSize) -> Any:
     joined = orders.join(
         customers, "k", "inner", name=JOIN_VERTEX, max_parallelism=size.subpartitions
     )
-    partial = joined.map_batches(functools.partial(_partials, row_s=size.row_s), name="io")
+    # The I/O job's operator: the wait per row, then the partial sums per region.
+    partial = joined.map_batches(
+        functools.partial(
+            io_job.partials, task_s=size.subpartition_s, rows_per_split=size.rows_per_subpartition
+        ),
+        name="io",
+    )
     totals = partial.partition_by("region").map(example.final_sums, name="final", parallelism=1)
     totals.write_parquet(str(output), name="sink")
     return job

@@ -146,8 +146,13 @@ def make_job(
 
 def reference(input_path: str | Path) -> pd.DataFrame:
     """The same result computed by pandas, for checking."""
-    frame = pd.read_parquet(input_path)
-    frame["revenue"] = frame["quantity"] * frame["price_cents"]
+    return reference_of(pd.read_parquet(input_path))
+
+
+def reference_of(frame: pd.DataFrame) -> pd.DataFrame:
+    """The job's result by pandas over `frame`'s orders (region, quantity, price_cents,
+    order_id): revenue and orders per region, sorted by region."""
+    frame = frame.assign(revenue=frame["quantity"] * frame["price_cents"])
     out = (
         frame.groupby("region")
         .agg(revenue=("revenue", "sum"), orders=("order_id", "count"))
