@@ -73,6 +73,10 @@ DEFAULTS: dict[str, str] = {
     "table.optimizer.skewed-join-optimization.strategy": "auto",
     "table.optimizer.skewed-join-optimization.skewed-factor": "4.0",
     "table.optimizer.skewed-join-optimization.skewed-threshold": "256 MiB",
+    # Two-phase aggregation (Flink's key and values: AUTO, TWO_PHASE, ONE_PHASE): a producer
+    # whose consumers all aggregate by its keys aggregates locally before the exchange, so a hot
+    # key crosses it as a few partial states (agent/driver/local_aggregation.py).
+    "table.optimizer.agg-phase-strategy": "AUTO",
     "decider.timeout": "10 s",
     # Flink 2.0's adaptive broadcast join (FLIP-470, decider/policy/broadcast_join.py): a join
     # side produced under the threshold (Flink's key and default; -1: never) is read broadcast

@@ -30,6 +30,7 @@ from tailguard.agent.driver.fallbacks import LocalFallbacks
 from tailguard.agent.driver.hooks import JobHooks
 from tailguard.agent.driver.initialization import VertexInitializer
 from tailguard.agent.driver.lifecycle import Lifecycle
+from tailguard.agent.driver.local_aggregation import strategy_of as agg_phase_strategy
 from tailguard.agent.driver.options import RunOptions
 from tailguard.agent.driver.outcomes import Outcomes
 from tailguard.agent.driver.ports import (
@@ -114,6 +115,7 @@ class JobDriver:
                 graph,
                 settings.integer("execution.batch.adaptive.auto-parallelism.max-parallelism"),
                 BroadcastJoinParams.from_settings(settings),
+                agg_phase_strategy(settings),
             ),
             pool=SlotPool(),
             events=EventLog(self.job_id, publisher, fallbacks, hooks.on_event),

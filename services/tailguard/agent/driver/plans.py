@@ -22,7 +22,13 @@ from tailguard.decider.policy.assign import InputInfo
 from tailguard.decider.policy.decider import waits_for_decider
 from tailguard.decider.policy.flink import flink_data_bound
 from tailguard.model.config import ConfigError, Settings
-from tailguard.model.records import SPLITS_INPUT, InputRange, PartitionRef, SubtaskInputs
+from tailguard.model.records import (
+    SPLITS_INPUT,
+    Distribution,
+    InputRange,
+    PartitionRef,
+    SubtaskInputs,
+)
 
 
 def static_subtask_inputs(
@@ -138,14 +144,25 @@ def task_spec(
     output = None
     if definition.sink is None:
         distribution, keys = state.output_distribution(definition.name)
-        output = OutputPlan(distribution, keys, vertex.subpartitions)
+        phase = state.local_aggregation.phase(definition.name)
+        output = OutputPlan(
+            distribution,
+            keys,
+            vertex.subpartitions,
+            phase if distribution is Distribution.ALL_TO_ALL else None,
+        )
     return TaskSpec(
         job_id=job_id,
         storage=storage,
         vertex=definition.name,
         subtask=subtask.index,
         attempt=attempt,
-        steps=tuple(state.broadcast_joins.step(definition.name, s) for s in definition.steps),
+        steps=tuple(
+            state.local_aggregation.step(
+                definition.name, state.broadcast_joins.step(definition.name, s)
+            )
+            for s in definition.steps
+        ),
         source=definition.source,
         splits=chosen_splits,
         inputs=tuple(inputs),

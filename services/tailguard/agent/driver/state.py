@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 
 from tailguard.agent.driver.broadcast_joins import BroadcastJoins
+from tailguard.agent.driver.local_aggregation import LocalAggregation
 from tailguard.agent.driver.slots import (
     ExecutionVertexId,
     RegionRequest,
@@ -134,11 +135,14 @@ class ExecutionState:
         job: ChainedJob,
         default_max_parallelism: int,
         broadcast: BroadcastJoinParams = BROADCAST_OFF,
+        agg_phase: str = "AUTO",
     ) -> None:
         self.job = job
         self.default_max_parallelism = default_max_parallelism
         # The adaptive broadcast join's order of production and decisions (broadcast_joins.py).
         self.broadcast_joins = BroadcastJoins(job, broadcast)
+        # Which producers aggregate before their exchange (local_aggregation.py).
+        self.local_aggregation = LocalAggregation(job, agg_phase)
         self.vertices: dict[str, Vertex] = {name: Vertex(v) for name, v in job.vertices.items()}
         self.consumers: dict[str, list[tuple[str, int]]] = {name: [] for name in job.vertices}
         for v in job.vertices.values():

@@ -6,6 +6,14 @@ merged whenever they pile up past one batch of rows, and once more at the end: s
 add up, minima and maxima take their own extreme, a mean is kept as its sum and count and
 divided last (Spark's `avg` does the same). Results come out sorted by key (nulls last), so the
 same input always gives the same partition.
+
+**Two phases** (`LocalPhase`; Flink's `table.optimizer.agg-phase-strategy`, Spark's partial
+aggregation before its exchange): when every consumer of a producer's output is such an
+aggregation, the producer writes partial states instead of rows (`partial_states`), and the
+consumer merges them (`aggregate_batches(..., merging=True)`). A hot key then crosses the
+exchange as one state row per producer flush, not as its rows: the skew an aggregation
+suffers from a heavy key is gone before the decider sees the sizes (agent/driver/
+local_aggregation.py says why this, not a split, serves `partition_by().aggregate`).
 """
 
 from __future__ import annotations
@@ -44,18 +52,63 @@ class Aggregation:
     function: AggregateFunction
 
 
+@dataclass(frozen=True)
+class LocalPhase:
+    """The local phase a producer runs for its consumers' aggregation: their keys and
+    aggregations, and the operator's name for messages."""
+
+    keys: tuple[str, ...]
+    aggregations: tuple[Aggregation, ...]
+    operator: str
+
+
+def partial_states(
+    batches: Iterable[pa.RecordBatch], phase: LocalPhase, flush_rows: int
+) -> Iterator[pa.RecordBatch]:
+    """The local phase (Flink's `LocalHashAggregate`): `batches` as partial states per key,
+    merged as they pile up. The merged state is held while it stays within `flush_rows` rows and
+    passed on once it does not (keys that do not repeat within that many rows gain nothing from
+    being held), as Flink's local aggregate flushes when its memory is full: the consumer merges
+    every state of a key, so a flush changes how much crosses the exchange, never the result."""
+    what = f"operator {phase.operator!r}"
+    states: list[pa.Table] = []
+    state_rows = 0
+    for batch in batches:
+        state = _partial(pa.Table.from_batches([batch]), phase.keys, phase.aggregations, what)
+        states.append(state)
+        state_rows += state.num_rows
+        if state_rows > flush_rows and len(states) > 1:
+            merged = _merge(states, phase.keys, phase.aggregations)
+            if merged.num_rows > flush_rows:
+                yield from as_batches(merged, flush_rows)
+                states, state_rows = [], 0
+            else:
+                states, state_rows = [merged], merged.num_rows
+    if states:
+        merged = states[0] if len(states) == 1 else _merge(states, phase.keys, phase.aggregations)
+        yield from as_batches(merged, flush_rows)
+
+
 def aggregate_batches(
     batches: Iterable[pa.RecordBatch],
     keys: Sequence[str],
     aggregations: Sequence[Aggregation],
     batch_rows: int,
     what: str,
+    *,
+    merging: bool = False,
 ) -> Iterator[pa.RecordBatch]:
-    """One row per key of `batches`: the keys, then each aggregation's output, in order."""
+    """One row per key of `batches`: the keys, then each aggregation's output, in order.
+    `merging`: the batches are partial states from the producers' local phase."""
     states: list[pa.Table] = []
     state_rows = 0
     for batch in batches:
-        state = _partial(pa.Table.from_batches([batch]), keys, aggregations, what)
+        table = pa.Table.from_batches([batch])
+        state = (
+            _states_in(table, keys, aggregations, what)
+            if merging
+            else _partial(table, keys, aggregations, what)
+        )
         states.append(state)
         state_rows += state.num_rows
         if state_rows > batch_rows and len(states) > 1:
@@ -98,6 +151,21 @@ def _partial(
     grouped = pa.table(inputs).group_by(list(keys), use_threads=False).aggregate(specs)
     states = [c for i, a in enumerate(aggregations) for c, _ in _state_columns(i, a.function)]
     return grouped.select([*keys, *states])
+
+
+def _states_in(
+    table: pa.Table, keys: Sequence[str], aggregations: Sequence[Aggregation], what: str
+) -> pa.Table:
+    """The partial states a producer's local phase wrote, in the merge's column order."""
+    states = [c for i, a in enumerate(aggregations) for c, _ in _state_columns(i, a.function)]
+    missing = [c for c in [*keys, *states] if c not in table.column_names]
+    if missing:
+        # A producer that wrote rows, not states: the plan and the producer disagree.
+        raise ValueError(
+            f"{what}: its input holds no partial state column(s) {missing} "
+            f"(columns {table.column_names})"
+        )
+    return table.select([*keys, *states])
 
 
 def _merge(

@@ -27,6 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tailguard.agent.executor.aggregation import LocalPhase, partial_states
 from tailguard.agent.executor.batches import rebatch
 from tailguard.agent.executor.control import AttemptCancelled, AttemptControl, bind, unbind
 from tailguard.agent.executor.exchange import partition_batch
@@ -92,6 +93,8 @@ class OutputPlan:
     distribution: Distribution
     keys: tuple[str, ...]
     subpartitions: int
+    # The consumers' aggregation's local phase, run before the split (None: rows as they are).
+    local_phase: LocalPhase | None = None
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,8 @@ def _write_partition(
         spec.batch_rows,
     )
     split_rows = 0
+    if output.local_phase is not None:
+        stream = partial_states(stream, output.local_phase, spec.batch_rows)
     try:
         for batch in stream:
             writer.add(partition_batch(batch, count, keys, spec.subtask + split_rows))

@@ -77,8 +77,10 @@ class OperatorStep:
     predicate: Any = None
     # select: output column name -> `pyarrow.compute` expression, in order.
     projections: tuple[tuple[str, Any], ...] = ()
-    # aggregate: what to compute per key.
+    # aggregate: what to compute per key, and whether its input is the partial states of its
+    # producers' local phase (a two-phase aggregation: agent/driver/local_aggregation.py).
     aggregations: tuple[Aggregation, ...] = ()
+    merging: bool = False
     # join: keys, join type, which side is held in memory and its bound.
     join: JoinSpec | None = None
 
@@ -220,7 +222,12 @@ def _apply_in_groups(step: OperatorStep, inputs: list[Stream], context: StepCont
 
 def _aggregate(step: OperatorStep, inputs: list[Stream], context: StepContext) -> Stream:
     return aggregate_batches(
-        inputs[0], step.keys, step.aggregations, context.batch_rows, f"operator {step.name!r}"
+        inputs[0],
+        step.keys,
+        step.aggregations,
+        context.batch_rows,
+        f"operator {step.name!r}",
+        merging=step.merging,
     )
 
 
