@@ -53,6 +53,8 @@ class ClusterSpec:
     cores: int = 1
     memory: str = "1g"
     directory: Path | None = None
+    # Each worker a cgroup CPU quota of its share of the machine (cluster/cpu_budget.py).
+    cpu_budgets: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,14 @@ def start_cluster(
     (the harness writes the directory down then)."""
     from tailguard.cluster.local import ClusterError, LocalCluster
 
-    local = LocalCluster(spec.workers, spec.cores, spec.memory, directory, progress=say)
+    local = LocalCluster(
+        spec.workers,
+        spec.cores,
+        spec.memory,
+        directory,
+        progress=say,
+        cpu_budgets=spec.cpu_budgets,
+    )
     try:
         local.start(before_launch)
     except ClusterError as err:

@@ -80,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="mode of every --throttle: cpu (pause the process tree; default) or io (the "
         "factor I/O-bound tasks read)",
     )
+    up.add_argument(
+        "--cpu-budgets",
+        action="store_true",
+        help="give each worker a cgroup CPU quota of its share of this machine's CPUs, so a "
+        "cpu-mode throttle cuts the quota and the node really loses capacity however many "
+        "workers share the CPUs (needs root or a delegated cgroup)",
+    )
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for workers")
 
     status = actions.add_parser(
@@ -162,6 +169,7 @@ def _up(args: argparse.Namespace) -> int:
         work_dir=args.work_dir,
         start_timeout_s=args.timeout,
         progress=_say,
+        cpu_budgets=args.cpu_budgets,
     )
     master_url = cluster.start()
     for host, factor in args.throttle:
@@ -202,6 +210,8 @@ def _format_status(status: dict[str, Any]) -> str:
                 + ("" if left is None else f" ({left:.0f}s left)")
             )
         lines.append(line)
+    if status.get("cpu_budget_cores") is not None:
+        lines.append(f"CPU budget {status['cpu_budget_cores']:.2f} CPUs per worker (cgroup quota)")
     return "\n".join(lines)
 
 

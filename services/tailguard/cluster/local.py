@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tailguard.cluster import slowness
+from tailguard.cluster import cpu_budget, slowness
 from tailguard.cluster.netns import NetnsHost
 from tailguard.jdk import java_path
 from tailguard.model.durations import seconds_text
@@ -96,8 +96,9 @@ def cpu_throttle_caveat(executor_cores: int, cpus: int | None = None) -> str | N
         f"CPU throttling on {executor_cores} executor cores over {cpus} CPUs: the paused "
         "node's CPU goes to the other executors, so the node loses far less capacity than "
         "the factor says (design §7: a '5x slow' node cost plain PySpark ~1.26x with 3 "
-        "executors on 2 cores). For I/O-bound work use mode 'io' (`--mode io`), or run no "
-        "more executors than cores."
+        "executors on 2 cores). Start the cluster with CPU budgets (`tailguard cluster up "
+        "--cpu-budgets`, as root) to make cpu mode cut a quota instead; for I/O-bound work use "
+        "mode 'io' (`--mode io`), or run no more executors than cores."
     )
 
 
@@ -147,13 +148,17 @@ class WorkerState:
 
 @dataclass
 class ThrottleState:
+    # The throttler (a "pause" throttle), or the process that lifts a timed "budget" cut (0:
+    # none, the cut lasts until `unthrottle`).
     pid: int
     factor: float
     until: float | None  # wall-clock epoch seconds, None = until turned off
     created: float = 0.0
+    kind: str = "pause"  # "pause": SIGSTOP duty cycle (throttle.py); "budget": cpu_budget.py
 
     def ours(self) -> bool:
-        return Supervised(self.pid, self.created).ours(THROTTLE_MODULE)
+        module = THROTTLE_MODULE if self.kind == "pause" else cpu_budget.__name__
+        return self.pid > 0 and Supervised(self.pid, self.created).ours(module)
 
 
 @dataclass
@@ -170,6 +175,9 @@ class ClusterState:
     python: str
     throttles: dict[str, ThrottleState] = field(default_factory=dict)
     master_created: float = 0.0
+    # CPU budgets (cpu_budget.py): each worker's CPUs, and the cgroup version; None: no budgets.
+    budget_cores: float | None = None
+    budget_version: int = 0
 
     def master_ours(self) -> bool:
         return Supervised(self.master_pid, self.master_created).ours(MASTER_CLASS)
@@ -217,11 +225,16 @@ class LocalCluster:
         progress: Callable[[str], None] | None = None,
         master_node: Node | None = None,
         worker_nodes: list[Node] | None = None,
+        cpu_budgets: bool = False,
     ) -> None:
         """`workers` loopback workers (127.0.0.2, ...) and a master on 127.0.0.1, or the
         daemons on the given nodes (`worker_nodes` overrides `workers`): hosts of a
         `NamespaceNetwork` for a cluster whose executors reach the driver only over a network
-        (tests/integration/test_multihost.py)."""
+        (tests/integration/test_multihost.py).
+
+        `cpu_budgets`: each worker's process tree gets a cgroup CPU quota of its share of the
+        machine (`cpu_budget.py`), so a cpu-mode slowness cuts that quota and the node really
+        loses capacity however many workers share the CPUs."""
         if worker_nodes is not None:
             workers = len(worker_nodes)
         if workers < 1:
@@ -231,6 +244,7 @@ class LocalCluster:
         self.workers = workers
         self.cores = cores
         self.memory = memory
+        self.cpu_budgets = cpu_budgets
         self.work_dir = Path(work_dir).resolve()
         self.master_port = master_port
         self.start_timeout_s = start_timeout_s
@@ -331,10 +345,15 @@ class LocalCluster:
             ],
             "cores": state.cores,
             "memory": state.memory,
+            "cpu_budget_cores": state.budget_cores,
         }
 
     def _throttle_summary(self, host: str, now: float) -> dict[str, Any] | None:
         t = self._require_state().throttles.get(host)
+        if t is not None and t.kind == "budget" and (t.until is None or t.until > now):
+            left = None if t.until is None else t.until - now
+            cores = self._budget(host).cores()
+            return {"mode": "cpu", "factor": t.factor, "cpu_cores": cores, "seconds_left": left}
         if t is not None and t.ours():
             left = None if t.until is None else max(0.0, t.until - now)
             return {"mode": "cpu", "factor": t.factor, "pid": t.pid, "seconds_left": left}
@@ -361,14 +380,17 @@ class LocalCluster:
         if existing is not None:
             self.state = existing
             if self.processes_alive():
-                if (len(existing.workers), existing.cores, existing.memory) != (
+                budgets = existing.budget_cores is not None
+                if (len(existing.workers), existing.cores, existing.memory, budgets) != (
                     self.workers,
                     self.cores,
                     self.memory,
+                    self.cpu_budgets,
                 ):
                     raise ClusterError(
                         f"a cluster of another shape ({len(existing.workers)} workers, "
-                        f"{existing.cores} cores, {existing.memory}) is running from "
+                        f"{existing.cores} cores, {existing.memory}, CPU budgets "
+                        f"{'on' if budgets else 'off'}) is running from "
                         f"{self.state_path}; stop it first (`tailguard cluster down`)"
                     )
                 self._progress(f"reusing the running cluster at {existing.master_url}")
@@ -387,6 +409,7 @@ class LocalCluster:
         return self._launch()
 
     def _launch(self) -> str:
+        budgets = self._budget_hierarchy()
         java = find_java()
         home = spark_home()
         spark_class = home / "bin" / "spark-class"
@@ -440,6 +463,9 @@ class LocalCluster:
             spark_home=str(home),
             python=sys.executable,
         )
+        if budgets is not None:
+            self.state.budget_cores = cpu_budget.share_cores(len(self.worker_nodes), self.cores)
+            self.state.budget_version = budgets.version
         self._write_state()  # from here on, `down` can clean up even a half-started cluster
         try:
             self._await(lambda: master_status(web_ui, 1.0) is not None, "the master's web UI")
@@ -475,6 +501,10 @@ class LocalCluster:
                     logs / f"worker-{host}.log",
                 )
                 self._children.append(proc)
+                if budgets is not None:
+                    self._budget(host).create().set_cores(self.state.budget_cores or 0)
+                    # Before the worker forks its executor: what it starts is born in the group.
+                    self._budget(host).add(proc.pid)
                 self.state.workers.append(
                     WorkerState(
                         host,
@@ -492,6 +522,26 @@ class LocalCluster:
         self.started_here = True
         self._progress(f"cluster up: {master_url}, workers {', '.join(self.hosts())}")
         return master_url
+
+    def _budget_hierarchy(self) -> cpu_budget.Hierarchy | None:
+        if not self.cpu_budgets:
+            return None
+        found = cpu_budget.hierarchy()
+        if found is None:
+            raise ClusterError(
+                "CPU budgets need a writable cgroup hierarchy with CPU bandwidth control "
+                f"(cgroup v1's cpu controller at {cpu_budget.V1_ROOT}, or v2 with cpu among "
+                "cgroup.controllers): run as root, or start the cluster without CPU budgets"
+            )
+        return found
+
+    def _budget(self, host: str) -> cpu_budget.CpuBudget:
+        state = self._require_state()
+        root = cpu_budget.V1_ROOT if state.budget_version == 1 else None
+        found = cpu_budget.hierarchy() if root is None else cpu_budget.Hierarchy(root, 1)
+        if found is None:
+            raise ClusterError("the cluster's CPU budgets' cgroup hierarchy is gone")
+        return found.group(cpu_budget.group_name(self.work_dir, host))
 
     @staticmethod
     def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -549,10 +599,14 @@ class LocalCluster:
         """Slow `host` down `factor` times (for `duration_s`, or until `unthrottle`; in io mode
         from `after_s` seconds on: a node that turns slow mid-job).
 
-        - `mode="cpu"`: a throttler process pauses and resumes the worker's process tree
-          (returns its pid). Throttle only after the host's executor has registered: an
-          executor that starts on a throttled node registers late. With more executor cores
-          than CPUs this misleads; it still runs, with a `ThrottleWarning` that says why.
+        - `mode="cpu"` on a cluster with CPU budgets: the worker's quota is cut to its share
+          over `factor` (returns the pid of the process that lifts it after `duration_s`, or
+          None). Its executor keeps running, at that speed.
+        - `mode="cpu"` without budgets: a throttler process pauses and resumes the worker's
+          process tree (returns its pid). Throttle only after the host's executor has
+          registered: an executor that starts on a throttled node registers late. With more
+          executor cores than CPUs this misleads; it still runs, with a `ThrottleWarning` that
+          says why.
         - `mode="io"`: the host's slowness file, which `slowness.io_work` in the tasks there
           reads (returns None). Takes effect on running tasks within 100 ms.
         A host has one slowness at a time: this lifts the previous one of either mode.
@@ -570,6 +624,8 @@ class LocalCluster:
             )
             return None
         state = self._require_state()
+        if state.budget_cores is not None:
+            return self._cut_budget(host, factor, duration_s)
         caveat = cpu_throttle_caveat(len(state.workers) * state.cores)
         if caveat is not None:
             self._progress(f"warning: {caveat}")
@@ -596,6 +652,37 @@ class LocalCluster:
         self._write_state()
         return proc.pid
 
+    def _cut_budget(self, host: str, factor: float, duration_s: float | None) -> int | None:
+        if factor < 1:
+            raise ValueError(f"factor must be >= 1 (1 = not slowed), got {factor}")
+        state = self._require_state()
+        share = state.budget_cores or 0
+        budget = self._budget(host)
+        budget.set_cores(share / factor)
+        pid = None
+        if duration_s is not None:
+            argv = [
+                sys.executable,
+                "-m",
+                cpu_budget.__name__,
+                "--group",
+                str(budget.path),
+                "--version",
+                str(budget.version),
+                "--cores",
+                str(share),
+                "--after",
+                str(duration_s),
+            ]
+            pid = self._spawn(
+                argv, dict(os.environ), self.work_dir / "logs" / f"budget-{host}.log"
+            ).pid
+        until = None if duration_s is None else time.time() + duration_s
+        created = (create_time(pid) or 0.0) if pid is not None else 0.0
+        state.throttles[host] = ThrottleState(pid or 0, factor, until, created, kind="budget")
+        self._write_state()
+        return pid
+
     def unthrottle(self, host: str) -> None:
         """Stop slowing `host` (either mode); its processes are running again when this
         returns, and its tasks see factor 1 from their next tick on."""
@@ -607,6 +694,8 @@ class LocalCluster:
             if t.ours():
                 trees.terminate_trees([t.pid], grace_s=5.0)
             self._write_state()
+        if state.budget_cores is not None:
+            self._budget(host).set_cores(state.budget_cores)
         # Belt and braces: a throttler killed with SIGKILL could not resume the tree itself.
         trees.signal_all(trees.descendants(worker.pid), signal.SIGCONT)
 
@@ -627,6 +716,9 @@ class LocalCluster:
         trees.terminate_trees(roots, grace_s)
         for w in state.workers:  # a later cluster in this dir starts healthy
             slowness.clear(slowness.slowness_file(self.work_dir, w.host))
+            if state.budget_cores is not None:
+                with contextlib.suppress(ClusterError):
+                    self._budget(w.host).remove()
         self.state_path.unlink(missing_ok=True)
         self.state = None
 

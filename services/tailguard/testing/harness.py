@@ -23,6 +23,7 @@ leaves nothing running past the next session's start.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -312,7 +313,9 @@ class Harness:
         self._require_java()
         from tailguard import stack
 
-        spec = stack.ClusterSpec(shape.workers, shape.cores, shape.memory)
+        spec = stack.ClusterSpec(
+            shape.workers, shape.cores, shape.memory, cpu_budgets=shape.cpu_budgets
+        )
         try:
             part = self._timed(
                 f"cluster ({shape.describe()})",
@@ -397,8 +400,16 @@ class Harness:
     def cluster_for(self, request: ClusterRequest, conf: Sequence[tuple[str, str]] = ()) -> Any:
         """The cluster of `request.shape`; with CPU-throttled hosts, also its Spark session
         (settings `conf`), because an executor that starts on a paused node registers late
-        (design §7): the throttle goes on only after registration."""
-        local = self.cluster(request.shape)
+        (design §7): the throttle goes on only after registration.
+
+        A cpu-mode slow host on workers whose cores outnumber the CPUs gets a cluster with CPU
+        budgets where cgroups allow (`cluster/cpu_budget.py`): pausing a node would hand its
+        CPU to the others, cutting its quota does not. Without cgroups it is paused, with the
+        `ThrottleWarning` that says what that is worth."""
+        shape = request.shape
+        if request.slow and request.slow_mode == "cpu" and _budgets_make_cpu_slowness_real(shape):
+            shape = dataclasses.replace(shape, cpu_budgets=True)
+        local = self.cluster(shape)
         if request.slow and request.slow_mode == "cpu":
             self.spark(local, conf)
         return local
@@ -505,3 +516,13 @@ class Harness:
 
 def _session_alive(session: Any) -> bool:
     return getattr(session.sparkContext, "_jsc", None) is not None
+
+
+def _budgets_make_cpu_slowness_real(shape: ClusterShape) -> bool:
+    """Whether a cpu-mode slow host needs CPU budgets to lose capacity (more executor cores than
+    CPUs) and this machine can give them."""
+    from tailguard.cluster import cpu_budget
+    from tailguard.cluster.local import cpu_throttle_caveat
+
+    oversubscribed = cpu_throttle_caveat(shape.workers * shape.cores) is not None
+    return oversubscribed and cpu_budget.hierarchy() is not None

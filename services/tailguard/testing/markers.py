@@ -38,13 +38,17 @@ class ClusterShape:
     workers: int = 3
     cores: int = 1
     memory: str = "1g"
+    # Each worker a cgroup CPU quota of its share of the machine (the harness sets it for a
+    # cpu-mode slow host when the workers' cores outnumber the CPUs: `Harness.cluster_for`).
+    cpu_budgets: bool = False
 
     def hosts(self) -> list[str]:
         """The workers' loopback addresses, as `LocalCluster` assigns them."""
         return [f"127.0.0.{i + 2}" for i in range(self.workers)]
 
     def describe(self) -> str:
-        return f"{self.workers} workers x {self.cores} core(s), {self.memory}"
+        budgets = ", CPU budgets" if self.cpu_budgets else ""
+        return f"{self.workers} workers x {self.cores} core(s), {self.memory}{budgets}"
 
 
 @dataclass(frozen=True)
