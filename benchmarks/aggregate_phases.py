@@ -1,0 +1,183 @@
+"""Two-phase aggregation against one phase, on a job with one hot key.
+
+    .venv/bin/python benchmarks/aggregate_phases.py [--files 8] [--rows 1000000]
+        [--hot 0.8] [--keys 20000] [--rounds 3]
+
+The job: `--files` Parquet files (one source subtask each) of `--rows` rows, a fraction `--hot`
+of them with one key and the rest over `--keys` keys; `partition_by("k").aggregate(...)` (a sum,
+a row count and a mean); a Parquet sink. Contenders, run in turn every round on one Spark session
+on `local[2]` (two slot runners) so load changes hit them alike:
+
+- `TWO_PHASE` (the default, `table.optimizer.agg-phase-strategy` AUTO): the producers write
+  partial states, the consumers merge them;
+- `ONE_PHASE`: the producers write rows; the subtask that gets the hot key aggregates all of it.
+
+Every output is checked against pandas `groupby` (floats to 1e-12). Printed per contender: job
+time (median, min-max), the bytes that crossed the exchange, the largest subpartition over the
+median (the skew the decider sees), the consumer subtasks, and work over the 2 slots (the sum of
+the winning attempts' times / 2, the job's bound with perfect packing). Also the load average.
+Asserts nothing about time: figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tailguard.agent.graph.api import Job
+from tailguard.archive import ArchiveReader
+from tailguard.model import records as r
+from tailguard.model.config import Settings
+
+STRATEGIES = ("TWO_PHASE", "ONE_PHASE")
+
+
+def write_data(path: Path, files: int, rows: int, hot: float, keys: int) -> Path:
+    rng = np.random.default_rng(27)
+    path.mkdir(parents=True)
+    hot_rows = int(rows * hot)
+    for f in range(files):
+        k = np.concatenate([np.full(hot_rows, keys), rng.integers(0, keys, rows - hot_rows)])
+        rng.shuffle(k)
+        table = pa.table({"k": k, "qty": rng.integers(0, 100, rows), "x": rng.random(rows)})
+        pq.write_table(table, path / f"part-{f:03d}.parquet")
+    return path
+
+
+def reference(data: Path) -> pd.DataFrame:
+    whole = pq.read_table(data).to_pandas()
+    return (
+        whole.groupby("k")
+        .agg(total=("qty", "sum"), rows=("qty", "size"), mean_x=("x", "mean"))
+        .reset_index()
+    )
+
+
+def job(data: Path, out: Path, files: int) -> Job:
+    j = Job("aggregate-phases")
+    j.read_parquet(str(data), name="src", parallelism=files).partition_by("k").aggregate(
+        total=("qty", "sum"), rows=("*", "count"), mean_x=("x", "mean"), name="agg"
+    ).write_parquet(str(out), name="sink")
+    return j
+
+
+def check(out: Path, expected: pd.DataFrame) -> None:
+    got = pq.read_table(out).to_pandas().sort_values("k", ignore_index=True)
+    pd.testing.assert_frame_equal(
+        got[list(expected.columns)], expected, check_exact=False, rtol=1e-12, check_dtype=False
+    )
+
+
+def exchange_figures(archive: str) -> tuple[int, float]:
+    """Bytes the producers wrote, and the largest subpartition over the median."""
+    produced = [
+        e.record.bytes_per_subpartition
+        for e in ArchiveReader(archive)
+        if isinstance(e.record, r.AttemptFinished) and e.record.vertex == "src"
+    ]
+    sizes = sorted(sum(column) for column in zip(*produced, strict=True))
+    return sum(sizes), sizes[-1] / max(sizes[len(sizes) // 2], 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows per file")
+    parser.add_argument("--hot", type=float, default=0.8, help="the hot key's share of rows")
+    parser.add_argument("--keys", type=int, default=20_000, help="the other keys")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    if not 0 <= args.hot < 1 or min(args.files, args.rows, args.keys, args.rounds) < 1:
+        parser.error("need --hot in [0, 1) and positive --files, --rows, --keys, --rounds")
+
+    from tailguard.agent.adapters.spark import session_builder
+    from tailguard.agent.entry import run
+
+    work = Path(tempfile.mkdtemp(prefix="tailguard-agg-phases-"))
+    print(f"writing {args.files} x {args.rows:,} rows ({args.hot:.0%} one key) to {work}")
+    data = write_data(work / "in", args.files, args.rows, args.hot, args.keys)
+    expected = reference(data)
+    spark = session_builder("local[2]", app_name="bench-aggregate-phases").getOrCreate()
+    figures: dict[str, list[dict[str, Any]]] = {s: [] for s in STRATEGIES}
+    loads: list[float] = []
+    try:
+        for round_ in range(args.rounds + 1):  # round 0 warms the session up, unrecorded
+            for strategy in STRATEGIES:
+                name = f"{strategy.lower()}-{round_}"
+                out = work / "out" / name
+                settings = Settings(
+                    {
+                        "table.optimizer.agg-phase-strategy": strategy,
+                        "tailguard.work-dir": str(work / "w" / name),
+                        "tailguard.archive-dir": str(work / "archive" / name),
+                    }
+                )
+                started = time.monotonic()
+                result = run(
+                    job(data, out, args.files),
+                    spark,
+                    log_mode="archive",
+                    services=False,
+                    settings=settings,
+                    progress=False,
+                )
+                seconds = time.monotonic() - started
+                if not result.ok:
+                    print(result.summary(), file=sys.stderr)
+                    return 1
+                check(out, expected)
+                loads.append(os.getloadavg()[0])
+                if round_ == 0:
+                    continue
+                assert result.archive is not None
+                exchanged, skew = exchange_figures(result.archive)
+                won = [a.duration_ms for a in result.attempts if a.won]
+                figures[strategy].append(
+                    {
+                        "s": seconds,
+                        "exchanged": exchanged,
+                        "skew": skew,
+                        "consumers": result.parallelism.get("agg→sink", (0, ""))[0],
+                        "bound_s": sum(won) / 1000 / 2,
+                    }
+                )
+                print(f"  round {round_} {strategy}: {seconds:.2f} s", flush=True)
+    finally:
+        spark.stop()
+    print(
+        f"\n{args.files} files x {args.rows:,} rows, {args.hot:.0%} one key, {args.keys:,} other "
+        f"keys; local[2]; {args.rounds} rounds; outputs equal to pandas groupby"
+    )
+    print(
+        f"{'contender':<10} {'job s (min-max)':<20} {'exchanged':>10} {'max/median':>10} "
+        f"{'consumers':>9} {'work/2 slots':>13}"
+    )
+    for strategy, runs in figures.items():
+        times = [x["s"] for x in runs]
+        print(
+            f"{strategy:<10} {statistics.median(times):6.2f} ({min(times):.2f}-{max(times):.2f})"
+            f"{'':4} {statistics.median(x['exchanged'] for x in runs) / 1e6:8.1f} MB"
+            f" {statistics.median(x['skew'] for x in runs):9.1f}x"
+            f" {statistics.median(x['consumers'] for x in runs):9.0f}"
+            f" {statistics.median(x['bound_s'] for x in runs):11.2f} s"
+        )
+    two, one = (statistics.median(x["s"] for x in figures[s]) for s in STRATEGIES)
+    print(f"TWO_PHASE / ONE_PHASE: {two / one:.2f}x")
+    print(f"load average over the runs: {min(loads):.1f}-{max(loads):.1f} (2 CPUs)")
+    print("reproduce: .venv/bin/python benchmarks/aggregate_phases.py " + " ".join(sys.argv[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
