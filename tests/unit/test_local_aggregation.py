@@ -195,7 +195,11 @@ def test_a_hot_key_no_longer_skews_the_aggregation_and_the_output_is_exact(
     }
     h = Harness(job, FakeRuntime.hosts(h1=2), Storage(str(tmp_path / "st")), settings=settings)
     h.start()
-    run_all(h)
+    result = run_all(h)
+    # The run says where it aggregated before the exchange.
+    two_phase = strategy == "AUTO"
+    assert result.local_aggregation == ({"src": "agg"} if two_phase else {})
+    assert ("aggregated for agg before its exchange" in result.summary()) == two_phase
 
     got = pq.read_table(tmp_path / "out").to_pandas().sort_values("k", ignore_index=True)
     whole = pq.read_table(data).to_pandas()

@@ -264,6 +264,10 @@ class JobDriver:
             fallbacks=tuple(applier.fallback_notes),
             events_published=ctx.events.published,
             chains={name: c.operators for name, c in ctx.graph.vertices.items()},
+            local_aggregation={
+                producer: phase.operator
+                for producer, phase in ctx.state.local_aggregation.phases.items()
+            },
             dispatch_ms=tuple(self._runners.dispatch_ms),
             deploy_to_running_ms=tuple(self._runners.deploy_to_running_ms),
             runners_lost=self._runners.lost,

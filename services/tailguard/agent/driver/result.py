@@ -70,6 +70,8 @@ class RunResult:
     runners_lost: int = 0
     # Set when the run took over a job whose driver died.
     recovery: RecoverySummary | None = None
+    # Producer chain -> the aggregation it ran the local phase of (two-phase aggregation).
+    local_aggregation: dict[str, str] = field(default_factory=dict)
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -108,6 +110,10 @@ class RunResult:
         ]
         for vertex, (p, by) in self.parallelism.items():
             lines.append(f"  {vertex}: parallelism {p} decided by {by}")
+        for producer, operator in self.local_aggregation.items():
+            lines.append(
+                f"  {producer}: aggregated for {operator} before its exchange (two phases)"
+            )
         spilled = [a for a in self.attempts if a.spilled_bytes]
         if spilled:
             total = sum(a.spilled_bytes for a in spilled) / 2**20
