@@ -16,6 +16,7 @@ import pytest
 from agent_fakes import FakeRuntime, Harness, run_all
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.examples_budget import examples
 
 from tailguard.agent.driver.local_aggregation import LocalAggregation, strategy_of
 from tailguard.agent.executor.aggregation import (
@@ -72,7 +73,7 @@ rows_strategy = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     rows=rows_strategy,
     cuts=st.lists(st.integers(0, 120), max_size=8),
