@@ -71,22 +71,10 @@ def partial_states(
     being held), as Flink's local aggregate flushes when its memory is full: the consumer merges
     every state of a key, so a flush changes how much crosses the exchange, never the result."""
     what = f"operator {phase.operator!r}"
-    states: list[pa.Table] = []
-    state_rows = 0
-    for batch in batches:
-        state = _partial(pa.Table.from_batches([batch]), phase.keys, phase.aggregations, what)
-        states.append(state)
-        state_rows += state.num_rows
-        if state_rows > flush_rows and len(states) > 1:
-            merged = _merge(states, phase.keys, phase.aggregations)
-            if merged.num_rows > flush_rows:
-                yield from as_batches(merged, flush_rows)
-                states, state_rows = [], 0
-            else:
-                states, state_rows = [merged], merged.num_rows
-    if states:
-        merged = states[0] if len(states) == 1 else _merge(states, phase.keys, phase.aggregations)
-        yield from as_batches(merged, flush_rows)
+    keys, aggregations = phase.keys, phase.aggregations
+    states = (_partial(pa.Table.from_batches([b]), keys, aggregations, what) for b in batches)
+    for state in _piled(states, keys, aggregations, flush_rows, flush=True):
+        yield from as_batches(state, flush_rows)
 
 
 def aggregate_batches(
@@ -100,24 +88,38 @@ def aggregate_batches(
 ) -> Iterator[pa.RecordBatch]:
     """One row per key of `batches`: the keys, then each aggregation's output, in order.
     `merging`: the batches are partial states from the producers' local phase."""
-    states: list[pa.Table] = []
-    state_rows = 0
-    for batch in batches:
-        table = pa.Table.from_batches([batch])
-        state = (
-            _states_in(table, keys, aggregations, what)
-            if merging
-            else _partial(table, keys, aggregations, what)
-        )
-        states.append(state)
-        state_rows += state.num_rows
-        if state_rows > batch_rows and len(states) > 1:
-            states = [_merge(states, keys, aggregations)]
-            state_rows = states[0].num_rows
-    if not states:
-        return
-    result = _finish(_merge(states, keys, aggregations), keys, aggregations)
-    yield from as_batches(result, batch_rows)
+    to_state = _states_in if merging else _partial
+    states = (to_state(pa.Table.from_batches([b]), keys, aggregations, what) for b in batches)
+    for state in _piled(states, keys, aggregations, batch_rows, flush=False):
+        yield from as_batches(_finish(state, keys, aggregations), batch_rows)
+
+
+def _piled(
+    states: Iterable[pa.Table],
+    keys: Sequence[str],
+    aggregations: Sequence[Aggregation],
+    bound: int,
+    *,
+    flush: bool,
+) -> Iterator[pa.Table]:
+    """`states` merged (one row per key) whenever more than `bound` rows of them pile up, and
+    once more at the end. Without `flush` that is one state, the last and only one yielded (none
+    for no states); with it, a merge still above `bound` rows is passed on and the pile starts
+    again (the local phase: its consumer merges what it passes on)."""
+    pile: list[pa.Table] = []
+    rows = 0
+    for state in states:
+        pile.append(state)
+        rows += state.num_rows
+        if rows > bound and len(pile) > 1:
+            merged = _merge(pile, keys, aggregations)
+            if flush and merged.num_rows > bound:
+                yield merged
+                pile, rows = [], 0
+            else:
+                pile, rows = [merged], merged.num_rows
+    if pile:
+        yield _merge(pile, keys, aggregations)
 
 
 def _state_columns(index: int, function: str) -> list[tuple[str, str]]:
