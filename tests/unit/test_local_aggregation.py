@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.examples_budget import examples
 
-from tailguard.agent.driver.local_aggregation import LocalAggregation, strategy_of
+from tailguard.agent.driver.local_aggregation import strategy_of
+from tailguard.agent.driver.state import ExecutionState
 from tailguard.agent.executor.aggregation import (
     Aggregation,
     LocalPhase,
@@ -137,7 +138,7 @@ def _job(extra_consumer: bool = False) -> Job:
 
 def test_a_producer_whose_consumers_all_aggregate_runs_the_local_phase() -> None:
     graph = chain(_job())
-    plan = LocalAggregation(graph)
+    plan = ExecutionState(graph, 8).local_aggregation
     phase = plan.phase("src")
     assert phase is not None and phase.keys == ("k",) and phase.operator == "agg"
     (consumer,) = [c for c in graph.vertices.values() if c.steps and c.steps[0].name == "agg"]
@@ -146,9 +147,12 @@ def test_a_producer_whose_consumers_all_aggregate_runs_the_local_phase() -> None
 
 
 def test_one_phase_or_a_consumer_that_needs_rows_keeps_rows() -> None:
-    assert LocalAggregation(chain(_job()), "ONE_PHASE").phase("src") is None
+    assert (
+        ExecutionState(chain(_job()), 8, agg_phase="ONE_PHASE").local_aggregation.phase("src")
+        is None
+    )
     graph = chain(_job(extra_consumer=True))
-    plan = LocalAggregation(graph)
+    plan = ExecutionState(graph, 8).local_aggregation
     assert plan.phase("src") is None
     assert not any(plan.step(c.name, s).merging for c in graph.vertices.values() for s in c.steps)
 

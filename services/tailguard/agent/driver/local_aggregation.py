@@ -25,6 +25,7 @@ ONE_PHASE turns it off, as in Flink.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from tailguard.agent.executor.aggregation import LocalPhase
@@ -46,23 +47,25 @@ def strategy_of(settings: Settings) -> str:
 
 
 class LocalAggregation:
-    """The plan: each qualifying producer's local phase, and the consumers that merge states."""
+    """The plan: each qualifying producer's local phase, and the consumers that merge states.
+    `consumers`: each producer's consumers (`ExecutionState.consumers`)."""
 
-    def __init__(self, job: ChainedJob, strategy: str = "AUTO") -> None:
+    def __init__(
+        self,
+        job: ChainedJob,
+        consumers: Mapping[str, Sequence[tuple[str, int]]],
+        strategy: str = "AUTO",
+    ) -> None:
         self.phases: dict[str, LocalPhase] = {}
-        # Consumer -> the name of its head step, the aggregation that merges the states.
-        self.merging: dict[str, str] = {}
+        self.merging: set[str] = set()
         if strategy == "ONE_PHASE":
             return
-        consumers: dict[str, list[ChainDef]] = {name: [] for name in job.vertices}
-        for chain in job.vertices.values():
-            for i in chain.inputs:
-                consumers[i.producer].append(chain)
-        for producer, chains in consumers.items():
+        for producer, edges in consumers.items():
+            chains = [job.vertices[consumer] for consumer, _ in edges]
             phase = _phase(chains)
             if phase is not None:
                 self.phases[producer] = phase
-                self.merging.update((c.name, phase.operator) for c in chains)
+                self.merging.update(c.name for c in chains)
 
     def phase(self, producer: str) -> LocalPhase | None:
         """What `producer` aggregates before its exchange, None when it writes rows."""
@@ -70,8 +73,9 @@ class LocalAggregation:
 
     def step(self, vertex: str, step: OperatorStep) -> OperatorStep:
         """`vertex`'s step as it runs: its aggregation merges partial states if its producer
-        ran the local phase."""
-        if self.merging.get(vertex) == step.name and step.style == "aggregate":
+        ran the local phase. (An `aggregate` only follows a keyed exchange, so it heads its
+        chain: a merging chain has no other.)"""
+        if vertex in self.merging and step.style == "aggregate":
             return replace(step, merging=True)
         return step
 

@@ -22,13 +22,7 @@ from tailguard.decider.policy.assign import InputInfo
 from tailguard.decider.policy.decider import waits_for_decider
 from tailguard.decider.policy.flink import flink_data_bound
 from tailguard.model.config import ConfigError, Settings
-from tailguard.model.records import (
-    SPLITS_INPUT,
-    Distribution,
-    InputRange,
-    PartitionRef,
-    SubtaskInputs,
-)
+from tailguard.model.records import SPLITS_INPUT, InputRange, PartitionRef, SubtaskInputs
 
 
 def static_subtask_inputs(
@@ -144,12 +138,8 @@ def task_spec(
     output = None
     if definition.sink is None:
         distribution, keys = state.output_distribution(definition.name)
-        phase = state.local_aggregation.phase(definition.name)
         output = OutputPlan(
-            distribution,
-            keys,
-            vertex.subpartitions,
-            phase if distribution is Distribution.ALL_TO_ALL else None,
+            distribution, keys, vertex.subpartitions, state.local_aggregation.phase(definition.name)
         )
     return TaskSpec(
         job_id=job_id,

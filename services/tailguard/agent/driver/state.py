@@ -141,13 +141,13 @@ class ExecutionState:
         self.default_max_parallelism = default_max_parallelism
         # The adaptive broadcast join's order of production and decisions (broadcast_joins.py).
         self.broadcast_joins = BroadcastJoins(job, broadcast)
-        # Which producers aggregate before their exchange (local_aggregation.py).
-        self.local_aggregation = LocalAggregation(job, agg_phase)
         self.vertices: dict[str, Vertex] = {name: Vertex(v) for name, v in job.vertices.items()}
         self.consumers: dict[str, list[tuple[str, int]]] = {name: [] for name in job.vertices}
         for v in job.vertices.values():
             for index, i in enumerate(v.inputs):
                 self.consumers[i.producer].append((v.name, index))
+        # Which producers aggregate before their exchange (local_aggregation.py).
+        self.local_aggregation = LocalAggregation(job, self.consumers, agg_phase)
         for vertex in self.vertices.values():
             vertex.subpartitions = self._subpartitions_of(vertex.name)
         self.pipelined_groups = pipelined_groups(job)
