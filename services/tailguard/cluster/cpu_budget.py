@@ -17,7 +17,8 @@ without one, budgets are off and the cluster says so (`LocalCluster(cpu_budgets=
 to start rather than pretend).
 
 A timed slowness (`--for`) needs something to lift it when no process of the caller is left:
-`python -m tailguard.cluster.cpu_budget --group PATH --cores N --after S`, run detached, sets
+`python -m tailguard.cluster.cpu_budget --root R --version V --group NAME --cores N --after S`,
+run detached, sets
 the quota back after S seconds (the SIGSTOP throttler's `--for`, for the quota).
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import os
 import sys
 import time
@@ -56,8 +58,8 @@ class Hierarchy:
     root: Path
     version: int  # 1 or 2
 
-    def group(self, relative: str) -> CpuBudget:
-        return CpuBudget(self.root / relative, self.version)
+    def group(self, name: str) -> CpuBudget:
+        return CpuBudget(self, name)
 
 
 def _writable(path: Path) -> bool:
@@ -84,18 +86,19 @@ class BudgetError(RuntimeError):
 class CpuBudget:
     """One cgroup with a CPU quota: `cores` CPUs' worth of time per period for its tasks."""
 
-    def __init__(self, path: Path, version: int) -> None:
-        self.path = path
-        self.version = version
+    def __init__(self, hierarchy: Hierarchy, name: str) -> None:
+        self.hierarchy = hierarchy
+        self.name = name
+        self.path = hierarchy.root / name
+        self.version = hierarchy.version
 
     def create(self) -> CpuBudget:
         try:
             if self.version == 2:
                 # v2 gives a group the cpu controller only if each ancestor enables it for its
                 # children (in `cgroup.subtree_control`).
-                root = _v2_root(self.path)
-                ancestor = root
-                for part in self.path.relative_to(root).parts:
+                ancestor = self.hierarchy.root
+                for part in Path(self.name).parts:
                     control = ancestor / "cgroup.subtree_control"
                     if "cpu" not in control.read_text().split():
                         control.write_text("+cpu")
@@ -148,7 +151,7 @@ class CpuBudget:
         cgroup with members cannot be removed)."""
         if not self.path.exists():
             return
-        root = V1_ROOT if self.version == 1 else _v2_root(self.path)
+        root = self.hierarchy.root
         for pid in self.pids():
             with contextlib.suppress(OSError):
                 (root / "cgroup.procs").write_text(str(pid))
@@ -164,17 +167,8 @@ class CpuBudget:
                 break
 
 
-def _v2_root(path: Path) -> Path:
-    for root in V2_ROOTS[::-1]:
-        if path.is_relative_to(root) and (root / "cgroup.controllers").exists():
-            return root
-    return V2_ROOTS[0]
-
-
 def group_name(work_dir: Path, host: str) -> str:
     """A worker's group, unique per cluster (its work dir) and host."""
-    import hashlib
-
     cluster = hashlib.sha256(str(work_dir.resolve()).encode()).hexdigest()[:12]
     return f"{GROUP_PREFIX}/{cluster}/{host}"
 
@@ -182,13 +176,14 @@ def group_name(work_dir: Path, host: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Set a group's quota back to `--cores` after `--after` seconds (a timed slowness)."""
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--group", required=True, type=Path)
+    parser.add_argument("--root", required=True, type=Path)
     parser.add_argument("--version", type=int, choices=(1, 2), required=True)
+    parser.add_argument("--group", required=True)
     parser.add_argument("--cores", type=float, required=True)
     parser.add_argument("--after", type=float, required=True)
     args = parser.parse_args(argv)
     time.sleep(args.after)  # the whole job of this process: wait out the slowness, then lift it
-    budget = CpuBudget(args.group, args.version)
+    budget = Hierarchy(args.root, args.version).group(args.group)
     if budget.path.exists():
         budget.set_cores(args.cores)
     return 0

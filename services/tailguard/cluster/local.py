@@ -175,8 +175,10 @@ class ClusterState:
     python: str
     throttles: dict[str, ThrottleState] = field(default_factory=dict)
     master_created: float = 0.0
-    # CPU budgets (cpu_budget.py): each worker's CPUs, and the cgroup version; None: no budgets.
+    # CPU budgets (cpu_budget.py): each worker's CPUs, and the cgroup hierarchy the groups are
+    # in (its root and version); None: no budgets.
     budget_cores: float | None = None
+    budget_root: str = ""
     budget_version: int = 0
 
     def master_ours(self) -> bool:
@@ -465,6 +467,7 @@ class LocalCluster:
         )
         if budgets is not None:
             self.state.budget_cores = cpu_budget.share_cores(len(self.worker_nodes), self.cores)
+            self.state.budget_root = str(budgets.root)
             self.state.budget_version = budgets.version
         self._write_state()  # from here on, `down` can clean up even a half-started cluster
         try:
@@ -502,9 +505,10 @@ class LocalCluster:
                 )
                 self._children.append(proc)
                 if budgets is not None:
-                    self._budget(host).create().set_cores(self.state.budget_cores or 0)
+                    budget = self._budget(host).create()
+                    budget.set_cores(self.state.budget_cores or 0)
                     # Before the worker forks its executor: what it starts is born in the group.
-                    self._budget(host).add(proc.pid)
+                    budget.add(proc.pid)
                 self.state.workers.append(
                     WorkerState(
                         host,
@@ -537,11 +541,8 @@ class LocalCluster:
 
     def _budget(self, host: str) -> cpu_budget.CpuBudget:
         state = self._require_state()
-        root = cpu_budget.V1_ROOT if state.budget_version == 1 else None
-        found = cpu_budget.hierarchy() if root is None else cpu_budget.Hierarchy(root, 1)
-        if found is None:
-            raise ClusterError("the cluster's CPU budgets' cgroup hierarchy is gone")
-        return found.group(cpu_budget.group_name(self.work_dir, host))
+        hierarchy = cpu_budget.Hierarchy(Path(state.budget_root), state.budget_version)
+        return hierarchy.group(cpu_budget.group_name(self.work_dir, host))
 
     @staticmethod
     def _spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -665,10 +666,12 @@ class LocalCluster:
                 sys.executable,
                 "-m",
                 cpu_budget.__name__,
-                "--group",
-                str(budget.path),
+                "--root",
+                str(budget.hierarchy.root),
                 "--version",
                 str(budget.version),
+                "--group",
+                budget.name,
                 "--cores",
                 str(share),
                 "--after",
@@ -717,8 +720,7 @@ class LocalCluster:
         for w in state.workers:  # a later cluster in this dir starts healthy
             slowness.clear(slowness.slowness_file(self.work_dir, w.host))
             if state.budget_cores is not None:
-                with contextlib.suppress(ClusterError):
-                    self._budget(w.host).remove()
+                self._budget(w.host).remove()
         self.state_path.unlink(missing_ok=True)
         self.state = None
 
