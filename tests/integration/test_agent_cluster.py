@@ -140,13 +140,21 @@ def assert_ran_where_placed(recorder: Recorder) -> None:
         assert reported == deploying[key].host, (key, reported, deploying[key].host)
 
 
-def sales_job(data: Path, out: Path, partial: Callable[[pa.Table], pa.Table]) -> Job:
+def sales_job(
+    data: Path,
+    out: Path,
+    partial: Callable[[pa.Table], pa.Table],
+    final_parallelism: int | None = None,
+) -> Job:
     """sales_by_region's shape with a fixed source parallelism of 3 (one subtask per host) and
-    the given partial-sum operator."""
+    the given partial-sum operator; `final_parallelism` fixes the last stage's (None: decided
+    from the data)."""
     job = Job("sales-on-cluster")
     sales = job.read_parquet(str(data), name="sales", parallelism=3)
     totals = sales.map(partial, name="partial").partition_by("region")
-    totals.map(sales_by_region.final_sums, name="final").write_parquet(str(out), name="sink")
+    fixed = {"parallelism": final_parallelism}  # on both, which then still run as one chain
+    final = totals.map(sales_by_region.final_sums, name="final", **fixed)
+    final.write_parquet(str(out), name="sink", **fixed)
     return job
 
 
@@ -286,7 +294,10 @@ def speculation(
         )
 
     recorder.reactions += [speculate]
-    job = sales_job(data, run.out, straggler(str(marker)))
+    # The last stage takes every slot (one per host), so one of its subtasks can start only
+    # once the cancelled straggler's runner has reported the attempt's end and freed its slot:
+    # the job cannot end before that report, which the slot test below reads.
+    job = sales_job(data, run.out, straggler(str(marker)), final_parallelism=WORKERS)
     run.result = run_job(job, spark, tmp, recorder)
     return run
 
@@ -339,6 +350,11 @@ def test_cancelled_attempt_frees_its_slot_for_the_next_attempt(
     # The goal (100 ms) is a benchmark figure; here only that it is the cooperative path,
     # far below the runner's cancel grace period (5 s).
     assert freed_after_ms < 2_000, freed_after_ms
+    # The next attempt on that host's one slot: a subtask of the last stage, which needs every
+    # slot, deployed there after the cancellation.
+    host = run.recorder.deploying()[key].host
+    following = [e for e in run.recorder.of(r.AttemptDeploying) if e.vertex == SINK]
+    assert any(e.host == host and e.ts >= canceled[0].ts for e in following), following
 
 
 # --------------------------------------------------------------------------- lost partitions
