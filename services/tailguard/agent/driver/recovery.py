@@ -174,6 +174,7 @@ def _run_start(events: Iterable[r.Event]) -> str:
 
 def _fold(state: ExecutionState, rebuilt: Recovered, log: JobLog, event: r.Event) -> None:
     if isinstance(event, r.VertexInitialized):
+        _broadcast_effect(state, log, event)
         state.initialize(event.vertex, event.parallelism, event.subtask_inputs, event.decided_by)
     elif isinstance(event, r.AttemptDeploying):
         subtask = _subtask(state, event, event.vertex, event.subtask)
@@ -270,6 +271,25 @@ def _command_effect(state: ExecutionState, log: JobLog, applied: r.CommandApplie
             raise RecoveryError(f"job {log.job_id}: {command.id} restarts unknown task {task}")
         subtask.unfinish()  # as Actions.restart_task
         subtask.not_before = command.not_before_ts
+
+
+def _broadcast_effect(state: ExecutionState, log: JobLog, event: r.VertexInitialized) -> None:
+    """A join the decision made a broadcast join: its ranges are in the event, but the build
+    side and the other side's layout (one unshuffled subpartition, if it had not started) are
+    the command's effect on other vertices (`ExecutionState.decide_broadcast`), rebuilt here
+    where the live driver took it. Without it the other side would be hash-split while the join
+    reads one subpartition of each partition: rows lost without an error."""
+    if event.vertex not in state.broadcast_joins.joins or event.command_id is None:
+        return
+    command = log.commands.get(event.command_id)
+    if not isinstance(command, r.SetParallelism):
+        raise RecoveryError(
+            f"job {log.job_id}: join {event.vertex!r} was initialised by SetParallelism "
+            f"{event.command_id}, which its log ({log.source}) does not hold: whether the join "
+            "was made a broadcast join cannot be rebuilt"
+        )
+    if command.broadcast is not None:
+        state.decide_broadcast(event.vertex, command.broadcast.input)
 
 
 def _reset(subtask: Subtask) -> None:

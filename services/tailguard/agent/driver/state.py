@@ -290,12 +290,8 @@ class ExecutionState:
         """A broadcast decision for `join` (read `build` broadcast): its other side writes one
         unshuffled subpartition if it has not started; the ranges returned read whole
         partitions of the other side, whichever way it wrote them."""
-        other = next(i.producer for i in self.job.vertices[join].inputs if i.producer != build)
-        producer = self.vertices[other]
-        started = any(s.attempts for s in producer.subtasks)
-        self.broadcast_joins.decided(join, build, started, len(self.consumers[other]))
-        producer.subpartitions = self._subpartitions_of(other)
-        last = producer.subpartitions - 1
+        other = self.decide_broadcast(join, build)
+        last = self.vertices[other].subpartitions - 1
         return tuple(
             SubtaskInputs(
                 s.subtask,
@@ -308,6 +304,18 @@ class ExecutionState:
             )
             for s in inputs
         )
+
+    def decide_broadcast(self, join: str, build: str) -> str:
+        """What a broadcast decision for `join` changes outside the join's own ranges: `build`
+        becomes its build side, and the other side (whose name is returned) writes one
+        unshuffled subpartition if it has not started. Also what a driver taking the job over
+        rebuilds from the decision (`recovery`), at the same point of the log."""
+        other = next(i.producer for i in self.job.vertices[join].inputs if i.producer != build)
+        producer = self.vertices[other]
+        started = any(s.attempts for s in producer.subtasks)
+        self.broadcast_joins.decided(join, build, started, len(self.consumers[other]))
+        producer.subpartitions = self._subpartitions_of(other)
+        return other
 
     def bulk_ready(self, region: tuple[Task, ...]) -> tuple[Task, ...] | None:
         """The tasks of `region` to deploy together now, or None.

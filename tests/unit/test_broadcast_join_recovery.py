@@ -1,0 +1,142 @@
+"""A driver that takes over a job whose join was decided broadcast keeps what the decision did
+beyond the join's own ranges (recorded in its `VertexInitialized`): the other side written as one
+unshuffled subpartition when it had not started, and the broadcast side as the join's build
+side. Without that, the new driver would have the other side hash-split into the join's
+max-parallelism subpartitions while the join reads subpartition 0 of each partition: rows lost,
+no error."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from agent_fakes import QUIET, FakeRuntime, Harness, run_all
+
+from tailguard.agent.driver.driver import JobDriver, RunOptions
+from tailguard.agent.driver.recovery import JobLog, RecoveryError, rebuild
+from tailguard.agent.driver.state import ExecutionState
+from tailguard.agent.executor.storage import Storage
+from tailguard.agent.graph.api import Job
+from tailguard.agent.graph.chaining import chain
+from tailguard.decider.policy.broadcast_join import BroadcastJoinParams
+from tailguard.model import records as r
+from tailguard.model.config import Settings
+from tailguard.model.records import Distribution
+
+SETTINGS = {
+    "table.optimizer.adaptive-broadcast-join.strategy": "auto",
+    "execution.batch.adaptive.auto-parallelism.max-parallelism": "4",
+}
+JOIN = "enrich→sink"
+KEPT = 20  # keys below it survive the small side's filter
+
+
+def _keep_few(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch.filter(pc.less(batch["k"], KEPT))
+
+
+def _job(tmp: Path) -> Job:
+    (tmp / "large").mkdir(parents=True)
+    (tmp / "dims").mkdir()
+    for n in range(2):  # two files of two row groups: four splits, several large partitions
+        keys = pa.array([(7 * i + n) % 200 for i in range(400)], pa.int64())
+        pq.write_table(
+            pa.table({"k": keys, "a": pa.array(range(400), pa.int64())}),
+            tmp / "large" / f"part-{n}.parquet",
+            row_group_size=200,
+        )
+    pq.write_table(
+        pa.table({"k": pa.array(range(200), pa.int64()), "b": pa.array(range(200), pa.int64())}),
+        tmp / "dims" / "dims.parquet",
+    )
+    job = Job("broadcast-recovery")
+    large = job.read_parquet(str(tmp / "large"), name="large")
+    small = job.read_parquet(str(tmp / "dims"), name="dims").map_batches(_keep_few, name="few")
+    large.join(small, "k", "left", name="enrich").write_parquet(str(tmp / "out"), name="sink")
+    return job
+
+
+def _crash_after_the_decision(tmp: Path) -> tuple[Job, list[r.Event], dict[str, r.Command]]:
+    """Run the small side; the local fallback decides the join broadcast and releases the large
+    side; the driver dies before any large attempt ends. Its events, its commands (the log's)
+    and a copy of its storage (storage-at-crash) are what it leaves."""
+    job = _job(tmp)
+    h = Harness(job, FakeRuntime.hosts(a=2), Storage(str(tmp / "storage")), settings=SETTINGS)
+    h.start()
+    ran = 0
+    while not [e for e in h.publisher.of(r.VertexInitialized) if e.vertex == JOIN]:
+        assert h.runtime.wait_deployed(ran + 1), "the small side never ran"
+        d = h.runtime.deployed[ran]
+        ran += 1
+        assert d.key.vertex != "large", "the large side ran before the decision"
+        h.post(h.runtime.execute(d.key))
+    decided = [c for c in h.publisher.local_records if isinstance(c, r.SetParallelism)]
+    assert any(c.broadcast is not None for c in decided), "no broadcast decision"
+    events = [e for e in h.publisher.events if isinstance(e, r.Event)]
+    commands = {c.id: c for c in h.publisher.local_records if isinstance(c, r.Command)}
+    shutil.copytree(tmp / "storage", tmp / "storage-at-crash")
+    h.stop()
+    shutil.rmtree(tmp / "out", ignore_errors=True)
+    return job, events, commands
+
+
+def _expected(tmp: Path) -> list[tuple[int, int, int | None]]:
+    large = pq.read_table(tmp / "large").to_pandas()
+    dims = pq.read_table(tmp / "dims").to_pandas()
+    joined = large.merge(dims[dims["k"] < KEPT], on="k", how="left")
+    return sorted(
+        (int(k), int(a), None if b != b else int(b))
+        for k, a, b in joined[["k", "a", "b"]].itertuples(index=False)
+    )
+
+
+def _output(tmp: Path) -> list[tuple[int, int, int | None]]:
+    table = pq.read_table(tmp / "out").select(["k", "a", "b"])
+    return sorted(zip(*(table[c].to_pylist() for c in ("k", "a", "b")), strict=True))
+
+
+def test_a_recovered_broadcast_join_reads_all_of_its_other_side(tmp_path: Path) -> None:
+    job, events, commands = _crash_after_the_decision(tmp_path)
+    storage = Storage(str(tmp_path / "storage-at-crash"))
+    h = Harness(job, FakeRuntime.hosts(a=2), storage, settings=SETTINGS)
+    h.driver = JobDriver(
+        job,
+        h.runtime,
+        h.publisher,
+        Settings({**QUIET, **SETTINGS}),
+        RunOptions(services=False, storage=storage, progress=False),
+        job_id="job",
+        inbox=h.inbox,
+        recover=JobLog("job", tuple(events), commands, "the test's log"),
+    )
+    result = run_all(h.start())
+    assert result.ok, result.message
+    # The large side ran under the new driver, unshuffled as the decision had it ...
+    large = [e for e in h.publisher.of(r.AttemptFinished) if e.vertex == "large"]
+    assert large and all(len(e.bytes_per_subpartition) == 1 for e in large)
+    # ... and the join read every row of it.
+    assert _output(tmp_path) == _expected(tmp_path)
+
+
+def test_the_rebuilt_state_has_the_decisions_effects(tmp_path: Path) -> None:
+    job, events, commands = _crash_after_the_decision(tmp_path)
+    params = BroadcastJoinParams.from_settings(Settings(SETTINGS))
+    state = ExecutionState(chain(job), 4, params)
+    rebuild(state, JobLog("job", tuple(events), commands, "the test's log"))
+    assert state.output_distribution("large") == (Distribution.FORWARD, ())
+    assert state.vertices["large"].subpartitions == 1
+    assert state.broadcast_joins.broadcast == {JOIN: "dims→few"}
+    (step,) = [s for s in state.job.vertices[JOIN].steps if s.join is not None]
+    assert state.broadcast_joins.step(JOIN, step).join.build == "right"  # type: ignore[union-attr]
+
+
+def test_a_log_without_the_decision_is_refused(tmp_path: Path) -> None:
+    job, events, _ = _crash_after_the_decision(tmp_path)
+    params = BroadcastJoinParams.from_settings(Settings(SETTINGS))
+    state = ExecutionState(chain(job), 4, params)
+    with pytest.raises(RecoveryError, match="SetParallelism"):
+        rebuild(state, JobLog("job", tuple(events), {}, "the test's log"))
