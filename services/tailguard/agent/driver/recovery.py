@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tailguard.agent.driver.state import Attempt, AttemptStatus, ExecutionState, Subtask
 from tailguard.agent.executor import partitions
@@ -39,6 +39,9 @@ from tailguard.agent.executor.sinks import part_name
 from tailguard.agent.executor.storage import Storage
 from tailguard.model import records as r
 from tailguard.model.authority import is_authority_rejection
+
+# A command kind whose logged instance recovery needs (`_logged`).
+_C = TypeVar("_C", bound=r.Command)
 
 # Bytes hashed at a time when a kept result is checked.
 _HASH_CHUNK_BYTES = 8 << 20
@@ -259,12 +262,9 @@ def _command_effect(state: ExecutionState, log: JobLog, applied: r.CommandApplie
         )
     if applied.command_type != r.RestartTasks.__name__:
         return
-    command = log.commands.get(applied.command_id)
-    if not isinstance(command, r.RestartTasks):
-        raise RecoveryError(
-            f"job {log.job_id}: RestartTasks {applied.command_id} was applied, but its log "
-            f"({log.source}) does not hold the command: the restart cannot be rebuilt"
-        )
+    command = _logged(
+        log, applied.command_id, r.RestartTasks, "was applied", "the restart cannot be rebuilt"
+    )
     for task in command.tasks:
         subtask = state.subtask(task.vertex, task.subtask)
         if subtask is None:
@@ -281,15 +281,27 @@ def _broadcast_effect(state: ExecutionState, log: JobLog, event: r.VertexInitial
     reads one subpartition of each partition: rows lost without an error."""
     if event.vertex not in state.broadcast_joins.joins or event.command_id is None:
         return
-    command = log.commands.get(event.command_id)
-    if not isinstance(command, r.SetParallelism):
-        raise RecoveryError(
-            f"job {log.job_id}: join {event.vertex!r} was initialised by SetParallelism "
-            f"{event.command_id}, which its log ({log.source}) does not hold: whether the join "
-            "was made a broadcast join cannot be rebuilt"
-        )
+    command = _logged(
+        log,
+        event.command_id,
+        r.SetParallelism,
+        f"initialised join {event.vertex!r}",
+        "whether it was made a broadcast join cannot be rebuilt",
+    )
     if command.broadcast is not None:
         state.decide_broadcast(event.vertex, command.broadcast.input)
+
+
+def _logged(log: JobLog, command_id: str, kind: type[_C], did: str, lost: str) -> _C:
+    """The command `command_id` of the log, of `kind`, whose effect the fold rebuilds; a
+    RecoveryError saying what cannot be rebuilt when the log does not hold it."""
+    command = log.commands.get(command_id)
+    if not isinstance(command, kind):
+        raise RecoveryError(
+            f"job {log.job_id}: {kind.__name__} {command_id} {did}, but its log ({log.source}) "
+            f"does not hold the command: {lost}"
+        )
+    return command
 
 
 def _reset(subtask: Subtask) -> None:
