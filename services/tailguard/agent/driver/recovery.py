@@ -274,11 +274,12 @@ def _command_effect(state: ExecutionState, log: JobLog, applied: r.CommandApplie
 
 
 def _broadcast_effect(state: ExecutionState, log: JobLog, event: r.VertexInitialized) -> None:
-    """A join the decision made a broadcast join: its ranges are in the event, but the build
-    side and the other side's layout (one unshuffled subpartition, if it had not started) are
-    the command's effect on other vertices (`ExecutionState.decide_broadcast`), rebuilt here
-    where the live driver took it. Without it the other side would be hash-split while the join
-    reads one subpartition of each partition: rows lost without an error."""
+    """For a join its SetParallelism made a broadcast join: the event holds the join's ranges,
+    not what the decision changed elsewhere (the build side, and the other side's layout: one
+    unshuffled subpartition if it had not started; `ExecutionState.decide_broadcast`), which is
+    rebuilt here, at the point of the log where the live driver took the decision. Without it
+    the other side would be hash-split while the join reads one subpartition of each
+    partition: rows lost without an error."""
     if event.vertex not in state.broadcast_joins.joins or event.command_id is None:
         return
     command = _logged(
