@@ -177,7 +177,6 @@ def _run_start(events: Iterable[r.Event]) -> str:
 
 def _fold(state: ExecutionState, rebuilt: Recovered, log: JobLog, event: r.Event) -> None:
     if isinstance(event, r.VertexInitialized):
-        _broadcast_effect(state, log, event)
         state.initialize(event.vertex, event.parallelism, event.subtask_inputs, event.decided_by)
     elif isinstance(event, r.AttemptDeploying):
         subtask = _subtask(state, event, event.vertex, event.subtask)
@@ -253,13 +252,28 @@ def _fold(state: ExecutionState, rebuilt: Recovered, log: JobLog, event: r.Event
 
 def _command_effect(state: ExecutionState, log: JobLog, applied: r.CommandApplied) -> None:
     """The part of a command's effect that no event of its own records: a restart resets the
-    subtasks it names (`Actions.restart_task`); the cancellations follow as events. A failed
-    job is over (its JobFinished may be what the crash lost)."""
+    subtasks it names (`Actions.restart_task`); the cancellations follow as events. A broadcast
+    join's `SetParallelism` makes its build side and its other side's layout (one unshuffled
+    subpartition if it had not started: `ExecutionState.decide_broadcast`); its
+    `VertexInitialized` holds only the join's ranges, so without this the other side would be
+    hash-split while the join reads one subpartition of each partition: rows lost without an
+    error. A failed job is over (its JobFinished may be what the crash lost)."""
     if applied.command_type == r.FailJob.__name__:
         raise RecoveryError(
             f"job {log.job_id} was failed by {applied.command_id} before its driver died: "
             "there is nothing to recover; run the job afresh under a new id"
         )
+    if applied.command_type == r.SetParallelism.__name__ and state.broadcast_joins.joins:
+        decision = _logged(
+            log,
+            applied.command_id,
+            r.SetParallelism,
+            "was applied",
+            "whether it made a join a broadcast join cannot be rebuilt",
+        )
+        if decision.broadcast is not None:
+            state.decide_broadcast(decision.vertex, decision.broadcast.input)
+        return
     if applied.command_type != r.RestartTasks.__name__:
         return
     command = _logged(
@@ -271,26 +285,6 @@ def _command_effect(state: ExecutionState, log: JobLog, applied: r.CommandApplie
             raise RecoveryError(f"job {log.job_id}: {command.id} restarts unknown task {task}")
         subtask.unfinish()  # as Actions.restart_task
         subtask.not_before = command.not_before_ts
-
-
-def _broadcast_effect(state: ExecutionState, log: JobLog, event: r.VertexInitialized) -> None:
-    """For a join its SetParallelism made a broadcast join: the event holds the join's ranges,
-    not what the decision changed elsewhere (the build side, and the other side's layout: one
-    unshuffled subpartition if it had not started; `ExecutionState.decide_broadcast`), which is
-    rebuilt here, at the point of the log where the live driver took the decision. Without it
-    the other side would be hash-split while the join reads one subpartition of each
-    partition: rows lost without an error."""
-    if event.vertex not in state.broadcast_joins.joins or event.command_id is None:
-        return
-    command = _logged(
-        log,
-        event.command_id,
-        r.SetParallelism,
-        f"initialised join {event.vertex!r}",
-        "whether it was made a broadcast join cannot be rebuilt",
-    )
-    if command.broadcast is not None:
-        state.decide_broadcast(event.vertex, command.broadcast.input)
 
 
 def _logged(log: JobLog, command_id: str, kind: type[_C], did: str, lost: str) -> _C:
