@@ -18,8 +18,8 @@ to start rather than pretend).
 
 A timed slowness (`--for`) needs something to lift it when no process of the caller is left:
 `python -m tailguard.cluster.cpu_budget --root R --version V --group NAME --cores N --after S`,
-run detached, sets
-the quota back after S seconds (the SIGSTOP throttler's `--for`, for the quota).
+run detached, sets the quota back after S seconds (the SIGSTOP throttler's `--for`, for the
+quota).
 """
 
 from __future__ import annotations
