@@ -108,18 +108,22 @@ def _piled(
     again (the local phase: its consumer merges what it passes on)."""
     pile: list[pa.Table] = []
     rows = 0
+    # The pile is one merge's result and nothing since: one row per key already, so the end
+    # passes it on as it is rather than merging it again.
+    merged_alone = False
     for state in states:
         pile.append(state)
         rows += state.num_rows
+        merged_alone = False
         if rows > bound and len(pile) > 1:
             merged = _merge(pile, keys, aggregations)
             if flush and merged.num_rows > bound:
                 yield merged
                 pile, rows = [], 0
             else:
-                pile, rows = [merged], merged.num_rows
+                pile, rows, merged_alone = [merged], merged.num_rows, True
     if pile:
-        yield _merge(pile, keys, aggregations)
+        yield pile[0] if merged_alone else _merge(pile, keys, aggregations)
 
 
 def _state_columns(index: int, function: str) -> list[tuple[str, str]]:
