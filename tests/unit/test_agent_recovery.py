@@ -52,8 +52,13 @@ def crash_with_decisions(tmp_path: Path) -> tuple[Job, list[r.Event], list[r.Rec
 
 
 def recovering(
-    job: Job, events: list[r.Event], storage: Storage, settings: dict[str, str] | None = None
+    job: Job,
+    events: list[r.Event],
+    storage: Storage,
+    settings: dict[str, str] | None = None,
+    commands: dict[str, r.Command] | None = None,
 ) -> Harness:
+    """A driver taking the job over from `events` (and the log's `commands`), not started."""
     h = Harness(job, FakeRuntime.hosts(a=2), storage)
     h.driver = JobDriver(
         job,
@@ -63,7 +68,7 @@ def recovering(
         RunOptions(services=False, storage=storage, progress=False),
         job_id="job",
         inbox=h.inbox,
-        recover=JobLog("job", tuple(events), {}, "the test's log"),
+        recover=JobLog("job", tuple(events), commands or {}, "the test's log"),
     )
     return h
 

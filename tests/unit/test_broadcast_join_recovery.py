@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from agent_fakes import QUIET, FakeRuntime, Harness, run_all
+from agent_fakes import FakeRuntime, Harness, run_all
+from test_agent_recovery import recovering
 
-from tailguard.agent.driver.driver import JobDriver, RunOptions
 from tailguard.agent.driver.recovery import JobLog, RecoveryError, rebuild
 from tailguard.agent.driver.state import ExecutionState
 from tailguard.agent.executor.storage import Storage
@@ -102,17 +102,7 @@ def _output(tmp: Path) -> list[tuple[int, int, int | None]]:
 def test_a_recovered_broadcast_join_reads_all_of_its_other_side(tmp_path: Path) -> None:
     job, events, commands = _crash_after_the_decision(tmp_path)
     storage = Storage(str(tmp_path / "storage-at-crash"))
-    h = Harness(job, FakeRuntime.hosts(a=2), storage, settings=SETTINGS)
-    h.driver = JobDriver(
-        job,
-        h.runtime,
-        h.publisher,
-        Settings({**QUIET, **SETTINGS}),
-        RunOptions(services=False, storage=storage, progress=False),
-        job_id="job",
-        inbox=h.inbox,
-        recover=JobLog("job", tuple(events), commands, "the test's log"),
-    )
+    h = recovering(job, events, storage, SETTINGS, commands)
     result = run_all(h.start())
     assert result.ok, result.message
     # The large side ran under the new driver, unshuffled as the decision had it ...
