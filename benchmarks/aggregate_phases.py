@@ -22,11 +22,9 @@ Asserts nothing about time: figures depend on the machine.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +33,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from interleaved import run_rounds
+from tailguard.agent.driver.result import RunResult
 from tailguard.agent.graph.api import Job
 from tailguard.archive import ArchiveReader
 from tailguard.model import records as r
-from tailguard.model.config import Settings
 
 STRATEGIES = ("TWO_PHASE", "ONE_PHASE")
 
@@ -101,60 +102,35 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.hot < 1 or min(args.files, args.rows, args.keys, args.rounds) < 1:
         parser.error("need --hot in [0, 1) and positive --files, --rows, --keys, --rounds")
 
-    from tailguard.agent.adapters.spark import session_builder
-    from tailguard.agent.entry import run
-
     work = Path(tempfile.mkdtemp(prefix="tailguard-agg-phases-"))
     print(f"writing {args.files} x {args.rows:,} rows ({args.hot:.0%} one key) to {work}")
     data = write_data(work / "in", args.files, args.rows, args.hot, args.keys)
     expected = reference(data)
-    spark = session_builder("local[2]", app_name="bench-aggregate-phases").getOrCreate()
-    figures: dict[str, list[dict[str, Any]]] = {s: [] for s in STRATEGIES}
-    loads: list[float] = []
-    try:
-        for round_ in range(args.rounds + 1):  # round 0 warms the session up, unrecorded
-            for strategy in STRATEGIES:
-                name = f"{strategy.lower()}-{round_}"
-                out = work / "out" / name
-                settings = Settings(
-                    {
-                        "table.optimizer.agg-phase-strategy": strategy,
-                        "tailguard.work-dir": str(work / "w" / name),
-                        "tailguard.archive-dir": str(work / "archive" / name),
-                    }
-                )
-                started = time.monotonic()
-                result = run(
-                    job(data, out, args.files),
-                    spark,
-                    log_mode="archive",
-                    services=False,
-                    settings=settings,
-                    progress=False,
-                )
-                seconds = time.monotonic() - started
-                if not result.ok:
-                    print(result.summary(), file=sys.stderr)
-                    return 1
-                check(out, expected)
-                loads.append(os.getloadavg()[0])
-                if round_ == 0:
-                    continue
-                assert result.archive is not None
-                exchanged, skew = exchange_figures(result.archive)
-                won = [a.duration_ms for a in result.attempts if a.won]
-                figures[strategy].append(
-                    {
-                        "s": seconds,
-                        "exchanged": exchanged,
-                        "skew": skew,
-                        "consumers": result.parallelism.get("agg→sink", (0, ""))[0],
-                        "bound_s": sum(won) / 1000 / 2,
-                    }
-                )
-                print(f"  round {round_} {strategy}: {seconds:.2f} s", flush=True)
-    finally:
-        spark.stop()
+
+    def measure(result: RunResult, seconds: float) -> dict[str, Any]:
+        assert result.archive is not None
+        exchanged, skew = exchange_figures(result.archive)
+        won = [a.duration_ms for a in result.attempts if a.won]
+        return {
+            "s": seconds,
+            "exchanged": exchanged,
+            "skew": skew,
+            "consumers": result.parallelism.get("agg→sink", (0, ""))[0],
+            "bound_s": sum(won) / 1000 / 2,
+        }
+
+    measured = run_rounds(
+        "bench-aggregate-phases",
+        work,
+        args.rounds,
+        {s: {"table.optimizer.agg-phase-strategy": s} for s in STRATEGIES},
+        lambda out: job(data, out, args.files),
+        lambda out: check(out, expected),
+        measure,
+    )
+    if measured is None:
+        return 1
+    figures = measured.figures
     print(
         f"\n{args.files} files x {args.rows:,} rows, {args.hot:.0%} one key, {args.keys:,} other "
         f"keys; local[2]; {args.rounds} rounds; outputs equal to pandas groupby"
@@ -164,18 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{'consumers':>9} {'work/2 slots':>13}"
     )
     for strategy, runs in figures.items():
-        times = [x["s"] for x in runs]
         print(
-            f"{strategy:<10} {statistics.median(times):6.2f} ({min(times):.2f}-{max(times):.2f})"
+            f"{strategy:<10} {measured.seconds(strategy, lambda x: x['s'])}"
             f"{'':4} {statistics.median(x['exchanged'] for x in runs) / 1e6:8.1f} MB"
             f" {statistics.median(x['skew'] for x in runs):9.1f}x"
             f" {statistics.median(x['consumers'] for x in runs):9.0f}"
             f" {statistics.median(x['bound_s'] for x in runs):11.2f} s"
         )
-    two, one = (statistics.median(x["s"] for x in figures[s]) for s in STRATEGIES)
-    print(f"TWO_PHASE / ONE_PHASE: {two / one:.2f}x")
-    print(f"load average over the runs: {min(loads):.1f}-{max(loads):.1f} (2 CPUs)")
-    print("reproduce: .venv/bin/python benchmarks/aggregate_phases.py " + " ".join(sys.argv[1:]))
+    measured.footer(lambda x: float(x["s"]), "aggregate_phases.py")
     return 0
 
 

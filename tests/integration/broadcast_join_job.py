@@ -51,10 +51,11 @@ def finished(job_run: JobRun, chain: str) -> list[r.AttemptFinished]:
     return [e for e in job_run.of(r.AttemptFinished) if e.vertex == chain]
 
 
-def assert_broadcast_and_unshuffled(job_run: JobRun, large_dir: Path, dims_dir: Path) -> None:
-    """The join became a broadcast join of its filtered side, produced before the large side
-    started; every large partition is one subpartition read by one join subtask; the output is
-    exact and the archive replays with 0 differences."""
+def assert_broadcast_and_fused(job_run: JobRun, large_dir: Path, dims_dir: Path) -> None:
+    """The join became a broadcast join of its filtered side, produced first; the large side,
+    held until the decision, was never deployed on its own or written: each join subtask ran
+    its partitions' chains inside its attempt (one large partition per join subtask); the
+    output is exact and the archive replays with 0 differences."""
     assert_succeeded(job_run)
     (decision,) = [c for c in job_run.of(r.SetParallelism) if c.broadcast is not None]
     assert decision.vertex == "enrich→sink"
@@ -62,16 +63,18 @@ def assert_broadcast_and_unshuffled(job_run: JobRun, large_dir: Path, dims_dir: 
         "dims→few", "right", decision.broadcast.bytes, 1024 * 1024
     )
     assert 0 < decision.broadcast.bytes < 1024 * 1024
-    # The small side was produced first; the large side started only once it had finished.
+    # Not shuffled, not written: no attempt of the large side ever ran (so none wrote a
+    # partition file); it ran inside the join's subtasks.
+    assert not [e for e in job_run.of(r.AttemptDeploying) if e.vertex == "large"]
+    assert job_run.result.fused == {"large": "enrich→sink"}
+    # The small side was produced first; the join started only once it had finished.
     events = job_run.of(r.Event)
     small_done = max(events.index(e) for e in finished(job_run, "dims→few"))
-    large_started = min(
-        events.index(e) for e in job_run.of(r.AttemptDeploying) if e.vertex == "large"
+    join_started = min(
+        events.index(e) for e in job_run.of(r.AttemptDeploying) if e.vertex == "enrich→sink"
     )
-    assert small_done < large_started
-    # Not shuffled: each large partition is one subpartition, read by one join subtask.
-    large = finished(job_run, "large")
-    assert large and all(len(e.bytes_per_subpartition) == 1 for e in large)
+    assert small_done < join_started
+    (large,) = [e for e in job_run.of(r.VertexInitialized) if e.vertex == "large"]
     (init,) = [e for e in job_run.of(r.VertexInitialized) if e.vertex == "enrich→sink"]
     read = sorted(
         (rng.partition_start, rng.partition_end, rng.subpartition_start, rng.subpartition_end)
@@ -79,7 +82,7 @@ def assert_broadcast_and_unshuffled(job_run: JobRun, large_dir: Path, dims_dir: 
         for rng in s.inputs
         if rng.input == "large"
     )
-    assert read == [(k, k, 0, 0) for k in range(len({e.subtask for e in large}))]
+    assert read == [(k, k, 0, 0) for k in range(large.parallelism)]
     assert_output_equals(
         job_run, expected_output(large_dir, dims_dir), ignore_order=True, check_types=False
     )

@@ -1,7 +1,8 @@
 """The adaptive broadcast join on the 3-worker standalone cluster: the job of
 `broadcast_join_job.py` (its small side known only at run time) becomes a broadcast join, the
-large side unshuffled, the output exact and the archive replayed with 0 differences; the same job
-runs on `local[2]` in test_broadcast_join_local.py."""
+large side run inside the join's subtasks (never shuffled or written), the output exact and the
+archive replayed with 0 differences; the same job runs on `local[2]` in
+test_broadcast_join_local.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from tests.integration.broadcast_join_job import (
     POLICY,
-    assert_broadcast_and_unshuffled,
+    assert_broadcast_and_fused,
     broadcast_job,
 )
 
@@ -25,5 +26,5 @@ def test_a_small_side_known_only_at_run_time_is_broadcast_on_three_hosts(
 ) -> None:
     job, large_dir, dims_dir = broadcast_job(tmp_path)
     job_run = run_job(job, tailguard_spark, tmp_path, settings=POLICY)
-    assert_broadcast_and_unshuffled(job_run, large_dir, dims_dir)
+    assert_broadcast_and_fused(job_run, large_dir, dims_dir)
     assert len({a.host for a in job_run.result.attempts}) >= 2, "the attempts ran on one host"

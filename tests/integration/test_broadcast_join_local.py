@@ -1,10 +1,11 @@
 """The adaptive broadcast join on Spark in local mode (`local[2]`): a join whose small side is
 small only once produced (a filter of a large input) becomes a broadcast join. The small side is
-produced first and the large side held until the decision, then written unshuffled (one
-subpartition per partition, each read by one join subtask); the output equals pandas `merge`,
-and the archive replays with 0 differences (`broadcast_join_job.py`; the same job runs on the
-3-worker cluster in test_broadcast_join_cluster.py). With the rule off the large side is
-hash-split, so the check on its subpartitions can fail."""
+produced first and the large side held until the decision, then run inside the join's subtasks
+(each runs its large partition's chain: no attempt of the large side, no partition file of it);
+the output equals pandas `merge`, and the archive replays with 0 differences
+(`broadcast_join_job.py`; the same job runs on the 3-worker cluster in
+test_broadcast_join_cluster.py). With the rule off the large side runs on its own and is
+hash-split, so the checks on it can fail."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from tests.integration.broadcast_join_job import (
     POLICY,
-    assert_broadcast_and_unshuffled,
+    assert_broadcast_and_fused,
     broadcast_job,
     expected_output,
     finished,
@@ -31,7 +32,7 @@ def test_a_small_side_known_only_at_run_time_is_broadcast_and_the_large_side_not
 ) -> None:
     job, large_dir, dims_dir = broadcast_job(tmp_path)
     job_run = run_job(job, tailguard_local_spark, tmp_path, settings=POLICY)
-    assert_broadcast_and_unshuffled(job_run, large_dir, dims_dir)
+    assert_broadcast_and_fused(job_run, large_dir, dims_dir)
 
 
 def test_with_the_rule_off_the_large_side_is_hash_partitioned(

@@ -1,17 +1,25 @@
 """The agent's side of the adaptive broadcast join (agent/driver/broadcast_joins.py): which
 side is produced first, which producer waits for the decision and until when, and what an
-applied decision changes (the other side unshuffled, read in whole partitions, the broadcast
-side built)."""
+applied decision changes (the other side fused into the join, or unshuffled when it runs in a
+pipelined region, read in whole partitions; the broadcast side built), and what a join subtask
+with a fused producer is sent."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 
-from tailguard.agent.driver.state import ExecutionState
+from tailguard.agent.driver import plans
+from tailguard.agent.driver.slots import ExecutionVertexId
+from tailguard.agent.driver.state import Attempt, ExecutionState, slot_requests
+from tailguard.agent.executor.attempt import AttemptOutcome
+from tailguard.agent.executor.sources import Split
+from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
 from tailguard.agent.graph.chaining import chain
 from tailguard.decider.policy.broadcast_join import BroadcastJoinParams
-from tailguard.model.records import Distribution, InputRange, SubtaskInputs
+from tailguard.model.records import SPLITS_INPUT, Distribution, InputRange, SubtaskInputs
 
 ON = BroadcastJoinParams(threshold=1000)
 JOIN = "enrich→sink"
@@ -64,22 +72,100 @@ def test_a_side_feeding_two_joins_is_never_held() -> None:
     assert all(j.held is None for j in joins.joins.values())
 
 
-def test_a_decision_before_the_other_side_started_has_it_write_one_unshuffled_subpartition() -> (
-    None
-):
-    state = _state()
-    assert state.output_distribution("large") == (Distribution.ALL_TO_ALL, ("k",))
-    given = tuple(
-        SubtaskInputs(k, (InputRange("large", k, k, 0, 0), InputRange("dims→few", 0, 0, 0, 3)))
-        for k in range(2)
+def _large_splits(count: int) -> list[Split]:
+    return [Split(f"/large/part-{n}.parquet", 0, 100 * (n + 1)) for n in range(count)]
+
+
+def _initialise(state: ExecutionState, name: str, parallelism: int, source: bool) -> None:
+    """`name` initialised with `parallelism` subtasks, each reading its own split (a source) or
+    all of the previous vertex's subpartitions."""
+    inputs = tuple(
+        SubtaskInputs(k, (InputRange(SPLITS_INPUT, k, k, 0, 0),) if source else ())
+        for k in range(parallelism)
+    )
+    state.initialize(name, parallelism, inputs, "test")
+
+
+def _decided(state: ExecutionState) -> tuple[SubtaskInputs, ...]:
+    """The small side finished, and the join decided broadcast over the large side's two
+    partitions (its subtask 0 reading both)."""
+    _initialise(state, "large", 2, source=True)
+    _initialise(state, "dims→few", 1, source=True)
+    few = state.vertices["dims→few"].subtasks[0]
+    few.attempts.append(_finished_attempt("dims→few"))
+    few.win(few.attempts[0])
+    given = (
+        SubtaskInputs(0, (InputRange("large", 0, 1, 0, 0), InputRange("dims→few", 0, 0, 0, 3))),
     )
     inputs = state.broadcast_join(JOIN, "dims→few", given)
-    assert inputs == given
+    state.initialize(JOIN, 1, inputs, "test")
+    return inputs
+
+
+def test_a_decision_before_the_other_side_started_fuses_it_into_the_join(tmp_path: Path) -> None:
+    state = _state()
+    assert state.output_distribution("large") == (Distribution.ALL_TO_ALL, ("k",))
+    inputs = _decided(state)
+    assert inputs[0].inputs[0] == InputRange("large", 0, 1, 0, 0)
+    assert state.fused("large") and state.broadcast_joins.fused == {"large": JOIN}
     assert state.output_distribution("large") == (Distribution.FORWARD, ())
     assert state.vertices["large"].subpartitions == 1
     (step,) = state.job.vertices[JOIN].steps
     built = state.broadcast_joins.step(JOIN, step)
     assert built.join is not None and built.join.build == "right"
+    # Never deployed on its own; its join is, at once (a source's splits are always there).
+    requested = [tuple(t) for q in slot_requests(state, set()) for t in q.tasks]
+    assert requested == [(JOIN, 0)]
+    # The join's subtask runs both large partitions' chains, each with its own split.
+    splits = {"large": _large_splits(2)}
+    join = state.vertices[JOIN].subtasks[0]
+    spec = plans.task_spec(state, "job", Storage(str(tmp_path)), join, 3, [], None, sources=splits)
+    fused, small = spec.inputs
+    assert (fused.attempts, fused.checksums) == ({}, {})
+    assert [(c.vertex, c.subtask, c.attempt, c.splits) for c in fused.fused] == [
+        ("large", 0, 3, (splits["large"][0],)),
+        ("large", 1, 3, (splits["large"][1],)),
+    ]
+    assert all(c.output is None and c.sink is None for c in fused.fused)
+    assert not small.fused and small.attempts == {0: 0}
+    # Its bytes: the large side's splits and what the small side wrote.
+    assert spec.input_bytes == 100 + 200 + 7
+    assert plans.subtask_input_bytes(state, ExecutionVertexId(JOIN, 0), splits) == 307
+    # Done once the join is: the fused vertex has nothing of its own to finish.
+    assert not state.all_done()
+    join.attempts.append(_finished_attempt(JOIN))
+    join.win(join.attempts[0])
+    join.committed = True
+    assert state.all_done()
+    assert state.counts() == (2, 2)
+
+
+def _finished_attempt(vertex: str) -> Attempt:
+    attempt = Attempt(vertex, 0, 0, "h", speculative=False, command_id=None, deployed_at=0)
+    attempt.outcome = AttemptOutcome(
+        ok=True,
+        host="h",
+        started_at_ms=0,
+        finished_at_ms=1,
+        bytes_per_subpartition=(1, 2, 3, 1),
+        checksums=("a", "b", "c", "d"),
+    )
+    return attempt
+
+
+def test_a_pipelined_other_side_is_written_unshuffled_instead() -> None:
+    job = Job("j")
+    large = job.read_parquet("large", name="large").with_parallelism(2)
+    mid = large.pipelined().map_batches(_identity, name="mid").with_parallelism(2)
+    small = job.read_parquet("dims", name="dims").map_batches(_identity, name="few")
+    mid.join(small, "k", "left", name="enrich").write_parquet("out", name="sink")
+    state = ExecutionState(chain(job), 4, ON)
+    assert state.broadcast_joins.joins[JOIN].held == "mid"
+    state.broadcast_join(JOIN, "dims→few", ())
+    assert not state.fused("mid")
+    assert state.broadcast_joins.unshuffled == {"mid"}
+    assert state.output_distribution("mid") == (Distribution.FORWARD, ())
+    assert state.vertices["mid"].subpartitions == 1
 
 
 def test_an_inner_join_broadcasting_its_left_side_builds_the_left_side() -> None:

@@ -1,9 +1,8 @@
 """A driver that takes over a job whose join was decided broadcast keeps what the decision did
-beyond the join's own ranges (recorded in its `VertexInitialized`): the other side written as one
-unshuffled subpartition when it had not started, and the broadcast side as the join's build
-side. Without that, the new driver would have the other side hash-split into the join's
-max-parallelism subpartitions while the join reads subpartition 0 of each partition: rows lost,
-no error."""
+beyond the join's own ranges (recorded in its `VertexInitialized`): the other side fused into the
+join when it had not started, and the broadcast side as the join's build side. Without that, the
+new driver would have the other side hash-split into the join's max-parallelism subpartitions
+while the join reads subpartition 0 of each partition: rows lost, no error."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from agent_fakes import FakeRuntime, Harness, run_all
+from test_agent_driver import FAST_RESTART
 from test_agent_recovery import recovering
 
 from tailguard.agent.driver.recovery import JobLog, RecoveryError, rebuild
@@ -105,9 +105,9 @@ def test_a_recovered_broadcast_join_reads_all_of_its_other_side(tmp_path: Path) 
     h = recovering(job, events, storage, SETTINGS, commands)
     result = run_all(h.start())
     assert result.ok, result.message
-    # The large side ran under the new driver, unshuffled as the decision had it ...
-    large = [e for e in h.publisher.of(r.AttemptFinished) if e.vertex == "large"]
-    assert large and all(len(e.bytes_per_subpartition) == 1 for e in large)
+    # The large side ran under the new driver inside the join, as the decision had it ...
+    assert not [e for e in h.publisher.of(r.AttemptDeploying) if e.vertex == "large"]
+    assert result.fused == {"large": JOIN}
     # ... and the join read every row of it.
     assert _output(tmp_path) == _expected(tmp_path)
 
@@ -119,6 +119,7 @@ def test_the_rebuilt_state_has_the_decisions_effects(tmp_path: Path) -> None:
     rebuild(state, JobLog("job", tuple(events), commands, "the test's log"))
     assert state.output_distribution("large") == (Distribution.FORWARD, ())
     assert state.vertices["large"].subpartitions == 1
+    assert state.fused("large")
     assert state.broadcast_joins.broadcast == {JOIN: "dims→few"}
     (step,) = [s for s in state.job.vertices[JOIN].steps if s.join is not None]
     assert state.broadcast_joins.step(JOIN, step).join.build == "right"  # type: ignore[union-attr]
@@ -130,3 +131,23 @@ def test_a_log_without_the_decision_is_refused(tmp_path: Path) -> None:
     state = ExecutionState(chain(job), 4, params)
     with pytest.raises(RecoveryError, match="SetParallelism"):
         rebuild(state, JobLog("job", tuple(events), {}, "the test's log"))
+
+
+def test_a_failed_join_attempt_runs_its_fused_side_again(tmp_path: Path) -> None:
+    """The large side runs inside the join's subtasks, so a join attempt that fails mid-stream
+    (its sink part half written) is restarted alone and reads the large side's splits again:
+    the output is still exact, and the large side never runs on its own."""
+    job = _job(tmp_path)
+    settings = {**SETTINGS, **FAST_RESTART}
+    h = Harness(job, FakeRuntime.hosts(a=2), Storage(str(tmp_path / "storage")), settings=settings)
+    h.driver.hooks.fail_attempts[(JOIN, 0, 0)] = "injected after the first batch"
+    result = run_all(h.start())
+    assert result.ok, result.message
+    assert result.fused == {"large": JOIN}
+    assert not [e for e in h.publisher.of(r.AttemptDeploying) if e.vertex == "large"]
+    (failed,) = [e for e in h.publisher.of(r.AttemptFailed) if e.vertex == JOIN]
+    assert (failed.subtask, failed.attempt, failed.error) == (0, 0, r.ErrorKind.USER)
+    assert [a for a in result.attempts if (a.vertex, a.subtask, a.won) == (JOIN, 0, True)][
+        0
+    ].attempt == 1
+    assert _output(tmp_path) == _expected(tmp_path)

@@ -79,7 +79,7 @@ def fresh_order(
 ) -> list[tuple[str, int]]:
     requests = order_requests(
         slot_requests(state, set()),
-        lambda task: plans.subtask_input_bytes(state, task, splits.get(task.vertex)),
+        lambda task: plans.subtask_input_bytes(state, task, splits),
         order,
     )
     return [tuple(task) for q in requests for task in q.tasks]  # type: ignore[misc]
@@ -114,7 +114,7 @@ def test_a_consumer_is_ranked_by_the_producer_bytes_of_its_assigned_ranges() -> 
     inputs = plans.static_subtask_inputs(state, consumer, None, wait_for_decider=False)
     assert inputs is not None
     state.initialize(consumer, 2, inputs, "fixed")
-    assert plans.subtask_input_bytes(state, ExecutionVertexId(consumer, 0), None) == 160
-    assert plans.subtask_input_bytes(state, ExecutionVertexId(consumer, 1), None) == 640
+    assert plans.subtask_input_bytes(state, ExecutionVertexId(consumer, 0), {}) == 160
+    assert plans.subtask_input_bytes(state, ExecutionVertexId(consumer, 1), {}) == 640
     assert fresh_order(state, splits, SubtaskOrder.INDEX) == [(consumer, 0), (consumer, 1)]
     assert fresh_order(state, splits, LARGEST) == [(consumer, 1), (consumer, 0)]

@@ -15,9 +15,15 @@ right join) is produced first, and the other side's producer is held until
   the other side is produced as usual (hash-partitioned).
 
 Holding costs a job whose first side turns out large the overlap of the two producers; a job
-whose first side is small gets what the rule is for: the other side is written unshuffled (one
-subpartition per partition, the decision arriving before its producer starts), each of its
-partitions read by one join subtask, and no subtask reads its data from all producers.
+whose first side is small gets what the rule is for: the other side is not shuffled at all. The
+decision arrives before its producer starts, so the producer is fused into the join: it is
+never deployed on its own, and each join subtask runs the producer's chain for the partitions
+its range names (their splits, or their own inputs) inside its own attempt, streaming the rows
+straight into the join's probe side. Nothing of that side is written to result partitions,
+read back or sent over the network, as when Flink chains a forward edge. A producer that runs
+in a pipelined region with its own producers is not fused (the region deploys as one bulk): it
+writes one subpartition per partition, unshuffled, each read whole by one join subtask. So
+does a producer that had started when the decision came, which the join reads as it wrote it.
 
 A side whose producer depends on the other side (directly or not) is never held: it could not
 finish first.
@@ -66,6 +72,8 @@ class BroadcastJoins:
         self.broadcast: dict[str, str] = {}
         # Producers told to write one unshuffled subpartition (their join's other side).
         self.unshuffled: set[str] = set()
+        # Producers run inside their join's subtasks (its other side): never deployed alone.
+        self.fused: dict[str, str] = {}  # producer -> join
 
     def join_held_by(self, producer: str) -> str | None:
         return self._held_by.get(producer)
@@ -84,14 +92,21 @@ class BroadcastJoins:
         # Too large: no broadcast decision is coming before both sides are done.
         return can_broadcast(join.how, side, first_bytes, self.params)
 
-    def decided(self, join: str, build: str, other_started: bool, other_consumers: int) -> None:
+    def decided(
+        self, join: str, build: str, other_started: bool, other_consumers: int, pipelined: bool
+    ) -> None:
         """A broadcast decision for `join` is applied: `build` is read broadcast. The other
-        side writes one subpartition, unshuffled, if it has not started and feeds only this
-        join; otherwise the join reads whole partitions of what it wrote."""
+        side, if it has not started and feeds only this join, is fused into the join, or
+        writes one subpartition, unshuffled, when it is `pipelined` with its own producers;
+        otherwise the join reads whole partitions of what it wrote."""
         self.broadcast[join] = build
         other = next(p for p in self.joins[join].producers if p != build)
-        if not other_started and other_consumers == 1:
+        if other_started or other_consumers != 1:
+            return
+        if pipelined:
             self.unshuffled.add(other)
+        else:
+            self.fused[other] = join
 
     def step(self, join: str, step: OperatorStep) -> OperatorStep:
         """The join's step with the broadcast side as its build side."""

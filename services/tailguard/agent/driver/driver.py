@@ -268,6 +268,7 @@ class JobDriver:
                 producer: phase.operator
                 for producer, phase in ctx.state.local_aggregation.phases.items()
             },
+            fused=dict(ctx.state.broadcast_joins.fused),
             dispatch_ms=tuple(self._runners.dispatch_ms),
             deploy_to_running_ms=tuple(self._runners.deploy_to_running_ms),
             runners_lost=self._runners.lost,

@@ -19,7 +19,7 @@ evenly. Nothing is left for a split to cut: the hot subpartition is no longer sk
 
 A producer qualifies when every edge it feeds is ALL_TO_ALL on keys that the consumer's head step
 (an `aggregate`, its chain's only input) groups by, with the same aggregations for all of them.
-Anything else (a consumer that needs rows, a broadcast join's unshuffled side) keeps rows.
+Anything else (a consumer that needs rows, a broadcast join's other side) keeps rows.
 ONE_PHASE turns it off, as in Flink.
 """
 

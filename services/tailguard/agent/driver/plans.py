@@ -6,7 +6,8 @@ tested without a cluster.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 
 from tailguard.agent.driver.slots import ExecutionVertexId
 from tailguard.agent.driver.state import Attempt, ExecutionState, Subtask
@@ -98,10 +99,12 @@ def task_spec(
     fail_with: str | None,
     together: dict[ExecutionVertexId, int] | None = None,
     rows_per_batch: int = DEFAULT_BATCH_ROWS,
+    sources: Mapping[str, Sequence[Split]] | None = None,
 ) -> TaskSpec:
     """`together` maps the tasks already deployed in the same bulk (a pipelined region) to
     their attempt numbers: an input from one of them reads that attempt, once it completes,
-    instead of a winner. `rows_per_batch` is the batch size (`batch_rows`)."""
+    instead of a winner. `rows_per_batch` is the batch size (`batch_rows`). `sources`: every
+    source vertex's splits, for a producer fused into this one (`ExecutionState.fused`)."""
     together = together or {}
     vertex = state.vertices[subtask.vertex]
     definition = vertex.definition
@@ -115,6 +118,16 @@ def task_spec(
     for i in definition.inputs:
         ranges = by_producer[i.producer]
         producer = state.vertices[i.producer]
+        if state.fused(i.producer):
+            chains = tuple(
+                _fused_chain(
+                    state, job_id, storage, producer.subtasks[p], attempt, rows_per_batch, sources
+                )
+                for rng in ranges
+                for p in range(rng.partition_start, rng.partition_end + 1)
+            )
+            inputs.append(InputPlan(tuple(ranges), i.distribution, {}, {}, fused=chains))
+            continue
         attempts: dict[int, int] = {}
         checksums: dict[tuple[int, int], str] = {}
         pipelined = False
@@ -158,21 +171,41 @@ def task_spec(
         inputs=tuple(inputs),
         output=output,
         sink=definition.sink,
-        input_bytes=_input_bytes(state, subtask, chosen_splits, together),
+        input_bytes=_input_bytes(state, subtask, chosen_splits, together, sources or {}),
         fail_with=fail_with,
         batch_rows=rows_per_batch,
     )
 
 
+def _fused_chain(
+    state: ExecutionState,
+    job_id: str,
+    storage: Storage,
+    subtask: Subtask,
+    attempt: int,
+    rows_per_batch: int,
+    sources: Mapping[str, Sequence[Split]] | None,
+) -> TaskSpec:
+    """What a fused producer's subtask runs inside its consumer's attempt (numbered as that
+    attempt): its chain, with neither output nor sink (its rows stream into the consumer)."""
+    splits = list((sources or {}).get(subtask.vertex, ()))
+    spec = task_spec(
+        state, job_id, storage, subtask, attempt, splits, None, None, rows_per_batch, sources
+    )
+    return dataclasses.replace(spec, output=None, input_bytes=None)
+
+
 def subtask_input_bytes(
-    state: ExecutionState, task: ExecutionVertexId, splits: Sequence[Split] | None
+    state: ExecutionState, task: ExecutionVertexId, sources: Mapping[str, Sequence[Split]]
 ) -> int | None:
-    """The bytes `task` is assigned before it is deployed (its vertex's `splits`, if a source),
-    for the subtask order (agent/driver/ordering.py); None while a producer has not reported."""
+    """The bytes `task` is assigned before it is deployed (`sources`: every source vertex's
+    splits), for the subtask order (agent/driver/ordering.py); None while a producer has not
+    reported."""
     subtask = state.subtask(*task)
     if subtask is None:
         return None
-    return _input_bytes(state, subtask, _chosen_splits(subtask, splits or ()), {})
+    splits = _chosen_splits(subtask, sources.get(task.vertex, ()))
+    return _input_bytes(state, subtask, splits, {}, sources)
 
 
 def _chosen_splits(subtask: Subtask, splits: Sequence[Split]) -> tuple[Split, ...]:
@@ -190,15 +223,25 @@ def _input_bytes(
     subtask: Subtask,
     splits: tuple[Split, ...],
     together: dict[ExecutionVertexId, int],
+    sources: Mapping[str, Sequence[Split]],
 ) -> int | None:
     """The bytes the attempt is assigned, from the producers' reported subpartition sizes (for
-    progress); None when a producer deployed with it has not reported yet."""
+    progress), and what a fused producer's subtasks are assigned; None when a producer deployed
+    with it has not reported yet."""
     total = sum(s.bytes for s in splits)
     for rng in subtask.inputs:
         if rng.input == SPLITS_INPUT:
             continue
         producer = state.vertices[rng.input]
         for p in range(rng.partition_start, rng.partition_end + 1):
+            if state.fused(rng.input):
+                fused = producer.subtasks[p]
+                chosen = _chosen_splits(fused, sources.get(rng.input, ()))
+                assigned = _input_bytes(state, fused, chosen, {}, sources)
+                if assigned is None:
+                    return None
+                total += assigned
+                continue
             if ExecutionVertexId(rng.input, p) in together:
                 return None
             winner = producer.subtasks[p].winner

@@ -72,6 +72,8 @@ class RunResult:
     recovery: RecoverySummary | None = None
     # Producer chain -> the aggregation it ran the local phase of (two-phase aggregation).
     local_aggregation: dict[str, str] = field(default_factory=dict)
+    # Producer chain -> the broadcast join it ran inside (never deployed alone, nothing written).
+    fused: dict[str, str] = field(default_factory=dict)
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -113,6 +115,11 @@ class RunResult:
         for producer, operator in self.local_aggregation.items():
             lines.append(
                 f"  {producer}: aggregated for {operator} before its exchange (two phases)"
+            )
+        for producer, join in self.fused.items():
+            lines.append(
+                f"  {producer}: ran inside {join}'s subtasks (the other side of a broadcast "
+                "join: not shuffled, no partition files)"
             )
         spilled = [a for a in self.attempts if a.spilled_bytes]
         if spilled:

@@ -34,7 +34,7 @@ class Scheduler:
         queued = ctx.pool.queued_keys()
         fresh = order_requests(
             slot_requests(ctx.state, queued),
-            lambda task: plans.subtask_input_bytes(ctx.state, task, ctx.splits.get(task.vertex)),
+            lambda task: plans.subtask_input_bytes(ctx.state, task, ctx.splits),
             self._subtask_order,
         )
         for request in fresh:
@@ -116,6 +116,7 @@ class Scheduler:
             ctx.hooks.fail_attempts.get((subtask.vertex, subtask.index, number)),
             together,
             self._batch_rows,
+            ctx.splits,
         )
         attempt = Attempt(
             vertex=subtask.vertex,

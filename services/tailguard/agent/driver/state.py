@@ -164,7 +164,7 @@ class ExecutionState:
         POINTWISE consumers runs of (partition, subpartition) slices, enough of them to reach
         their parallelism (`pointwise_subpartitions`, known once the producer's parallelism
         is); FORWARD and BROADCAST consumers read whole partitions: one subpartition."""
-        if producer in self.broadcast_joins.unshuffled:
+        if self._unsplit(producer):
             return 1  # its one consumer, a broadcast join, reads it as it is
         counts = {1}
         producers = self.vertices[producer].parallelism
@@ -177,8 +177,19 @@ class ExecutionState:
                 counts.add(pointwise_subpartitions(reach, producers))
         return max(counts)
 
+    def _unsplit(self, producer: str) -> bool:
+        """The other side of a broadcast join decided before it started: written unshuffled,
+        or fused into the join (`fused`), it is never split for its consumer."""
+        joins = self.broadcast_joins
+        return producer in joins.unshuffled or producer in joins.fused
+
+    def fused(self, name: str) -> bool:
+        """Whether the vertex runs inside its broadcast join's subtasks, never on its own
+        (broadcast_joins.py): nothing of it is deployed, written or waited for."""
+        return name in self.broadcast_joins.fused
+
     def output_distribution(self, producer: str) -> tuple[Distribution, tuple[str, ...]]:
-        if producer in self.broadcast_joins.unshuffled:
+        if self._unsplit(producer):
             return Distribution.FORWARD, ()
         for consumer, index in self.consumers[producer]:
             definition = self.job.vertices[consumer].inputs[index]
@@ -239,17 +250,24 @@ class ExecutionState:
 
     def inputs_available(self, subtask: Subtask, together: frozenset[Task] = frozenset()) -> bool:
         """Vertex-wise scheduling: every partition the subtask consumes is available, except
-        those of the producers in `together` (deployed with it in one bulk)."""
+        those of the producers in `together` (deployed with it in one bulk). A fused
+        producer's partitions are made inside the subtask: what they read must be available."""
         for r in subtask.inputs:
             if r.input == SPLITS_INPUT:
                 continue
             producer = self.vertices[r.input]
             if not producer.initialized:
                 return False
+            fused = self.fused(r.input)
             for p in range(r.partition_start, r.partition_end + 1):
                 if (r.input, p) in together:
                     continue
-                if p >= len(producer.subtasks) or not producer.subtasks[p].available:
+                if p >= len(producer.subtasks):
+                    return False
+                if fused:
+                    if not self.inputs_available(producer.subtasks[p]):
+                        return False
+                elif not producer.subtasks[p].available:
                     return False
         return True
 
@@ -263,6 +281,7 @@ class ExecutionState:
             and not subtask.live_attempts()
             and self.inputs_available(subtask)
             and not self.held(subtask.vertex)
+            and not self.fused(subtask.vertex)
         )
 
     def held(self, name: str) -> bool:
@@ -287,9 +306,9 @@ class ExecutionState:
     def broadcast_join(
         self, join: str, build: str, inputs: tuple[SubtaskInputs, ...]
     ) -> tuple[SubtaskInputs, ...]:
-        """A broadcast decision for `join` (read `build` broadcast): its other side writes one
-        unshuffled subpartition if it has not started; the ranges returned read whole
-        partitions of the other side, whichever way it wrote them."""
+        """A broadcast decision for `join` (read `build` broadcast): its other side is fused into
+        the join, or writes one unshuffled subpartition, if it has not started; the ranges
+        returned read whole partitions of the other side, however they are made."""
         other = self.decide_broadcast(join, build)
         last = self.vertices[other].subpartitions - 1
         return tuple(
@@ -307,13 +326,15 @@ class ExecutionState:
 
     def decide_broadcast(self, join: str, build: str) -> str:
         """What a broadcast decision for `join` changes outside the join's own ranges: `build`
-        becomes its build side, and the other side (whose name is returned) writes one
-        unshuffled subpartition if it has not started. Also what a driver taking the job over
-        rebuilds from the decision (`recovery`), at the same point of the log."""
+        becomes its build side, and the other side (whose name is returned), if it has not
+        started, is fused into the join or writes one unshuffled subpartition
+        (`BroadcastJoins.decided`). Also what a driver taking the job over rebuilds from the
+        decision (`recovery`), at the same point of the log."""
         other = next(i.producer for i in self.job.vertices[join].inputs if i.producer != build)
         producer = self.vertices[other]
         started = any(s.attempts for s in producer.subtasks)
-        self.broadcast_joins.decided(join, build, started, len(self.consumers[other]))
+        pipelined = any(other in group for group in self.pipelined_groups)
+        self.broadcast_joins.decided(join, build, started, len(self.consumers[other]), pipelined)
         producer.subpartitions = self._subpartitions_of(other)
         return other
 
@@ -343,6 +364,8 @@ class ExecutionState:
 
     def all_done(self) -> bool:
         for vertex in self.vertices.values():
+            if self.fused(vertex.name):
+                continue  # ran inside its join, which must have finished
             if not vertex.finished():
                 return False
             if vertex.definition.sink is not None and not all(s.committed for s in vertex.subtasks):
@@ -353,9 +376,11 @@ class ExecutionState:
         return [a for v in self.vertices.values() for s in v.subtasks for a in s.live_attempts()]
 
     def counts(self) -> tuple[int, int]:
-        """(finished subtasks, known subtasks) for progress."""
-        known = sum(len(v.subtasks) for v in self.vertices.values())
-        done = sum(1 for v in self.vertices.values() for s in v.subtasks if s.winner is not None)
+        """(finished subtasks, known subtasks) for progress; a fused vertex's subtasks are its
+        join's."""
+        ran = [v for v in self.vertices.values() if not self.fused(v.name)]
+        known = sum(len(v.subtasks) for v in ran)
+        done = sum(1 for v in ran for s in v.subtasks if s.winner is not None)
         return done, known
 
 

@@ -1,7 +1,8 @@
 """What one attempt of a chain does inside its slot runner.
 
-The driver sends a `TaskSpec`; the attempt streams its inputs (source splits, or subpartition
-ranges of the winning producer attempts, checksum-verified) as record batches of the batch size
+The driver sends a `TaskSpec`; the attempt streams its inputs (source splits, subpartition
+ranges of the winning producer attempts, checksum-verified, or the chains of a producer fused
+into it: a broadcast join's other side) as record batches of the batch size
 through the chain's operators, in this process with no result partition between them, and writes
 its output (result partition files, or a staged sink file) as the batches arrive: it holds a few
 batches per operator, not its input (docs/data-plane.md, "Streamed execution"). It never raises:
@@ -74,6 +75,11 @@ class InputPlan:
     # none yet: its checksums come from its completion marker
     checksums: dict[tuple[int, int], str]
     pipelined: bool = False
+    # A producer fused into this attempt (the other side of a broadcast join, decided before it
+    # started): its subtasks' chains, one per partition of `ranges`, run here in order and
+    # streamed into the input, so nothing of it is written to result partitions. Each has no
+    # output plan and no sink; `attempts` and `checksums` are then empty.
+    fused: tuple[TaskSpec, ...] = ()
 
 
 # How long a pipelined consumer waits for a producer deployed with it. A producer that fails or
@@ -196,9 +202,12 @@ def _source_stream(spec: TaskSpec, control: AttemptControl) -> Iterator[pa.Recor
         yield from _counted(split_batches(spec.source, split, spec.batch_rows), control)
 
 
-def _input_stream(
-    spec: TaskSpec, plan: InputPlan, control: AttemptControl, opened: list[PartitionInput]
-) -> Iterator[pa.RecordBatch]:
+def _input_stream(spec: TaskSpec, plan: InputPlan, chain: _Chain) -> Iterator[pa.RecordBatch]:
+    if plan.fused:
+        for producer in plan.fused:
+            yield from _chain_stream(producer, chain)
+        return
+    control, opened = chain.control, chain.opened
     checksums = _awaited_checksums(spec, plan, control) if plan.pipelined else plan.checksums
     batches = input_batches(
         spec.storage, spec.job_id, plan.attempts, plan.ranges, checksums, check=control.check
@@ -300,6 +309,26 @@ def _run(
         raise
 
 
+@dataclass
+class _Chain:
+    """What the chains run in one attempt share: its control, the partition files opened (to
+    verify), and the steps' context (its spill directory and what was spilled)."""
+
+    control: AttemptControl
+    opened: list[PartitionInput]
+    context: StepContext
+
+
+def _chain_stream(spec: TaskSpec, chain: _Chain) -> Iterator[pa.RecordBatch]:
+    """`spec`'s chain as one lazy stream: its inputs (source splits, partitions, or fused
+    producers' chains) through its steps."""
+    if spec.source is not None:
+        inputs = [rebatch(_source_stream(spec, chain.control), spec.batch_rows)]
+    else:
+        inputs = [rebatch(_input_stream(spec, p, chain), spec.batch_rows) for p in spec.inputs]
+    return run_chain(spec.steps, inputs, chain.context)
+
+
 def _run_chain(
     spec: TaskSpec,
     control: AttemptControl,
@@ -308,14 +337,8 @@ def _run_chain(
     spill_dir: str,
     opened: list[PartitionInput],
 ) -> AttemptOutcome:
-    if spec.source is not None:
-        inputs = [rebatch(_source_stream(spec, control), spec.batch_rows)]
-    else:
-        inputs = [
-            rebatch(_input_stream(spec, p, control, opened), spec.batch_rows) for p in spec.inputs
-        ]
     context = StepContext(spec.batch_rows, spill_dir, control.check)
-    output = _verified_at_end(run_chain(spec.steps, inputs, context), opened)
+    output = _verified_at_end(_chain_stream(spec, _Chain(control, opened, context)), opened)
     if spec.fail_with:
         output = _failing_after_first(output, spec.fail_with)
     if spec.sink is not None:
@@ -354,8 +377,8 @@ def _run_chain(
 
 
 def _input_bytes(spec: TaskSpec, control: AttemptControl) -> int:
-    """The bytes the attempt read: its splits' (compressed) sizes for a source, else the
-    partition file bytes its batches accounted for."""
+    """The bytes the attempt read: its splits' (compressed) sizes for a source, else the bytes
+    its batches accounted for (partition files, and the splits of a fused producer's source)."""
     if spec.source is not None:
         return sum(s.bytes for s in spec.splits)
     return control.bytes_read

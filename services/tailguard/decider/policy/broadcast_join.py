@@ -166,9 +166,9 @@ def decide_broadcast_join(
     Flink's `ForwardForUnspecifiedPartitioner` on that edge gives (fewer, each reading a
     contiguous run of its partitions, when the join's max parallelism is lower: rescaled); each
     subtask reads every partition and subpartition of the broadcast side. The other side is
-    read in whole partitions: subpartition 0 when it has not finished (the agent has it write
-    one subpartition, unshuffled, if it has not started; otherwise reads all it wrote), all of
-    its subpartitions when it has."""
+    read in whole partitions: subpartition 0 when it has not finished (the agent runs it inside
+    the join's subtasks, or has it write one subpartition, unshuffled, if it has not started;
+    otherwise reads all it wrote), all of its subpartitions when it has."""
     sides = join_sides(vertex, edges, params)
     if sides is None:
         return None
