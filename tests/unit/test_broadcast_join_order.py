@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 from tailguard.agent.driver import plans
 from tailguard.agent.driver.slots import ExecutionVertexId
@@ -127,6 +128,9 @@ def test_a_decision_before_the_other_side_started_fuses_it_into_the_join(tmp_pat
         ("large", 1, 3, (splits["large"][1],)),
     ]
     assert all(c.output is None and c.sink is None for c in fused.fused)
+    # Without the fused source's splits the join would read nothing of it: refused instead.
+    with pytest.raises(RuntimeError, match="fused source needs its splits"):
+        plans.task_spec(state, "job", Storage(str(tmp_path)), join, 3, [], None)
     assert not small.fused and small.attempts == {0: 0}
     # Its bytes: the large side's splits and what the small side wrote.
     assert spec.input_bytes == 100 + 200 + 7

@@ -188,9 +188,22 @@ def _fused_chain(
 ) -> TaskSpec:
     """What a fused producer's subtask runs inside its consumer's attempt (numbered as that
     attempt): its chain, with neither output nor sink (its rows stream into the consumer)."""
-    splits = list((sources or {}).get(subtask.vertex, ()))
+    splits = (sources or {}).get(subtask.vertex)
+    if splits is None and state.vertices[subtask.vertex].definition.source is not None:
+        # Without its splits the chain would read nothing and the join lose that side's rows:
+        # a driver bug, which fails the job cleanly rather than the output.
+        raise RuntimeError(f"{subtask.vertex}: a fused source needs its splits")
     spec = task_spec(
-        state, job_id, storage, subtask, attempt, splits, None, None, rows_per_batch, sources
+        state,
+        job_id,
+        storage,
+        subtask,
+        attempt,
+        list(splits or ()),
+        None,
+        None,
+        rows_per_batch,
+        sources,
     )
     return dataclasses.replace(spec, output=None, input_bytes=None)
 
