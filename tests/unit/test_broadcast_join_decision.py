@@ -83,6 +83,13 @@ def test_the_side_produced_first_is_one_the_join_type_may_broadcast() -> None:
         "semi": "right",
         "anti": "right",
     }
+    # Given what each side's sources read: an inner join starts with the smaller, right on a
+    # tie; other types keep the only side they may broadcast.
+    assert first_side("inner", (10, 20)) == "left"
+    assert first_side("inner", (20, 10)) == "right"
+    assert first_side("inner", (10, 10)) == "right"
+    assert first_side("left", (10, 20)) == "right"
+    assert first_side("right", (20, 10)) == "left"
 
 
 def test_settings_use_flinks_keys_and_defaults() -> None:

@@ -14,7 +14,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from agent_fakes import FakeRuntime, Harness, run_all
-from test_agent_driver import FAST_RESTART
 from test_agent_recovery import recovering
 
 from tailguard.agent.driver.recovery import JobLog, RecoveryError, rebuild
@@ -131,23 +130,3 @@ def test_a_log_without_the_decision_is_refused(tmp_path: Path) -> None:
     state = ExecutionState(chain(job), 4, params)
     with pytest.raises(RecoveryError, match="SetParallelism"):
         rebuild(state, JobLog("job", tuple(events), {}, "the test's log"))
-
-
-def test_a_failed_join_attempt_runs_its_fused_side_again(tmp_path: Path) -> None:
-    """The large side runs inside the join's subtasks, so a join attempt that fails mid-stream
-    (its sink part half written) is restarted alone and reads the large side's splits again:
-    the output is still exact, and the large side never runs on its own."""
-    job = _job(tmp_path)
-    settings = {**SETTINGS, **FAST_RESTART}
-    h = Harness(job, FakeRuntime.hosts(a=2), Storage(str(tmp_path / "storage")), settings=settings)
-    h.driver.hooks.fail_attempts[(JOIN, 0, 0)] = "injected after the first batch"
-    result = run_all(h.start())
-    assert result.ok, result.message
-    assert result.fused == {"large": JOIN}
-    assert not [e for e in h.publisher.of(r.AttemptDeploying) if e.vertex == "large"]
-    (failed,) = [e for e in h.publisher.of(r.AttemptFailed) if e.vertex == JOIN]
-    assert (failed.subtask, failed.attempt, failed.error) == (0, 0, r.ErrorKind.USER)
-    assert [a for a in result.attempts if (a.vertex, a.subtask, a.won) == (JOIN, 0, True)][
-        0
-    ].attempt == 1
-    assert _output(tmp_path) == _expected(tmp_path)

@@ -6,8 +6,9 @@ edge to `ForwardForUnspecifiedPartitioner`, which only works "if it has not yet 
 scheduling" (`AdaptiveBroadcastJoinOptimizationStrategy`); both sides of a join are usually
 scheduled at once there, so the other side is often shuffled already. tailguard makes the
 order right instead: of a join the rule may turn into a broadcast join, the side that may be
-broadcast (`first_side`: the right one for inner, left, semi and anti joins, the left one for a
-right join) is produced first, and the other side's producer is held until
+broadcast (`first_side`: the right one for left, semi and anti joins, the left one for a right
+join, and for an inner join the side whose sources read fewer bytes, once the sources' splits
+are known: `sized`) is produced first, and the other side's producer is held until
 
 - the join has its ranges (a broadcast decision, from the decider or the local fallback,
   which decides the same from the same events), or
@@ -31,6 +32,7 @@ finish first.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from tailguard.agent.executor.steps import OperatorStep
@@ -66,14 +68,32 @@ class BroadcastJoins:
             join = _join(chain, params)
             if join is not None:
                 self.joins[chain.name] = join
-        self.joins.update(_orders(job, self.joins))
-        self._held_by = {j.held: name for name, j in self.joins.items() if j.held is not None}
+        self._job = job
+        self._order(None)
         # Joins decided broadcast: join -> the producer read broadcast.
         self.broadcast: dict[str, str] = {}
         # Producers told to write one unshuffled subpartition (their join's other side).
         self.unshuffled: set[str] = set()
         # Producers run inside their join's subtasks (its other side): never deployed alone.
         self.fused: dict[str, str] = {}  # producer -> join
+
+    def _order(self, read: Mapping[str, int] | None) -> None:
+        unordered = {name: Join(j.how, j.producers) for name, j in self.joins.items()}
+        self.joins = {**unordered, **_orders(self._job, unordered, read)}
+        self._held_by = {j.held: name for name, j in self.joins.items() if j.held is not None}
+
+    def sized(self, split_bytes: Mapping[str, Sequence[int]]) -> None:
+        """Order the joins again once the sources' splits are known (`split_bytes`: source ->
+        its splits' bytes), before anything is scheduled: an inner join produces first the
+        side whose sources read fewer bytes (`first_side`). A driver taking a job over finds
+        the same splits (it refuses different ones), so it orders the same."""
+        totals = {name: sum(sizes) for name, sizes in split_bytes.items()}
+        self._order(
+            {
+                name: sum(totals.get(n, 0) for n in {name} | _ancestors(self._job, name))
+                for name in self._job.vertices
+            }
+        )
 
     def join_held_by(self, producer: str) -> str | None:
         return self._held_by.get(producer)
@@ -133,16 +153,20 @@ def _join(chain: ChainDef, params: BroadcastJoinParams) -> Join | None:
     return Join(how, (left.producer, right.producer))
 
 
-def _orders(job: ChainedJob, joins: dict[str, Join]) -> dict[str, Join]:
-    """The joins whose other side may be held, with their order. Holding is safe when the held
-    producer feeds that join only (so it is no other join's first side, and nothing else waits
-    for it) and the first side does not depend on any held producer. One pass is enough:
-    dropping the unsafe joins only shrinks the held set, so every join left stays safe."""
+def _orders(
+    job: ChainedJob, joins: dict[str, Join], read: Mapping[str, int] | None
+) -> dict[str, Join]:
+    """The joins whose other side may be held, with their order (`read`: the bytes each
+    vertex's sources read, once known). Holding is safe when the held producer feeds that join
+    only (so it is no other join's first side, and nothing else waits for it) and the first
+    side does not depend on any held producer. One pass is enough: dropping the unsafe joins
+    only shrinks the held set, so every join left stays safe."""
     graph = JobGraph(job.spec())
     ordered: dict[str, Join] = {}
     for name, join in joins.items():
         left, right = join.producers
-        first = right if first_side(join.how) == "right" else left
+        sides = (read[left], read[right]) if read is not None else None
+        first = right if first_side(join.how, sides) == "right" else left
         held = left if first == right else right
         if len(graph.consumers(held)) == 1:
             ordered[name] = replace(join, first=first, held=held)

@@ -59,6 +59,7 @@ class Lifecycle:
                 ctx.splits[name] = discover_splits(vertex.source)
                 split_bytes[name] = tuple(s.bytes for s in ctx.splits[name])
         spec = ctx.graph.spec(split_bytes)
+        ctx.state.broadcast_joins.sized(split_bytes)
         if self.recover_from is not None:
             self.recovered = take_over(ctx, self.recover_from, spec, self._applier)
             return

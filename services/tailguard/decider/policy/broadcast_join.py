@@ -113,12 +113,20 @@ def adaptive_candidate(how: str | None, params: BroadcastJoinParams) -> bool:
     return how is not None and params.enabled and bool(BROADCASTABLE.get(how))
 
 
-def first_side(how: str) -> Side:
+def first_side(how: str, read: tuple[int, int] | None = None) -> Side:
     """The side produced first, so the decision can come before the other side is shuffled:
-    the one the join type allows to be broadcast; for an inner join, where either may be, the
-    right one (the build side a shuffled join holds, and Spark's preferred broadcast side)."""
+    the one the join type allows to be broadcast. For an inner join, where either may be, the
+    side whose sources read fewer bytes (`read`: left, right, when known for both), since what
+    a side produces is known only once it has run, and what it reads is the best guess before;
+    on a tie, or unknown, the right one (the build side a shuffled join holds, and Spark's
+    preferred broadcast side). A wrong guess costs nothing against not guessing: the first side
+    finishes too large, the other is produced as usual, and the rule still tries it."""
     allowed = BROADCASTABLE[how]
-    return "left" if allowed == frozenset({"left"}) else "right"
+    if allowed == frozenset({"left"}):
+        return "left"
+    if len(allowed) == 2 and read is not None and read[0] < read[1]:
+        return "left"
+    return "right"
 
 
 @dataclass(frozen=True, slots=True)
