@@ -15,6 +15,8 @@ from test_agent_driver import FAST_RESTART
 
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
+from tailguard.inspect.history import history_of
+from tailguard.inspect.timeline import build_timeline
 from tailguard.model import records as r
 
 SETTINGS = {
@@ -116,3 +118,8 @@ def test_an_inner_join_with_its_small_side_on_the_left_fuses_the_right_side(
     assert result.fused == {"large": JOIN}
     assert not [e for e in h.publisher.of(r.AttemptDeploying) if e.vertex == "large"]
     assert _output(tmp_path) == _expected(tmp_path, "inner")
+    # The timeline shows the large side done, inside the join, though it had no attempt.
+    timeline = build_timeline(history_of([*h.publisher.events, *h.publisher.local_records]))
+    (large,) = [p for p in timeline.vertices if p.vertex == "large"]
+    assert (large.attempts, large.done) == (0, True)
+    assert large.decided_by.endswith(f"; ran inside {JOIN}")

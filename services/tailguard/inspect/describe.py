@@ -157,8 +157,8 @@ def _parallelism(c: r.SetParallelism) -> str:
     return (
         f"{text}, broadcast join: its {b.side} side {b.input} produced {b.bytes} bytes, under "
         f"table.optimizer.join.broadcast-threshold {b.threshold}, so every subtask reads it "
-        f"whole and the other side is not shuffled (run inside the join's subtasks if it had "
-        f"not started)"
+        f"whole; the other side, unless it had started, is not shuffled (a source runs inside "
+        f"the join's subtasks, anything else is written unshuffled)"
     )
 
 

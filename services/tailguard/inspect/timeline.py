@@ -16,7 +16,7 @@ All times are milliseconds after the job's start (its `JobSubmitted`).
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tailguard.inspect.describe import describe, relative
@@ -344,6 +344,7 @@ def _phases(history: History, bars: tuple[Bar, ...]) -> tuple[VertexPhase, ...]:
     for bar in bars:
         if bar.vertex not in names:
             names.append(bar.vertex)
+    inside = _fused(history, bars)
     phases = []
     for name in names:
         mine = [b for b in bars if b.vertex == name]
@@ -361,7 +362,32 @@ def _phases(history: History, bars: tuple[Bar, ...]) -> tuple[VertexPhase, ...]:
                 attempts=len(mine),
             )
         )
-    return tuple(phases)
+    done = {p.vertex: p.done for p in phases}
+    return tuple(
+        replace(
+            p,
+            decided_by=f"{p.decided_by}; ran inside {inside[p.vertex]}",
+            done=done[inside[p.vertex]],
+        )
+        if p.vertex in inside
+        else p
+        for p in phases
+    )
+
+
+def _fused(history: History, bars: tuple[Bar, ...]) -> dict[str, str]:
+    """The other sides of broadcast joins that never ran an attempt of their own: they ran
+    inside their join's subtasks (fused, agent/driver/broadcast_joins.py), so they are done
+    when the join is. The archive records the decision; the fusion follows from it."""
+    ran = {b.vertex for b in bars}
+    inside: dict[str, str] = {}
+    for record in history.records:
+        if isinstance(record, r.SetParallelism) and record.broadcast is not None:
+            for subtask in record.subtask_inputs:
+                for rng in subtask.inputs:
+                    if rng.input not in (record.broadcast.input, *ran):
+                        inside.setdefault(rng.input, record.vertex)
+    return inside
 
 
 def _running_spans(bars: list[Bar]) -> tuple[Span, ...]:

@@ -80,7 +80,7 @@ DEFAULTS: dict[str, str] = {
     "decider.timeout": "10 s",
     # Flink 2.0's adaptive broadcast join (FLIP-470, decider/policy/broadcast_join.py): a join
     # side produced under the threshold (Flink's key and default; -1: never) is read broadcast
-    # and the other side not shuffled (run inside the join's subtasks when it had not started);
+    # and the other side, unless it had started, not shuffled (a source runs inside the join);
     # strategy auto, runtime_only or none (Flink's values).
     "table.optimizer.join.broadcast-threshold": "1 MiB",
     "table.optimizer.adaptive-broadcast-join.strategy": "auto",

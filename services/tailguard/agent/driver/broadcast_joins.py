@@ -19,12 +19,16 @@ Holding costs a job whose first side turns out large the overlap of the two prod
 whose first side is small gets what the rule is for: the other side is not shuffled at all. The
 decision arrives before its producer starts, so the producer is fused into the join: it is
 never deployed on its own, and each join subtask runs the producer's chain for the partitions
-its range names (their splits, or their own inputs) inside its own attempt, streaming the rows
-straight into the join's probe side. Nothing of that side is written to result partitions,
-read back or sent over the network, as when Flink chains a forward edge. A producer that runs
-in a pipelined region with its own producers is not fused (the region deploys as one bulk): it
-writes one subpartition per partition, unshuffled, each read whole by one join subtask. So
-does a producer that had started when the decision came, which the join reads as it wrote it.
+its range names (their source splits) inside its own attempt, streaming the rows straight into
+the join's probe side. Nothing of that side is written to result partitions, read back or sent
+over the network, as when Flink chains a forward edge. Only a producer that reads no other
+producer's output is fused (a source and the operators chained to it, the usual large side):
+the failover service and a driver taking the job over track reads per partition of a vertex,
+and reads made through a vertex that never runs would be hidden from both (a lost partition
+would restart one join subtask at a time, and a takeover could wait for a partition no
+restart produces). Such a producer, or one in a pipelined region, writes one subpartition per
+partition instead, unshuffled, each read whole by one join subtask. So does a producer that had
+started when the decision came, which the join reads as it wrote it.
 
 A side whose producer depends on the other side (directly or not) is never held: it could not
 finish first.
@@ -113,17 +117,17 @@ class BroadcastJoins:
         return can_broadcast(join.how, side, first_bytes, self.params)
 
     def decided(
-        self, join: str, build: str, other_started: bool, other_consumers: int, pipelined: bool
+        self, join: str, build: str, other_started: bool, other_consumers: int, reads: bool
     ) -> None:
         """A broadcast decision for `join` is applied: `build` is read broadcast. The other
         side, if it has not started and feeds only this join, is fused into the join, or
-        writes one subpartition, unshuffled, when it is `pipelined` with its own producers;
+        writes one subpartition, unshuffled, when it `reads` other producers' output;
         otherwise the join reads whole partitions of what it wrote."""
         self.broadcast[join] = build
         other = next(p for p in self.joins[join].producers if p != build)
         if other_started or other_consumers != 1:
             return
-        if pipelined:
+        if reads:
             self.unshuffled.add(other)
         else:
             self.fused[other] = join

@@ -333,8 +333,8 @@ class ExecutionState:
         other = next(i.producer for i in self.job.vertices[join].inputs if i.producer != build)
         producer = self.vertices[other]
         started = any(s.attempts for s in producer.subtasks)
-        pipelined = any(other in group for group in self.pipelined_groups)
-        self.broadcast_joins.decided(join, build, started, len(self.consumers[other]), pipelined)
+        reads = bool(producer.definition.inputs)
+        self.broadcast_joins.decided(join, build, started, len(self.consumers[other]), reads)
         producer.subpartitions = self._subpartitions_of(other)
         return other
 
