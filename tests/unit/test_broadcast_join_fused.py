@@ -34,9 +34,10 @@ def _keep_few(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.filter(pc.less(batch["k"], KEPT))
 
 
-def _job(tmp: Path, how: str, small_left: bool) -> Job:
-    """A large side (two files of two row groups) joined with a dimension table filtered to a
-    tenth of its keys; the dimension file is smaller than the large side's files."""
+def join_job(tmp: Path, how: str = "left", small_left: bool = False) -> Job:
+    """A large side (two files of two row groups: four splits) joined with a dimension table
+    filtered to a tenth of its keys; the dimension file is smaller than the large side's files.
+    Also the job of test_broadcast_join_recovery.py."""
     (tmp / "large").mkdir(parents=True)
     (tmp / "dims").mkdir()
     for n in range(2):
@@ -62,7 +63,7 @@ def _job(tmp: Path, how: str, small_left: bool) -> Job:
     return job
 
 
-def _expected(tmp: Path, how: str) -> list[tuple[int, int, int | None]]:
+def expected_rows(tmp: Path, how: str = "left") -> list[tuple[int, int, int | None]]:
     large = pq.read_table(tmp / "large").to_pandas()
     dims = pq.read_table(tmp / "dims").to_pandas()
     joined = large.merge(dims[dims["k"] < KEPT], on="k", how=how)
@@ -72,7 +73,7 @@ def _expected(tmp: Path, how: str) -> list[tuple[int, int, int | None]]:
     )
 
 
-def _output(tmp: Path) -> list[tuple[int, int, int | None]]:
+def output_rows(tmp: Path) -> list[tuple[int, int, int | None]]:
     table = pq.read_table(tmp / "out").select(["k", "a", "b"])
     return sorted(zip(*(table[c].to_pylist() for c in ("k", "a", "b")), strict=True))
 
@@ -85,7 +86,7 @@ def test_a_failed_join_attempt_runs_its_fused_side_again(tmp_path: Path) -> None
     """A join attempt that fails mid-stream (its sink part half written) is restarted alone and
     reads the large side's splits again: the output is still exact, and the large side never
     runs on its own."""
-    h = _harness(tmp_path, _job(tmp_path, "left", small_left=False))
+    h = _harness(tmp_path, join_job(tmp_path, "left", small_left=False))
     h.driver.hooks.fail_attempts[(JOIN, 0, 0)] = "injected after the first batch"
     result = run_all(h.start())
     assert result.ok, result.message
@@ -95,7 +96,7 @@ def test_a_failed_join_attempt_runs_its_fused_side_again(tmp_path: Path) -> None
     assert (failed.subtask, failed.attempt, failed.error) == (0, 0, r.ErrorKind.USER)
     won = [a.attempt for a in result.attempts if (a.vertex, a.subtask, a.won) == (JOIN, 0, True)]
     assert won == [1]
-    assert _output(tmp_path) == _expected(tmp_path, "left")
+    assert output_rows(tmp_path) == expected_rows(tmp_path, "left")
 
 
 def test_an_inner_join_with_its_small_side_on_the_left_fuses_the_right_side(
@@ -103,7 +104,7 @@ def test_an_inner_join_with_its_small_side_on_the_left_fuses_the_right_side(
 ) -> None:
     """The left side's sources read fewer bytes, so it is produced first, decided broadcast once
     it finished small, and the large right side runs inside the join."""
-    h = _harness(tmp_path, _job(tmp_path, "inner", small_left=True))
+    h = _harness(tmp_path, join_job(tmp_path, "inner", small_left=True))
     # Before the splits are known: the right side first, as for any inner join.
     assert h.driver.state.broadcast_joins.joins[JOIN].first == "large"
     result = run_all(h.start())
@@ -117,7 +118,7 @@ def test_an_inner_join_with_its_small_side_on_the_left_fuses_the_right_side(
     assert (decision.broadcast.input, decision.broadcast.side) == ("dims→few", "left")
     assert result.fused == {"large": JOIN}
     assert not [e for e in h.publisher.of(r.AttemptDeploying) if e.vertex == "large"]
-    assert _output(tmp_path) == _expected(tmp_path, "inner")
+    assert output_rows(tmp_path) == expected_rows(tmp_path, "inner")
     # The timeline shows the large side done, inside the join, though it had no attempt.
     timeline = build_timeline(history_of([*h.publisher.events, *h.publisher.local_records]))
     (large,) = [p for p in timeline.vertices if p.vertex == "large"]

@@ -9,12 +9,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
 from agent_fakes import FakeRuntime, Harness, run_all
 from test_agent_recovery import recovering
+from test_broadcast_join_fused import expected_rows, join_job, output_rows
 
 from tailguard.agent.driver.recovery import JobLog, RecoveryError, rebuild
 from tailguard.agent.driver.state import ExecutionState
@@ -31,39 +29,13 @@ SETTINGS = {
     "execution.batch.adaptive.auto-parallelism.max-parallelism": "4",
 }
 JOIN = "enrich→sink"
-KEPT = 20  # keys below it survive the small side's filter
-
-
-def _keep_few(batch: pa.RecordBatch) -> pa.RecordBatch:
-    return batch.filter(pc.less(batch["k"], KEPT))
-
-
-def _job(tmp: Path) -> Job:
-    (tmp / "large").mkdir(parents=True)
-    (tmp / "dims").mkdir()
-    for n in range(2):  # two files of two row groups: four splits, several large partitions
-        keys = pa.array([(7 * i + n) % 200 for i in range(400)], pa.int64())
-        pq.write_table(
-            pa.table({"k": keys, "a": pa.array(range(400), pa.int64())}),
-            tmp / "large" / f"part-{n}.parquet",
-            row_group_size=200,
-        )
-    pq.write_table(
-        pa.table({"k": pa.array(range(200), pa.int64()), "b": pa.array(range(200), pa.int64())}),
-        tmp / "dims" / "dims.parquet",
-    )
-    job = Job("broadcast-recovery")
-    large = job.read_parquet(str(tmp / "large"), name="large")
-    small = job.read_parquet(str(tmp / "dims"), name="dims").map_batches(_keep_few, name="few")
-    large.join(small, "k", "left", name="enrich").write_parquet(str(tmp / "out"), name="sink")
-    return job
 
 
 def _crash_after_the_decision(tmp: Path) -> tuple[Job, list[r.Event], dict[str, r.Command]]:
     """Run the small side; the local fallback decides the join broadcast and releases the large
     side; the driver dies before any large attempt ends. Its events, its commands (the log's)
     and a copy of its storage (storage-at-crash) are what it leaves."""
-    job = _job(tmp)
+    job = join_job(tmp)
     h = Harness(job, FakeRuntime.hosts(a=2), Storage(str(tmp / "storage")), settings=SETTINGS)
     h.start()
     ran = 0
@@ -83,21 +55,6 @@ def _crash_after_the_decision(tmp: Path) -> tuple[Job, list[r.Event], dict[str, 
     return job, events, commands
 
 
-def _expected(tmp: Path) -> list[tuple[int, int, int | None]]:
-    large = pq.read_table(tmp / "large").to_pandas()
-    dims = pq.read_table(tmp / "dims").to_pandas()
-    joined = large.merge(dims[dims["k"] < KEPT], on="k", how="left")
-    return sorted(
-        (int(k), int(a), None if b != b else int(b))
-        for k, a, b in joined[["k", "a", "b"]].itertuples(index=False)
-    )
-
-
-def _output(tmp: Path) -> list[tuple[int, int, int | None]]:
-    table = pq.read_table(tmp / "out").select(["k", "a", "b"])
-    return sorted(zip(*(table[c].to_pylist() for c in ("k", "a", "b")), strict=True))
-
-
 def test_a_recovered_broadcast_join_reads_all_of_its_other_side(tmp_path: Path) -> None:
     job, events, commands = _crash_after_the_decision(tmp_path)
     storage = Storage(str(tmp_path / "storage-at-crash"))
@@ -108,7 +65,7 @@ def test_a_recovered_broadcast_join_reads_all_of_its_other_side(tmp_path: Path) 
     assert not [e for e in h.publisher.of(r.AttemptDeploying) if e.vertex == "large"]
     assert result.fused == {"large": JOIN}
     # ... and the join read every row of it.
-    assert _output(tmp_path) == _expected(tmp_path)
+    assert output_rows(tmp_path) == expected_rows(tmp_path)
 
 
 def test_the_rebuilt_state_has_the_decisions_effects(tmp_path: Path) -> None:
