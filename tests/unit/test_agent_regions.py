@@ -226,14 +226,14 @@ def test_consumer_plan_names_the_producer_attempt_deployed_with_it(tmp_path) -> 
         Storage(str(tmp_path)),
         mid,
         0,
-        [],
+        {},
         None,
         together={ExecutionVertexId("src", 0): 3},
     )
     (plan,) = spec.inputs
     assert plan.pipelined and plan.attempts == {0: 3} and plan.checksums == {}
     finish(state, "src", 0)
-    (blocking,) = plans.task_spec(state, "job", Storage(str(tmp_path)), mid, 0, [], None).inputs
+    (blocking,) = plans.task_spec(state, "job", Storage(str(tmp_path)), mid, 0, {}, None).inputs
     assert not blocking.pipelined and blocking.attempts == {0: 0}
     assert blocking.checksums == {(0, 0): "c0"}
 

@@ -120,7 +120,7 @@ def test_a_decision_before_the_other_side_started_fuses_it_into_the_join(tmp_pat
     # The join's subtask runs both large partitions' chains, each with its own split.
     splits = {"large": _large_splits(2)}
     join = state.vertices[JOIN].subtasks[0]
-    spec = plans.task_spec(state, "job", Storage(str(tmp_path)), join, 3, [], None, sources=splits)
+    spec = plans.task_spec(state, "job", Storage(str(tmp_path)), join, 3, splits, None)
     fused, small = spec.inputs
     assert (fused.attempts, fused.checksums) == ({}, {})
     assert [(c.vertex, c.subtask, c.attempt, c.splits) for c in fused.fused] == [
@@ -129,8 +129,8 @@ def test_a_decision_before_the_other_side_started_fuses_it_into_the_join(tmp_pat
     ]
     assert all(c.output is None and c.sink is None for c in fused.fused)
     # Without the fused source's splits the join would read nothing of it: refused instead.
-    with pytest.raises(RuntimeError, match="fused source needs its splits"):
-        plans.task_spec(state, "job", Storage(str(tmp_path)), join, 3, [], None)
+    with pytest.raises(RuntimeError, match="large: a source needs its splits"):
+        plans.task_spec(state, "job", Storage(str(tmp_path)), join, 3, {}, None)
     assert not small.fused and small.attempts == {0: 0}
     # Its bytes: the large side's splits and what the small side wrote.
     assert spec.input_bytes == 100 + 200 + 7

@@ -110,7 +110,7 @@ def test_a_consumer_reads_a_run_across_partitions_as_one_input():
     consumer = next(name for name in state.vertices if name.startswith("widen"))
     state.initialize(consumer, 1, (r.SubtaskInputs(0, RUN),), "decider")
     spec = plans.task_spec(
-        state, "job", Storage("/tmp/x"), state.vertices[consumer].subtasks[0], 0, [], None
+        state, "job", Storage("/tmp/x"), state.vertices[consumer].subtasks[0], 0, {}, None
     )
     (plan,) = spec.inputs
     assert plan.ranges == RUN

@@ -95,20 +95,24 @@ def task_spec(
     storage: Storage,
     subtask: Subtask,
     attempt: int,
-    splits: list[Split],
+    sources: Mapping[str, Sequence[Split]],
     fail_with: str | None,
     together: dict[ExecutionVertexId, int] | None = None,
     rows_per_batch: int = DEFAULT_BATCH_ROWS,
-    sources: Mapping[str, Sequence[Split]] | None = None,
 ) -> TaskSpec:
-    """`together` maps the tasks already deployed in the same bulk (a pipelined region) to
-    their attempt numbers: an input from one of them reads that attempt, once it completes,
-    instead of a winner. `rows_per_batch` is the batch size (`batch_rows`). `sources`: every
-    source vertex's splits, for a producer fused into this one (`ExecutionState.fused`)."""
+    """`sources`: every source vertex's splits (the subtask's own, if a source, and a fused
+    producer's: `ExecutionState.fused`). `together` maps the tasks already deployed in the same
+    bulk (a pipelined region) to their attempt numbers: an input from one of them reads that
+    attempt, once it completes, instead of a winner. `rows_per_batch` is the batch size
+    (`batch_rows`)."""
     together = together or {}
     vertex = state.vertices[subtask.vertex]
     definition = vertex.definition
-    chosen_splits = _chosen_splits(subtask, splits)
+    if definition.source is not None and subtask.vertex not in sources:
+        # Without its splits the chain would read nothing and lose the source's rows: a
+        # driver bug, which fails the job cleanly rather than the output.
+        raise RuntimeError(f"{subtask.vertex}: a source needs its splits")
+    chosen_splits = _chosen_splits(subtask, sources.get(subtask.vertex, ()))
     inputs: list[InputPlan] = []
     # A producer's ranges in the order given: one, or a POINTWISE run of up to three.
     by_producer: dict[str, list[InputRange]] = {}
@@ -119,9 +123,22 @@ def task_spec(
         ranges = by_producer[i.producer]
         producer = state.vertices[i.producer]
         if state.fused(i.producer):
+            # Its subtasks' chains, with neither output nor sink: their rows stream into this
+            # attempt (numbered as it).
             chains = tuple(
-                _fused_chain(
-                    state, job_id, storage, producer.subtasks[p], attempt, rows_per_batch, sources
+                dataclasses.replace(
+                    task_spec(
+                        state,
+                        job_id,
+                        storage,
+                        producer.subtasks[p],
+                        attempt,
+                        sources,
+                        None,
+                        rows_per_batch=rows_per_batch,
+                    ),
+                    output=None,
+                    input_bytes=None,
                 )
                 for rng in ranges
                 for p in range(rng.partition_start, rng.partition_end + 1)
@@ -171,41 +188,10 @@ def task_spec(
         inputs=tuple(inputs),
         output=output,
         sink=definition.sink,
-        input_bytes=_input_bytes(state, subtask, chosen_splits, together, sources or {}),
+        input_bytes=_input_bytes(state, subtask, chosen_splits, together, sources),
         fail_with=fail_with,
         batch_rows=rows_per_batch,
     )
-
-
-def _fused_chain(
-    state: ExecutionState,
-    job_id: str,
-    storage: Storage,
-    subtask: Subtask,
-    attempt: int,
-    rows_per_batch: int,
-    sources: Mapping[str, Sequence[Split]] | None,
-) -> TaskSpec:
-    """What a fused producer's subtask runs inside its consumer's attempt (numbered as that
-    attempt): its chain, with neither output nor sink (its rows stream into the consumer)."""
-    splits = (sources or {}).get(subtask.vertex)
-    if splits is None and state.vertices[subtask.vertex].definition.source is not None:
-        # Without its splits the chain would read nothing and the join lose that side's rows:
-        # a driver bug, which fails the job cleanly rather than the output.
-        raise RuntimeError(f"{subtask.vertex}: a fused source needs its splits")
-    spec = task_spec(
-        state,
-        job_id,
-        storage,
-        subtask,
-        attempt,
-        list(splits or ()),
-        None,
-        None,
-        rows_per_batch,
-        sources,
-    )
-    return dataclasses.replace(spec, output=None, input_bytes=None)
 
 
 def subtask_input_bytes(
@@ -246,11 +232,12 @@ def _input_bytes(
         if rng.input == SPLITS_INPUT:
             continue
         producer = state.vertices[rng.input]
+        fused = state.fused(rng.input)
         for p in range(rng.partition_start, rng.partition_end + 1):
-            if state.fused(rng.input):
-                fused = producer.subtasks[p]
-                chosen = _chosen_splits(fused, sources.get(rng.input, ()))
-                assigned = _input_bytes(state, fused, chosen, {}, sources)
+            if fused:
+                inside = producer.subtasks[p]
+                chosen = _chosen_splits(inside, sources.get(rng.input, ()))
+                assigned = _input_bytes(state, inside, chosen, {}, sources)
                 if assigned is None:
                     return None
                 total += assigned

@@ -112,11 +112,10 @@ class Scheduler:
             ctx.storage,
             subtask,
             number,
-            ctx.splits.get(subtask.vertex, []),
+            ctx.splits,
             ctx.hooks.fail_attempts.get((subtask.vertex, subtask.index, number)),
             together,
             self._batch_rows,
-            ctx.splits,
         )
         attempt = Attempt(
             vertex=subtask.vertex,
