@@ -81,9 +81,9 @@ class BroadcastJoins:
         # Producers run inside their join's subtasks (its other side): never deployed alone.
         self.fused: dict[str, str] = {}  # producer -> join
 
-    def _order(self, read: Mapping[str, int] | None) -> None:
+    def _order(self, source_bytes: Mapping[str, int] | None) -> None:
         unordered = {name: Join(j.how, j.producers) for name, j in self.joins.items()}
-        self.joins = {**unordered, **_orders(self._job, unordered, read)}
+        self.joins = {**unordered, **_orders(self._job, unordered, source_bytes)}
         self._held_by = {j.held: name for name, j in self.joins.items() if j.held is not None}
 
     def sized(self, split_bytes: Mapping[str, Sequence[int]]) -> None:
@@ -91,13 +91,7 @@ class BroadcastJoins:
         its splits' bytes), before anything is scheduled: an inner join produces first the
         side whose sources read fewer bytes (`first_side`). A driver taking a job over finds
         the same splits (it refuses different ones), so it orders the same."""
-        totals = {name: sum(sizes) for name, sizes in split_bytes.items()}
-        self._order(
-            {
-                name: sum(totals.get(n, 0) for n in {name} | _ancestors(self._job, name))
-                for name in self._job.vertices
-            }
-        )
+        self._order({name: sum(sizes) for name, sizes in split_bytes.items()})
 
     def join_held_by(self, producer: str) -> str | None:
         return self._held_by.get(producer)
@@ -158,10 +152,10 @@ def _join(chain: ChainDef, params: BroadcastJoinParams) -> Join | None:
 
 
 def _orders(
-    job: ChainedJob, joins: dict[str, Join], read: Mapping[str, int] | None
+    job: ChainedJob, joins: dict[str, Join], source_bytes: Mapping[str, int] | None
 ) -> dict[str, Join]:
-    """The joins whose other side may be held, with their order (`read`: the bytes each
-    vertex's sources read, once known). Holding is safe when the held producer feeds that join
+    """The joins whose other side may be held, with their order (`source_bytes`: each source's
+    bytes, once its splits are known). Holding is safe when the held producer feeds that join
     only (so it is no other join's first side, and nothing else waits for it) and the first
     side does not depend on any held producer. One pass is enough: dropping the unsafe joins
     only shrinks the held set, so every join left stays safe."""
@@ -169,7 +163,9 @@ def _orders(
     ordered: dict[str, Join] = {}
     for name, join in joins.items():
         left, right = join.producers
-        sides = (read[left], read[right]) if read is not None else None
+        sides = None
+        if source_bytes is not None:
+            sides = (_reads(job, left, source_bytes), _reads(job, right, source_bytes))
         first = right if first_side(join.how, sides) == "right" else left
         held = left if first == right else right
         if len(graph.consumers(held)) == 1:
@@ -178,6 +174,11 @@ def _orders(
     return {
         n: j for n, j in ordered.items() if not (j.first and _ancestors(job, j.first) & waiting)
     }
+
+
+def _reads(job: ChainedJob, name: str, source_bytes: Mapping[str, int]) -> int:
+    """The bytes the sources of `name` (itself, if a source, and its ancestors) read."""
+    return sum(source_bytes.get(n, 0) for n in {name} | _ancestors(job, name))
 
 
 def _ancestors(job: ChainedJob, name: str) -> set[str]:
