@@ -16,6 +16,7 @@ from tailguard.decider.policy.broadcast_join import (
     can_broadcast,
     decide_broadcast_join,
     first_side,
+    other_side,
 )
 from tailguard.model import records as r
 from tailguard.model.config import ConfigError, Settings
@@ -90,6 +91,13 @@ def test_the_side_produced_first_is_one_the_join_type_may_broadcast() -> None:
     assert first_side("inner", (10, 10)) == "right"
     assert first_side("left", (10, 20)) == "right"
     assert first_side("right", (20, 10)) == "left"
+
+
+def test_the_other_side_is_fused_only_when_unstarted_fed_to_one_join_and_reading_none() -> None:
+    assert other_side(started=False, consumers=1, reads=False) == "fused"
+    assert other_side(started=False, consumers=1, reads=True) == "unshuffled"
+    assert other_side(started=True, consumers=1, reads=False) == "as written"
+    assert other_side(started=False, consumers=2, reads=False) == "as written"
 
 
 def test_settings_use_flinks_keys_and_defaults() -> None:

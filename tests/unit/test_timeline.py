@@ -283,3 +283,35 @@ def test_timeline_written_next_to_a_local_archive_or_here_for_a_uri(tmp_path: Pa
     assert main(["timeline", archive.as_uri()]) == 0  # file:///.../job.avro
     assert (tmp_path / "job.html").read_text().startswith("<!DOCTYPE html>")
     assert default_output("s3://bucket/archive/job.avro", "trace") == Path("job.trace.json")
+
+
+@pytest.mark.parametrize(("other", "fused"), [("large", True), ("mid", False)])
+def test_a_broadcast_joins_other_side_without_attempts_ran_inside_it_only_if_fused(
+    other: str, fused: bool
+) -> None:
+    """A source with no attempt of its own ran inside its broadcast join; a vertex reading
+    another's output is written unshuffled, never fused, so with no attempt it just never ran
+    (a job failed before it): the timeline applies the agent's rule (`other_side`)."""
+    log = JobLog()
+    edges = [r.EdgeSpec("dims", "join", r.Distribution.ALL_TO_ALL, index=1)]
+    vertices = [r.VertexSpec(v, r.VertexKind.SOURCE) for v in ("large", "dims")]
+    if other == "mid":
+        vertices.append(r.VertexSpec("mid", r.VertexKind.OPERATOR))
+        edges.append(r.EdgeSpec("large", "mid", r.Distribution.FORWARD))
+    edges.append(r.EdgeSpec(other, "join", r.Distribution.ALL_TO_ALL))
+    vertices.append(r.VertexSpec("join", r.VertexKind.OPERATOR))
+    graph = r.JobGraphSpec(vertices=tuple(vertices), edges=tuple(edges))
+    log.add(r.JobSubmitted, 0, name="job", graph=graph, config={})
+    for vertex in ("large", "dims", *(("mid",) if other == "mid" else ())):
+        log.initialized(10, vertex, 1)
+    ranges = (r.InputRange(other, 0, 0, 0, 0), r.InputRange("dims", 0, 0, 0, 0))
+    log.add(
+        r.SetParallelism,
+        20,
+        vertex="join",
+        parallelism=1,
+        subtask_inputs=(r.SubtaskInputs(0, ranges),),
+        broadcast=r.BroadcastJoin("dims", "right", 10, 1024),
+    )
+    phases = {p.vertex: p for p in build_timeline(history_of(log.records)).vertices}
+    assert phases[other].decided_by.endswith("; ran inside join") is fused

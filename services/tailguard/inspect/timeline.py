@@ -19,6 +19,7 @@ import enum
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from tailguard.decider.policy.broadcast_join import other_side
 from tailguard.inspect.describe import describe, relative
 from tailguard.inspect.history import AttemptEnd, AttemptKey, History, attempt_key
 from tailguard.model import records as r
@@ -376,17 +377,26 @@ def _phases(history: History, bars: tuple[Bar, ...]) -> tuple[VertexPhase, ...]:
 
 
 def _fused(history: History, bars: tuple[Bar, ...]) -> dict[str, str]:
-    """The other sides of broadcast joins that never ran an attempt of their own: they ran
-    inside their join's subtasks (fused, agent/driver/broadcast_joins.py), so they are done
-    when the join is. The archive records the decision; the fusion follows from it."""
+    """The other sides of broadcast joins that ran inside their join's subtasks, so are done
+    when the join is: the archive records the decision, and the agent's rule (`other_side`)
+    says what it made of the other side. A vertex with an attempt of its own was not fused,
+    and one with none had not started when the decision came."""
     ran = {b.vertex for b in bars}
+    edges = history.submitted.graph.edges if history.submitted else ()
     inside: dict[str, str] = {}
     for record in history.records:
-        if isinstance(record, r.SetParallelism) and record.broadcast is not None:
-            for subtask in record.subtask_inputs:
-                for rng in subtask.inputs:
-                    if rng.input not in (record.broadcast.input, *ran):
-                        inside.setdefault(rng.input, record.vertex)
+        if not isinstance(record, r.SetParallelism) or record.broadcast is None:
+            continue
+        for e in edges:
+            if e.target != record.vertex or e.source == record.broadcast.input:
+                continue
+            layout = other_side(
+                started=e.source in ran,
+                consumers=sum(1 for x in edges if x.source == e.source),
+                reads=any(x.target == e.source for x in edges),
+            )
+            if layout == "fused":
+                inside.setdefault(e.source, record.vertex)
     return inside
 
 

@@ -44,6 +44,7 @@ from tailguard.agent.graph.chaining import ChainDef, ChainedJob
 from tailguard.decider.policy.broadcast_join import (
     SIDES,
     BroadcastJoinParams,
+    OtherSide,
     adaptive_candidate,
     can_broadcast,
     first_side,
@@ -110,20 +111,14 @@ class BroadcastJoins:
         # Too large: no broadcast decision is coming before both sides are done.
         return can_broadcast(join.how, side, first_bytes, self.params)
 
-    def decided(
-        self, join: str, build: str, other_started: bool, other_consumers: int, reads: bool
-    ) -> None:
-        """A broadcast decision for `join` is applied: `build` is read broadcast. The other
-        side, if it has not started and feeds only this join, is fused into the join, or
-        writes one subpartition, unshuffled, when it `reads` other producers' output;
-        otherwise the join reads whole partitions of what it wrote."""
+    def decided(self, join: str, build: str, layout: OtherSide) -> None:
+        """A broadcast decision for `join` is applied: `build` is read broadcast, and the other
+        side becomes what `layout` (`other_side`) says."""
         self.broadcast[join] = build
         other = next(p for p in self.joins[join].producers if p != build)
-        if other_started or other_consumers != 1:
-            return
-        if reads:
+        if layout == "unshuffled":
             self.unshuffled.add(other)
-        else:
+        elif layout == "fused":
             self.fused[other] = join
 
     def step(self, join: str, step: OperatorStep) -> OperatorStep:

@@ -22,7 +22,11 @@ from tailguard.agent.driver.slots import (
 from tailguard.agent.executor.attempt import AttemptKey, AttemptOutcome
 from tailguard.agent.graph.api import pipelined_groups
 from tailguard.agent.graph.chaining import ChainDef, ChainedJob
-from tailguard.decider.policy.broadcast_join import BROADCAST_OFF, BroadcastJoinParams
+from tailguard.decider.policy.broadcast_join import (
+    BROADCAST_OFF,
+    BroadcastJoinParams,
+    other_side,
+)
 from tailguard.decider.policy.flink import pointwise_subpartitions
 from tailguard.model.records import (
     SPLITS_INPUT,
@@ -332,9 +336,12 @@ class ExecutionState:
         decision (`recovery`), at the same point of the log."""
         other = next(i.producer for i in self.job.vertices[join].inputs if i.producer != build)
         producer = self.vertices[other]
-        started = any(s.attempts for s in producer.subtasks)
-        reads = bool(producer.definition.inputs)
-        self.broadcast_joins.decided(join, build, started, len(self.consumers[other]), reads)
+        layout = other_side(
+            started=any(s.attempts for s in producer.subtasks),
+            consumers=len(self.consumers[other]),
+            reads=bool(producer.definition.inputs),
+        )
+        self.broadcast_joins.decided(join, build, layout)
         producer.subpartitions = self._subpartitions_of(other)
         return other
 

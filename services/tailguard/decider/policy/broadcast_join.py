@@ -38,6 +38,8 @@ from tailguard.model.records import (
 )
 
 Side = Literal["left", "right"]
+# What a broadcast decision makes of the join's other side (`other_side`).
+OtherSide = Literal["fused", "unshuffled", "as written"]
 SIDES: tuple[Side, Side] = ("left", "right")
 
 THRESHOLD_KEY = "table.optimizer.join.broadcast-threshold"
@@ -127,6 +129,20 @@ def first_side(how: str, read: tuple[int, int] | None = None) -> Side:
     if len(allowed) == 2 and read is not None and read[0] < read[1]:
         return "left"
     return "right"
+
+
+def other_side(started: bool, consumers: int, reads: bool) -> OtherSide:
+    """What a broadcast decision makes of the join's other side, from what the agent knows when
+    it applies the decision: `fused` into the join (never deployed on its own: its chain runs
+    inside the join's subtasks) when it has not started, feeds only this join and reads no
+    other producer's output; `unshuffled` (one subpartition per partition) when it reads
+    another's output, since the failover service and a takeover track reads per partition of a
+    vertex, and reads made through a vertex that never runs would be hidden from both; read
+    `as written` when it had started or feeds other consumers too. The agent applies it
+    (agent/driver/broadcast_joins.py) and the timeline reads it back from the archive."""
+    if started or consumers != 1:
+        return "as written"
+    return "unshuffled" if reads else "fused"
 
 
 @dataclass(frozen=True, slots=True)
