@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from test_agent_regions import finish
 
 from tailguard.agent.driver import plans
 from tailguard.agent.driver.slots import ExecutionVertexId
-from tailguard.agent.driver.state import Attempt, ExecutionState, slot_requests
-from tailguard.agent.executor.attempt import AttemptOutcome
+from tailguard.agent.driver.state import ExecutionState, slot_requests
 from tailguard.agent.executor.sources import Split
 from tailguard.agent.executor.storage import Storage
 from tailguard.agent.graph.api import Job
@@ -92,9 +92,9 @@ def _decided(state: ExecutionState) -> tuple[SubtaskInputs, ...]:
     partitions (its subtask 0 reading both)."""
     _initialise(state, "large", 2, source=True)
     _initialise(state, "dims→few", 1, source=True)
-    few = state.vertices["dims→few"].subtasks[0]
-    few.attempts.append(_finished_attempt("dims→few"))
-    few.win(few.attempts[0])
+    outcome = finish(state, "dims→few", 0).outcome
+    assert outcome is not None
+    outcome.bytes_per_subpartition = (1, 2, 3, 1)
     given = (
         SubtaskInputs(0, (InputRange("large", 0, 1, 0, 0), InputRange("dims→few", 0, 0, 0, 3))),
     )
@@ -137,24 +137,10 @@ def test_a_decision_before_the_other_side_started_fuses_it_into_the_join(tmp_pat
     assert plans.subtask_input_bytes(state, ExecutionVertexId(JOIN, 0), splits) == 307
     # Done once the join is: the fused vertex has nothing of its own to finish.
     assert not state.all_done()
-    join.attempts.append(_finished_attempt(JOIN))
-    join.win(join.attempts[0])
+    finish(state, JOIN, 0)
     join.committed = True
     assert state.all_done()
     assert state.counts() == (2, 2)
-
-
-def _finished_attempt(vertex: str) -> Attempt:
-    attempt = Attempt(vertex, 0, 0, "h", speculative=False, command_id=None, deployed_at=0)
-    attempt.outcome = AttemptOutcome(
-        ok=True,
-        host="h",
-        started_at_ms=0,
-        finished_at_ms=1,
-        bytes_per_subpartition=(1, 2, 3, 1),
-        checksums=("a", "b", "c", "d"),
-    )
-    return attempt
 
 
 @pytest.mark.parametrize("exchange", ["pipelined", "shuffled"])
