@@ -35,11 +35,9 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from interleaved import run_rounds
+from interleaved import run_rounds, written
 from tailguard.agent.driver.result import RunResult
 from tailguard.agent.graph.api import Job
-from tailguard.archive import ArchiveReader
-from tailguard.model import records as r
 
 STRATEGIES = ("TWO_PHASE", "ONE_PHASE")
 
@@ -82,12 +80,7 @@ def check(out: Path, expected: pd.DataFrame) -> None:
 
 def exchange_figures(archive: str) -> tuple[int, float]:
     """Bytes the producers wrote, and the largest subpartition over the median."""
-    produced = [
-        e.record.bytes_per_subpartition
-        for e in ArchiveReader(archive)
-        if isinstance(e.record, r.AttemptFinished) and e.record.vertex == "src"
-    ]
-    sizes = sorted(sum(column) for column in zip(*produced, strict=True))
+    sizes = sorted(sum(column) for column in zip(*written(archive, "src"), strict=True))
     return sum(sizes), sizes[-1] / max(sizes[len(sizes) // 2], 1)
 
 

@@ -39,11 +39,9 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from interleaved import run_rounds
+from interleaved import run_rounds, written
 from tailguard.agent.driver.result import RunResult
 from tailguard.agent.graph.api import Job
-from tailguard.archive import ArchiveReader
-from tailguard.model import records as r
 
 CONTENDERS = {"broadcast": "auto", "shuffled": "none"}
 DIM_KEYS = 100_000
@@ -104,11 +102,7 @@ def check(out: Path, expected: pd.DataFrame) -> None:
 
 def large_side_written(archive: str) -> int:
     """The bytes the large side's attempts wrote to result partitions (none when fused)."""
-    return sum(
-        sum(e.record.bytes_per_subpartition)
-        for e in ArchiveReader(archive)
-        if isinstance(e.record, r.AttemptFinished) and e.record.vertex == "large"
-    )
+    return sum(sum(sizes) for sizes in written(archive, "large"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,8 @@ from typing import Generic, TypeVar
 
 from tailguard.agent.driver.result import RunResult
 from tailguard.agent.graph.api import Job
+from tailguard.archive import ArchiveReader
+from tailguard.model import records as r
 from tailguard.model.config import Settings
 
 T = TypeVar("T")
@@ -40,6 +42,16 @@ class Rounds(Generic[T]):
         print(f"{first} / {second}: {a / b:.2f}x")
         print(f"load average over the runs: {min(self.loads):.1f}-{max(self.loads):.1f} (2 CPUs)")
         print(f"reproduce: .venv/bin/python benchmarks/{script} " + " ".join(sys.argv[1:]))
+
+
+def written(archive: str, vertex: str) -> list[tuple[int, ...]]:
+    """The bytes per subpartition each finished attempt of `vertex` wrote, from a run's
+    archive."""
+    return [
+        e.record.bytes_per_subpartition
+        for e in ArchiveReader(archive)
+        if isinstance(e.record, r.AttemptFinished) and e.record.vertex == vertex
+    ]
 
 
 def run_rounds(
