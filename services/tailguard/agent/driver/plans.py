@@ -225,8 +225,8 @@ def _input_bytes(
     sources: Mapping[str, Sequence[Split]],
 ) -> int | None:
     """The bytes the attempt is assigned, from the producers' reported subpartition sizes (for
-    progress), and what a fused producer's subtasks are assigned; None when a producer deployed
-    with it has not reported yet."""
+    progress), and a fused producer's source splits; None when a producer deployed with it has
+    not reported yet."""
     total = sum(s.bytes for s in splits)
     for rng in subtask.inputs:
         if rng.input == SPLITS_INPUT:
@@ -235,12 +235,8 @@ def _input_bytes(
         fused = state.fused(rng.input)
         for p in range(rng.partition_start, rng.partition_end + 1):
             if fused:
-                inside = producer.subtasks[p]
-                chosen = _chosen_splits(inside, sources.get(rng.input, ()))
-                assigned = _input_bytes(state, inside, chosen, {}, sources)
-                if assigned is None:
-                    return None
-                total += assigned
+                chosen = _chosen_splits(producer.subtasks[p], sources.get(rng.input, ()))
+                total += sum(s.bytes for s in chosen)
                 continue
             if ExecutionVertexId(rng.input, p) in together:
                 return None

@@ -255,23 +255,20 @@ class ExecutionState:
     def inputs_available(self, subtask: Subtask, together: frozenset[Task] = frozenset()) -> bool:
         """Vertex-wise scheduling: every partition the subtask consumes is available, except
         those of the producers in `together` (deployed with it in one bulk). A fused
-        producer's partitions are made inside the subtask: what they read must be available."""
+        producer's partitions are made inside the subtask from its source splits (only a
+        producer that reads no other's output is fused: `other_side`), so they always are."""
         for r in subtask.inputs:
             if r.input == SPLITS_INPUT:
                 continue
             producer = self.vertices[r.input]
             if not producer.initialized:
                 return False
-            fused = self.fused(r.input)
+            if self.fused(r.input):
+                continue
             for p in range(r.partition_start, r.partition_end + 1):
                 if (r.input, p) in together:
                     continue
-                if p >= len(producer.subtasks):
-                    return False
-                if fused:
-                    if not self.inputs_available(producer.subtasks[p]):
-                        return False
-                elif not producer.subtasks[p].available:
+                if p >= len(producer.subtasks) or not producer.subtasks[p].available:
                     return False
         return True
 
