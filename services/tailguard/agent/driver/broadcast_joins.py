@@ -22,13 +22,9 @@ never deployed on its own, and each join subtask runs the producer's chain for t
 its range names (their source splits) inside its own attempt, streaming the rows straight into
 the join's probe side. Nothing of that side is written to result partitions, read back or sent
 over the network, as when Flink chains a forward edge. Only a producer that reads no other
-producer's output is fused (a source and the operators chained to it, the usual large side):
-the failover service and a driver taking the job over track reads per partition of a vertex,
-and reads made through a vertex that never runs would be hidden from both (a lost partition
-would restart one join subtask at a time, and a takeover could wait for a partition no
-restart produces). Such a producer, or one in a pipelined region, writes one subpartition per
-partition instead, unshuffled, each read whole by one join subtask. So does a producer that had
-started when the decision came, which the join reads as it wrote it.
+producer's output is fused (a source and the operators chained to it, the usual large side);
+one that does writes one subpartition per partition instead, unshuffled, and one that had
+started is read as it wrote it (`other_side` says which, and why).
 
 A side whose producer depends on the other side (directly or not) is never held: it could not
 finish first.
