@@ -49,6 +49,7 @@ POLICY = {
     "slow-task-detector.check-interval": "200 ms",
 }
 SLOW_S = 60.0  # how long the straggler would run if nobody cancelled it
+HOLD_S = 6.0  # the speculation job's last stage: above a runner's cancel grace (5 s)
 # `final` and the sink run as one chain.
 SINK = "final→sink"
 
@@ -145,16 +146,16 @@ def sales_job(
     out: Path,
     partial: Callable[[pa.Table], pa.Table],
     final_parallelism: int | None = None,
+    final: Callable[[pa.Table], pa.Table] = sales_by_region.final_sums,
 ) -> Job:
     """sales_by_region's shape with a fixed source parallelism of 3 (one subtask per host) and
-    the given partial-sum operator; `final_parallelism` fixes the last stage's (None: decided
-    from the data)."""
+    the given partial-sum and final operators; `final_parallelism` fixes the last stage's
+    (None: decided from the data)."""
     job = Job("sales-on-cluster")
     sales = job.read_parquet(str(data), name="sales", parallelism=3)
     totals = sales.map(partial, name="partial").partition_by("region")
     fixed = {"parallelism": final_parallelism}  # on both, which then still run as one chain
-    final = totals.map(sales_by_region.final_sums, name="final", **fixed)
-    final.write_parquet(str(out), name="sink", **fixed)
+    totals.map(final, name="final", **fixed).write_parquet(str(out), name="sink", **fixed)
     return job
 
 
@@ -231,6 +232,12 @@ def test_attempts_run_on_the_host_the_agent_chose(
 # --------------------------------------------------------------------------- speculation
 
 
+def _holding_final(table: pa.Table) -> pa.Table:
+    """final_sums, after holding its slot for HOLD_S (the speculation fixture's last stage)."""
+    control.wait(HOLD_S)
+    return sales_by_region.final_sums(table)
+
+
 def straggler(marker: str) -> Callable[[pa.Table], pa.Table]:
     """revenue_sums, but the first attempt of the subtask holding order 0 stalls for SLOW_S.
 
@@ -294,10 +301,14 @@ def speculation(
         )
 
     recorder.reactions += [speculate]
-    # The last stage takes every slot (one per host), so one of its subtasks can start only
-    # once the cancelled straggler's runner has reported the attempt's end and freed its slot:
-    # the job cannot end before that report, which the slot test below reads.
-    job = sales_job(data, run.out, straggler(str(marker)), final_parallelism=WORKERS)
+    # The last stage takes every slot (one per host), and each of its subtasks holds its slot
+    # longer than a runner's cancel grace (5 s), by which the cancelled straggler's slot is
+    # free at the latest: so its third subtask can start only on that slot, once the
+    # straggler's runner has reported the attempt's end. (Without the hold, a subtask that
+    # finished first on another host freed a slot before the straggler's did.)
+    job = sales_job(
+        data, run.out, straggler(str(marker)), final_parallelism=WORKERS, final=_holding_final
+    )
     run.result = run_job(job, spark, tmp, recorder)
     return run
 
