@@ -1,7 +1,8 @@
 """A single-vertex job with progress reports, for the slow-host rule's tests.
 
 Each host has `slots` slots; tasks take free slots in index order (a blocked host takes none) and
-read their input at a constant rate per byte: the task's own time per byte × its host's factor.
+read their input at a constant rate per byte: the task's own time per byte × its host's factor
+(for host 0 turning slow, the late factor from then on, also in the middle of an attempt).
 Every interval each running attempt reports its bytes read, then a Tick follows; finishes in
 between are events at their exact time. The detector's findings go to the speculator and the
 blocklist; blocks are applied (no new task on a blocked host), copies are not (the tests look at
@@ -10,6 +11,7 @@ what is decided, and when).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from speculation_histories import JobEvents, one_split_each, source
@@ -34,13 +36,36 @@ class Job:
     task_factor: tuple[float, ...]
     # ms per MB on a healthy host for a task of factor 1.
     ms_per_mb: float = 200.0
-    # From this ts on, host 0's factor is `late_factor` (a node that turns slow mid-job).
+    # From this ts on, host 0's factor is `late_factor` (a node that turns slow mid-job), for
+    # the attempts running there then as well as for later ones.
     turns_slow_at: int | None = None
     late_factor: float = 1.0
     slots: int = 1
     # Each attempt reads its whole input at once (one batch), then processes it: its reports
     # say "all read" from the first one (the bench's I/O job: one split, one batch).
     front_loaded: bool = False
+    # Reads arrive in batches of this many bytes (a report counts whole batches only, so it lags
+    # the work by up to one batch); None: every byte as it is read.
+    batch_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    task: int
+    start: int
+    per_byte: float  # ms per byte from the start...
+    switch: int | None = None  # ...until this ts (host 0 turning slow), then:
+    late_per_byte: float = 0.0
+
+    def read_at(self, ts: int) -> float:
+        if self.switch is None or ts <= self.switch:
+            return (ts - self.start) / self.per_byte
+        return (self.switch - self.start) / self.per_byte + (ts - self.switch) / self.late_per_byte
+
+    def end(self, total: int) -> int:
+        if self.switch is None or total <= self.read_at(self.switch):
+            return self.start + round(total * self.per_byte)
+        return self.switch + round((total - self.read_at(self.switch)) * self.late_per_byte)
 
 
 @dataclass
@@ -91,8 +116,8 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
         emit(ev.node(host, slots=job.slots))
     emit(ev.initialized("v", one_split_each(n)))
     pending = list(range(n))
-    # host index -> (task, start ts, ms per byte)
-    running: dict[int, tuple[int, int, float]] = {}
+    # slot index -> its running attempt
+    running: dict[int, _Attempt] = {}
     free = list(range(len(hosts)))
 
     def place(now: int) -> None:
@@ -103,28 +128,33 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
                 continue
             task = pending.pop(0)
             free.remove(host)
-            per_byte = job.ms_per_mb * job.task_factor[task] * factor(host, now) / MB
-            running[host] = (task, now, per_byte)
+            per_mb = job.ms_per_mb * job.task_factor[task] / MB
+            switch = job.turns_slow_at
+            if host // job.slots == 0 and switch is not None and now < switch:
+                attempt = _Attempt(task, now, per_mb * factor(host, now), switch)
+                running[host] = dataclasses.replace(attempt, late_per_byte=per_mb * job.late_factor)
+            else:
+                running[host] = _Attempt(task, now, per_mb * factor(host, now))
             emit(ev.deploying("v", task, now, hosts[host]))
 
     place(0)
     now = 0
     while (pending or running) and now < limit_ms:
         tick = now + INTERVAL_MS
-        ends = sorted(
-            (start + round(job.task_bytes[task] * per_byte), host)
-            for host, (task, start, per_byte) in running.items()
-        )
+        ends = sorted((a.end(job.task_bytes[a.task]), host) for host, a in running.items())
         for end, host in ends:
             if end > tick:
                 break
-            task, _, _ = running.pop(host)
+            task = running.pop(host).task
             emit(ev.finished("v", task, end, hosts[host], input_bytes=job.task_bytes[task]))
             free.append(host)
             place(end)
         now = tick
-        for host, (task, start, per_byte) in sorted(running.items()):
-            read = min(job.task_bytes[task], int((now - start) / per_byte))
+        for host, attempt in sorted(running.items()):
+            task = attempt.task
+            read = min(job.task_bytes[task], int(attempt.read_at(now)))
+            if job.batch_bytes is not None and read < job.task_bytes[task]:
+                read -= read % job.batch_bytes
             if job.front_loaded:
                 read = job.task_bytes[task]
             if read > 0:

@@ -12,7 +12,7 @@ from speculation_histories import JobEvents, one_split_each, slow_finding, sourc
 from tailguard.blocklist.fleet import FleetBlocklist
 from tailguard.blocklist.policy import BlocklistTracker
 from tailguard.detector.policy import SlowTaskDetector
-from tailguard.detector.policy.slow_host import SlowHostRule, median_without
+from tailguard.detector.policy.slow_host import ReadHistory, SlowHostRule, median_without
 from tailguard.model.config import FLIP_168, ConfigError, Settings
 from tailguard.model.records import (
     BlockNodes,
@@ -145,6 +145,47 @@ def test_a_node_that_turns_slow_mid_job_is_found_within_three_reports_of_its_slo
     assert run.blocked() == {"h0"}
 
 
+# Tasks of 40 s (200 MB); h0 turns 5x slow 20 s into its first one.
+LONG_TURNS = Job(
+    host_factor=(1,) * 6,
+    task_bytes=(200 * MB,) * 12,
+    task_factor=(1,) * 12,
+    turns_slow_at=20_000,
+    late_factor=5.0,
+)
+
+
+@pytest.mark.parametrize("batch_mb", [None, 1])
+def test_a_node_that_turns_slow_in_a_long_attempt_is_found_from_its_recent_reads(
+    batch_mb: int | None,
+) -> None:
+    # Read byte by byte or in 1 MB batches (0.2 s each, two or three per report).
+    job = dataclasses.replace(LONG_TURNS, batch_bytes=batch_mb and batch_mb * MB)
+    run = run_job(job)
+    # A window of 3 reports' worth of reads at the peers' pace, as min-reports gives the average:
+    # found within 4 intervals, where the average since deploying needs the slow part to outweigh
+    # the 20 s healthy one (at 2.5x its peers' time per byte: 50 s after the start, 30 s late).
+    assert run.found("h0") and run.found("h0")[0] <= 20_000 + 4 * INTERVAL_MS
+    assert {h for f in run.findings for h in f.slow_hosts} == {"h0"}
+    average_only = run_job(job, {"slow-task-detector.slow-host.window": "0"})
+    assert average_only.found("h0")[0] >= 45_000
+
+
+def test_a_window_reads_a_batch_in_flight_in_the_attempts_favour():
+    # Batches of 10 bytes every 100 ms, reported every 150 ms: a report lags the work by up to
+    # a batch, so windows that end just before a batch lands would read up to 2x slower.
+    history = ReadHistory(0)
+    reports = [(t, 10 * (t // 100)) for t in range(150, 3001, 150)]
+    for ts, read in reports:
+        history.report(ts, read)
+        recent = history.recent_per_byte(ts, read, span=300)
+        # The true time per byte is 10 ms; no window may read slower than that.
+        assert recent is None or recent <= 10.0
+    assert history.grain == 10
+    # Stalled from 3 s on: the windows that start before the stall grow with it.
+    assert history.recent_per_byte(4_000, 300, span=300) == (4_000 - 3_000) / 10
+
+
 def test_a_moderately_slow_host_is_left_to_the_other_rules():
     # 1.5x slower: within what noise and start-up can do, so not a host verdict.
     job = Job(host_factor=(1, 1, 1, 1, 1, 1.5), task_bytes=(10 * MB,) * 36, task_factor=(1,) * 36)
@@ -159,7 +200,8 @@ def test_the_rule_needs_enough_peers_on_other_hosts():
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("slowdown", "1"), ("min-reports", "0"), ("min-peers", "0")]
+    ("key", "value"),
+    [("slowdown", "1"), ("min-reports", "0"), ("min-peers", "0"), ("window", "-1")],
 )
 def test_bad_settings_are_refused_naming_the_key(key: str, value: str) -> None:
     config = {f"slow-task-detector.slow-host.{key}": value}

@@ -24,9 +24,10 @@ noise = st.floats(0.7, 1.3)
 
 @st.composite
 def noisy_jobs(draw: st.DrawFn, slow_factor: float | None = None) -> Job:
-    """4-8 hosts of 1-2 slots, 8-30 tasks of 10-200 MB (skew up to 20x) that read steadily or
-    all at once, every time per byte within +-30% of one value: per task, per host, or both
-    within the band. With `slow_factor`, host 0 is that many times slower on top."""
+    """4-8 hosts of 1-2 slots, 8-30 tasks of 10-200 MB (skew up to 20x) that read steadily
+    (byte by byte or in batches of 1-8 MB, so that a report lags the work) or all at once,
+    every time per byte within +-30% of one value: per task, per host, or both within the
+    band. With `slow_factor`, host 0 is that many times slower on top."""
     hosts = draw(st.integers(4, 8))
     tasks = draw(st.integers(8, 30))
     sizes = tuple(draw(st.lists(st.integers(10, 200), min_size=tasks, max_size=tasks)))
@@ -46,6 +47,7 @@ def noisy_jobs(draw: st.DrawFn, slow_factor: float | None = None) -> Job:
         ms_per_mb=300.0,
         slots=draw(st.integers(1, 2)),
         front_loaded=draw(st.booleans()),
+        batch_bytes=draw(st.one_of(st.none(), st.integers(1, 16).map(lambda b: b * MB // 8))),
     )
 
 
@@ -71,6 +73,35 @@ def test_a_uniformly_slow_host_is_found_by_its_third_report_and_alone(
     assert found and found[0] <= run.first_report["h0"] + 2 * INTERVAL_MS
     assert {h for f in run.findings for h in f.slow_hosts} == {"h0"}
     assert run.blocked() == {"h0"}
+
+
+@EXAMPLES
+@given(st.data(), st.floats(5.0, 8.0), st.integers(15, 35))
+def test_a_host_that_turns_slow_in_a_long_attempt_is_found_from_its_recent_reads(
+    data: st.DataObject, factor: float, healthy_s: int
+) -> None:
+    # Tasks of 42-60 s at the usual rate; h0 turns slow 15-35 s into its first. Its average
+    # since deploying would need the slow part to outweigh the healthy one (tens of seconds);
+    # the recent window finds it within a few reports of reading at the peers' pace.
+    job = data.draw(noisy_jobs())
+    job = dataclasses.replace(
+        job,
+        slots=1,
+        front_loaded=False,
+        ms_per_mb=300.0,
+        task_bytes=tuple(max(b, 200 * MB) for b in job.task_bytes),
+        task_factor=tuple(min(f, 1.0) for f in job.task_factor),
+        host_factor=(1.0,) * len(job.host_factor),
+        turns_slow_at=healthy_s * 1000,
+        late_factor=factor,
+    )
+    run = run_job(job)
+    found = run.found("h0")
+    # h0's task may be 0.7x and its peers' 1x: 3.5x slower at least. A window must then span
+    # 2.5 / (1 - 2.5 / 3.5) = 8.75 of the peers' batches (or reports) from the turn.
+    batch_ms = 300 * (job.batch_bytes or 0) / MB
+    assert found and found[0] <= job.turns_slow_at + 10 * max(INTERVAL_MS, batch_ms)
+    assert {h for f in run.findings for h in f.slow_hosts} == {"h0"}
 
 
 def _finished_only(peer_factors: list[float], factor: float) -> list[r.Record]:

@@ -35,6 +35,10 @@ DEFAULTS: dict[str, str] = {
     "slow-task-detector.slow-host.slowdown": "2.5",
     # Progress reports with bytes read before an attempt's rate is judged.
     "slow-task-detector.slow-host.min-reports": "3",
+    # An attempt's rate is also taken over its recent reads: a window this many times what the
+    # vertex's median attempt takes to read the attempt's largest growth between two reports
+    # (a node that turns slow mid-attempt shows in a few reads); 0: the average only.
+    "slow-task-detector.slow-host.window": "3",
     # Attempts on other hosts (running, or finished) the rate is compared with, at least.
     "slow-task-detector.slow-host.min-peers": "3",
     # How long a finished attempt's slowdown stays evidence for or against its host.

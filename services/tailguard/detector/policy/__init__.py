@@ -44,6 +44,7 @@ from tailguard.detector.policy.progress import (
     time_left_ms,
 )
 from tailguard.detector.policy.slow_host import (
+    ReadHistory,
     SlowHostRule,
     found_slow,
     median_of_sorted,
@@ -117,6 +118,8 @@ class _LiveAttempt:
     progress: Progress | None = None
     # Reports with bytes read: the slow-host rule judges an attempt from `min-reports` of them.
     reports: int = 0
+    # Where its reads grew, for the slow-host rule's recent window (made on the first report).
+    history: ReadHistory | None = None
 
 
 class _VertexState:
@@ -246,6 +249,10 @@ class SlowTaskDetector:
             )
             if vertex is not None and live is not None:
                 live.progress = Progress(record.ts, record.bytes_read, record.bytes_total)
+                if job.rule.slow_host.window > 0:
+                    if live.history is None:
+                        live.history = ReadHistory(live.deploying_ts)
+                    live.history.report(record.ts, record.bytes_read)
                 if record.bytes_read > 0:
                     live.reports += 1
                     vertex.reporting[(record.subtask, record.attempt)] = live
@@ -455,7 +462,7 @@ class SlowTaskDetector:
         for name, vertex in job.vertices.items():
             if not vertex.reporting:
                 continue
-            judged: list[tuple[str, float, int]] = []
+            judged: list[tuple[_LiveAttempt, float]] = []
             drained: list[tuple[str, float, int]] = []
             for (subtask, _), live in vertex.reporting.items():
                 p = live.progress
@@ -472,8 +479,7 @@ class SlowTaskDetector:
                     per_byte = (now - live.deploying_ts) / max(total, 1)
                     drained.append((live.host, per_byte, live.deploying_ts))
                 elif live.reports >= rule.min_reports:
-                    per_byte = (p.ts - live.deploying_ts) / p.bytes_read
-                    judged.append((live.host, per_byte, live.deploying_ts))
+                    judged.append((live, (p.ts - live.deploying_ts) / p.bytes_read))
             self._attempts_examined += len(vertex.reporting)
             finished = vertex.finished_per_byte
             finished_count, finished_median = len(finished), finished.median()
@@ -486,19 +492,25 @@ class SlowTaskDetector:
                         oldest[host] = min(started, oldest.get(host, started))
             if not judged:
                 continue
-            values = sorted(per_byte for _, per_byte, _ in judged)
+            values = sorted(per_byte for _, per_byte in judged)
             middle = median_of_sorted(values)
             assert middle is not None
             vertex.running_reference = (middle, len(values))
-            by_host: dict[str, list[float]] = {}
-            for host, per_byte, started in judged:
-                by_host.setdefault(host, []).append(per_byte)
-                oldest[host] = min(started, oldest.get(host, started))
-            for host, own in by_host.items():
+            # Per host, its attempts' average times per byte (what the peers' median is made
+            # of) and what each says against the host: the larger of its average and its
+            # recent window's, as both are bounded by the same noise.
+            by_host: dict[str, tuple[list[float], list[float]]] = {}
+            for live, per_byte in judged:
+                own_values, own_evidence = by_host.setdefault(live.host, ([], []))
+                own_values.append(per_byte)
+                own_evidence.append(max(per_byte, self._recent_per_byte(live, middle, rule)))
+                oldest[live.host] = min(live.deploying_ts, oldest.get(live.host, live.deploying_ts))
+            for host, (own, against) in by_host.items():
                 peers = len(values) - len(own)
+                below = values[max(0, (len(values) - 1) // 2 - len(own))]
                 if finished_count > peers:
                     reference, peers = finished_median, finished_count
-                elif max(own) < rule.slowdown * values[max(0, (len(values) - 1) // 2 - len(own))]:
+                elif max(against) < rule.slowdown * below:
                     # Without its own k values the median is at least the value k places below
                     # the middle, so no attempt of the host can reach the slowdown: the median
                     # of all serves (every ratio stays under the threshold, all the verdict
@@ -509,7 +521,7 @@ class SlowTaskDetector:
                     reference = median_without(values, own)
                 if peers < rule.min_peers or reference is None:
                     continue
-                for per_byte in own:
+                for per_byte in against:
                     ratio = slowdown(per_byte, reference)
                     if ratio is not None:
                         evidence.setdefault(host, []).append(ratio)
@@ -529,6 +541,21 @@ class SlowTaskDetector:
                 where[host] = seen[-1][2]
         verdict = frozenset(h for h, items in evidence.items() if found_slow(items, rule))
         return verdict, where
+
+    @staticmethod
+    def _recent_per_byte(live: _LiveAttempt, middle: float, rule: SlowHostRule) -> float:
+        """The attempt's time per byte over its recent windows (`ReadHistory.recent_per_byte`),
+        each at least `window` times what the vertex's median attempt takes to read the
+        attempt's largest growth between two reports (about `window` report intervals, or
+        batches, of reading at the peers' pace: as much evidence as `min-reports` gives the
+        average). A node that turns slow after a long healthy stretch shows within a few of its
+        reads, not once its slow part outweighs its healthy one. 0 when there is none."""
+        history, p = live.history, live.progress
+        if rule.window <= 0 or history is None or p is None:
+            return 0.0
+        span = rule.window * middle * history.largest
+        recent = history.recent_per_byte(p.ts, p.bytes_read, span)
+        return 0.0 if recent is None else recent
 
     def _check_vertex(
         self,

@@ -12,6 +12,12 @@ keeps up with the hosts running the same vertex. This rule compares those rates.
   `slow-task-detector.slow-host.min-reports` reports with bytes read (its rate is then an
   average over that many intervals, not one report's jitter); reports with nothing read yet do
   not count (a worker still starting is not measured).
+- **Its recent windows** (`…slow-host.window`): the average since deploying hides a node that
+  turns slow in the middle of a long attempt until the slow part outweighs the healthy one. So
+  an attempt is also read over each window ending at its last report that starts where its
+  reads grew and spans at least `window` times what the vertex's median attempt takes to read
+  the attempt's largest growth; each counts one grain (its smallest growth, a batch) more than
+  was reported (`ReadHistory`). Its time per byte is the largest of these and its average.
 - **Its peers**: the judged running attempts of its vertex on *other* hosts, or the vertex's
   finished attempts when those are more numerous. Their **median** time per byte is the
   reference: the median does not move however slow a minority of peers (the slow host's other
@@ -32,7 +38,9 @@ keeps up with the hosts running the same vertex. This rule compares those rates.
 **Noise never trips it.** If every attempt's time per byte is within ±30% of one common value,
 any slowdown is at most 1.3 / 0.7 ≈ 1.86 (the reference is a median of values within the same
 band), and so is every piece of a host's evidence: below the default threshold 2.5 with a 35%
-margin, whatever the number of reports. A real slow node (the 5× node of issue 24) is far above
+margin, whatever the number of reports. A window, read with the batch in flight counted, is
+no slower than the attempt's true rate, so it keeps the bound however many are read. A real
+slow node (the 5× node of issue 24) is far above
 it from its first reports.
 
 Pure: every value comes from the events and the Tick's time; replay reaches the same verdicts.
@@ -42,8 +50,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from tailguard.model.config import ConfigError, Settings
 
@@ -57,6 +67,9 @@ class SlowHostRule:
     min_reports: int
     min_peers: int
     memory_ms: int
+    # The recent window's length, in the vertex's median times to read this attempt's largest
+    # increment; 0: no window (the average since deploying only).
+    window: float = 0.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SlowHostRule:
@@ -66,6 +79,7 @@ class SlowHostRule:
             min_reports=settings.integer(_KEY + "min-reports"),
             min_peers=settings.integer(_KEY + "min-peers"),
             memory_ms=settings.duration_ms(_KEY + "memory"),
+            window=settings.number(_KEY + "window"),
         )
         if rule.slowdown <= 1:
             raise ConfigError(f"{_KEY}slowdown must be above 1, got {rule.slowdown}")
@@ -74,7 +88,53 @@ class SlowHostRule:
                 f"{_KEY}min-reports and {_KEY}min-peers must be at least 1,"
                 f" got {rule.min_reports} and {rule.min_peers}"
             )
+        if rule.window < 0:
+            raise ConfigError(f"{_KEY}window must be 0 (off) or positive, got {rule.window}")
         return rule
+
+
+class ReadHistory:
+    """An attempt's reads, as the points where its reported bytes grew: (report ts, bytes),
+    from (deploying ts, 0). Only growth is kept, so a stalled attempt costs nothing per report,
+    and the last `KEPT` points are enough for any window the rule asks (a few increments)."""
+
+    KEPT: ClassVar[int] = 16
+    __slots__ = ("grain", "largest", "points")
+
+    def __init__(self, deploying_ts: int) -> None:
+        self.points: deque[tuple[int, int]] = deque(((deploying_ts, 0),), maxlen=self.KEPT)
+        # The smallest growth between two reports: the read's grain. Reads arrive in batches
+        # (an Arrow record batch, a row group; about one size per attempt), so a report lags the
+        # work by less than one, and a growth is one batch or more.
+        self.grain = 0
+        # The largest growth: what one report interval (or batch) can bring, the unit a window's
+        # length is counted in.
+        self.largest = 0
+
+    def report(self, ts: int, bytes_read: int) -> None:
+        growth = bytes_read - self.points[-1][1]
+        if growth > 0:
+            self.grain = min(self.grain, growth) if self.grain else growth
+            self.largest = max(self.largest, growth)
+            self.points.append((ts, bytes_read))
+
+    def recent_per_byte(self, now_ts: int, bytes_read: int, span: float) -> float | None:
+        """The largest time per byte over a window of at least `span` ms that ends at the last
+        report (`now_ts`, `bytes_read`) and starts at a point of growth, each counting one
+        grain more than was reported: the most favourable reading of each window, so that a
+        report's lag behind the work (a batch half read) never makes an attempt look slower
+        than it is. The window that starts where the attempt slowed down shows it most; which
+        one that is nobody knows, so all are read (each is bounded by the same noise). None
+        when no point is that old, or nothing has grown yet."""
+        if self.grain <= 0:
+            return None
+        worst = None
+        for ts, read in reversed(self.points):
+            elapsed = now_ts - ts
+            if elapsed >= span:
+                per_byte = elapsed / (bytes_read - read + self.grain)
+                worst = per_byte if worst is None else max(worst, per_byte)
+        return worst
 
 
 def median_of_sorted(values: Sequence[float]) -> float | None:
