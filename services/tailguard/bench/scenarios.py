@@ -184,6 +184,15 @@ CONTENDERS: tuple[Contender, ...] = (
         job_settings=(("table.optimizer.skewed-join-optimization.strategy", "none"),),
         named_only=True,
     ),
+    # The slow-host rule without its recent windows (issue 24): the average since deploying
+    # alone, as before them, for a node that turns slow in the middle of an attempt.
+    Contender(
+        "tailguard+services (average only)",
+        tailguard=True,
+        services=True,
+        job_settings=(("slow-task-detector.slow-host.window", "0"),),
+        named_only=True,
+    ),
 )
 SERVICES_CONTENDER = CONTENDERS[0].name
 TAILGUARD_CONTENDERS = tuple(c.name for c in CONTENDERS if c.tailguard)
