@@ -47,17 +47,24 @@ class Job:
     # Reads arrive in batches of this many bytes (a report counts whole batches only, so it lags
     # the work by up to one batch); None: every byte as it is read.
     batch_bytes: int | None = None
+    # When each host joins (its NodeAdded, and its slots free from then); None: all at 0.
+    joins_at: tuple[int, ...] | None = None
+    # A slot's first attempt reads nothing for this long (its worker starts: a Python process,
+    # libraries, a JIT), then at its rate; later attempts on the slot start at once.
+    cold_start_ms: int = 0
 
 
 @dataclass(frozen=True)
 class _Attempt:
     task: int
-    start: int
+    start: int  # when it reads its first byte (deploying, plus a cold start)
     per_byte: float  # ms per byte from the start...
     switch: int | None = None  # ...until this ts (host 0 turning slow), then:
     late_per_byte: float = 0.0
 
     def read_at(self, ts: int) -> float:
+        if ts <= self.start:
+            return 0.0
         if self.switch is None or ts <= self.switch:
             return (ts - self.start) / self.per_byte
         return (self.switch - self.start) / self.per_byte + (ts - self.switch) / self.late_per_byte
@@ -112,13 +119,20 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
     blocked_until: dict[str, int] = {}
     n = len(job.task_bytes)
     emit(ev.submitted((source("v", job.task_bytes),), config=config))
-    for host in hosts[:: job.slots]:
-        emit(ev.node(host, slots=job.slots))
+    joins = job.joins_at or (0,) * len(job.host_factor)
+    waiting = sorted((at, index) for index, at in enumerate(joins))
     emit(ev.initialized("v", one_split_each(n)))
     pending = list(range(n))
     # slot index -> its running attempt
     running: dict[int, _Attempt] = {}
-    free = list(range(len(hosts)))
+    free: list[int] = []
+    warm: set[int] = set()  # slots that have started their worker
+
+    def join(now: int) -> None:
+        while waiting and waiting[0][0] <= now:
+            at, index = waiting.pop(0)
+            emit(ev.node(f"h{index}", ts=at, slots=job.slots))
+            free.extend(range(index * job.slots, (index + 1) * job.slots))
 
     def place(now: int) -> None:
         for host in sorted(free):
@@ -129,14 +143,17 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
             task = pending.pop(0)
             free.remove(host)
             per_mb = job.ms_per_mb * job.task_factor[task] / MB
+            start = now if host in warm else now + job.cold_start_ms
+            warm.add(host)
             switch = job.turns_slow_at
             if host // job.slots == 0 and switch is not None and now < switch:
-                attempt = _Attempt(task, now, per_mb * factor(host, now), switch)
+                attempt = _Attempt(task, start, per_mb * factor(host, now), switch)
                 running[host] = dataclasses.replace(attempt, late_per_byte=per_mb * job.late_factor)
             else:
-                running[host] = _Attempt(task, now, per_mb * factor(host, now))
+                running[host] = _Attempt(task, start, per_mb * factor(host, now))
             emit(ev.deploying("v", task, now, hosts[host]))
 
+    join(0)
     place(0)
     now = 0
     while (pending or running) and now < limit_ms:
@@ -150,6 +167,7 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
             free.append(host)
             place(end)
         now = tick
+        join(now)
         for host, attempt in sorted(running.items()):
             task = attempt.task
             read = min(job.task_bytes[task], int(attempt.read_at(now)))

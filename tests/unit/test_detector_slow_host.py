@@ -15,6 +15,7 @@ from tailguard.detector.policy import SlowTaskDetector
 from tailguard.detector.policy.slow_host import ReadHistory, SlowHostRule, median_without
 from tailguard.model.config import FLIP_168, ConfigError, Settings
 from tailguard.model.records import (
+    AttemptDeploying,
     BlockNodes,
     LaunchSpeculativeAttempts,
     Record,
@@ -184,6 +185,49 @@ def test_a_window_reads_a_batch_in_flight_in_the_attempts_favour():
     assert history.grain == 10
     # Stalled from 3 s on: the windows that start before the stall grow with it.
     assert history.recent_per_byte(4_000, 300, span=300) == (4_000 - 3_000) / 10
+
+
+# Six one-slot hosts, tasks of 2 s; each slot's first attempt waits 4 s for its worker to start
+# (Python, its libraries, the JIT) before it reads. Hosts h0-h4 start at once; h5 joins at 6 s,
+# when the others have finished three tasks each (Spark's dynamic allocation adding an executor,
+# a worker that registered late).
+LATE_JOINER = Job(
+    host_factor=(1,) * 6,
+    task_bytes=(10 * MB,) * 40,
+    task_factor=(1,) * 40,
+    joins_at=(0, 0, 0, 0, 0, 6_000),
+    cold_start_ms=4_000,
+)
+
+
+@pytest.mark.parametrize("front_loaded", [False, True])
+def test_a_late_joining_host_is_judged_against_cold_peers_not_warm_ones(front_loaded: bool) -> None:
+    # h5's first attempt reads nothing for 4 s: 6 s for 2 s of reading, 3x the warm attempts'
+    # time per byte, more than a 5x node shows at its third report. Against the first wave,
+    # which paid the same start, it is at par: no verdict, no block. Front-loaded (its input
+    # reported whole at once, as Spark reports a scan's), it is judged by its time so far
+    # against the finished cold attempts'.
+    run = run_job(dataclasses.replace(LATE_JOINER, front_loaded=front_loaded))
+    assert all(f.slow_hosts == () for f in run.findings)
+    assert run.blocked() == set()
+
+
+def test_a_slow_host_that_joins_late_is_found_once_its_start_no_longer_hides_it():
+    job = dataclasses.replace(
+        LATE_JOINER,
+        host_factor=(1, 1, 1, 1, 1, 5),
+        task_bytes=(10 * MB,) * 80,
+        task_factor=(1,) * 80,
+    )
+    run = run_job(job)
+    deploys = [e.ts for e in run.events if isinstance(e, AttemptDeploying) and e.host == "h5"]
+    # Its first attempt, 4 s of start and 10 s of reading, is 2.3x the cold attempts' 4 + 2 s
+    # over the same input: under 2.5, as a healthy host's 4 s start is at par. Its second one,
+    # warm, reads at 5x its warm peers' rate: found at its third report.
+    assert len(deploys) >= 2
+    found = run.found("h5")
+    assert found and deploys[1] < found[0] <= deploys[1] + 3 * INTERVAL_MS
+    assert {h for f in run.findings for h in f.slow_hosts} == {"h5"}
 
 
 def test_a_moderately_slow_host_is_left_to_the_other_rules():

@@ -28,7 +28,7 @@ import dataclasses
 import functools
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -108,6 +108,41 @@ class _Rule:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Judged:
+    """A running attempt the slow-host rule judges: its time per byte since deploying, and its
+    input's size when known."""
+
+    live: _LiveAttempt
+    per_byte: float
+    total: int | None
+
+
+@dataclass(slots=True)
+class _Evidence:
+    """What the slow-host rule gathers in one check: per host its slowdowns, the vertex of its
+    latest piece, and when its oldest judged running attempt started."""
+
+    vertex: str
+    slowdowns: dict[str, list[float]]
+    where: dict[str, str]
+    oldest: dict[str, int]
+
+    def add(self, live: _LiveAttempt, ratio: float | None) -> None:
+        if ratio is None:
+            return
+        self.slowdowns.setdefault(live.host, []).append(ratio)
+        self.where[live.host] = self.vertex
+        if live.host not in self.oldest or live.deploying_ts < self.oldest[live.host]:
+            self.oldest[live.host] = live.deploying_ts
+
+    def judged(self, live: _LiveAttempt) -> None:
+        """The host has this attempt running, judged: what it finished before it started is
+        no evidence any more."""
+        started = live.deploying_ts
+        self.oldest[live.host] = min(started, self.oldest.get(live.host, started))
+
+
 @dataclass(slots=True)
 class _LiveAttempt:
     attempt: int
@@ -120,6 +155,10 @@ class _LiveAttempt:
     reports: int = 0
     # Where its reads grew, for the slow-host rule's recent window (made on the first report).
     history: ReadHistory | None = None
+    # Deployed on a host that had finished no attempt of the job yet: it pays the host's start
+    # (a worker's first task starts its Python process, loads its libraries, warms the JIT), so
+    # the slow-host rule compares it with attempts that paid it too.
+    cold: bool = False
 
 
 class _VertexState:
@@ -127,6 +166,7 @@ class _VertexState:
         "assigned",
         "done",
         "finished",
+        "finished_cold_per_byte",
         "finished_per_byte",
         "inputs",
         "k",
@@ -139,6 +179,7 @@ class _VertexState:
         "plain",
         "reported_slow",
         "reporting",
+        "running_cold_reference",
         "running_reference",
         "spec",
         "split_prefix",
@@ -168,6 +209,8 @@ class _VertexState:
         self.assigned: dict[int, int] = {}
         # Every finished attempt's time per byte, for the progress-rate rule's reference.
         self.finished_per_byte = RunningMedian()
+        # ...and of those that were cold (`_LiveAttempt.cold`): a cold attempt's reference.
+        self.finished_cold_per_byte = RunningMedian()
         self.k = 0
         self.plain: BaselineElement | None = None
         self.per_byte: BaselineElement | None = None
@@ -175,6 +218,8 @@ class _VertexState:
         # The slow-host rule's median time per byte of the judged running attempts at the last
         # Tick, and how many: a finished attempt's reference while few have finished.
         self.running_reference: tuple[float, int] | None = None
+        # The same over the cold judged running attempts only.
+        self.running_cold_reference: tuple[float, int] | None = None
 
     def initialise(self, event: VertexInitialized, rule: _Rule) -> None:
         n = event.parallelism
@@ -198,6 +243,7 @@ class _JobState:
         "rule",
         "sorted_hosts",
         "vertices",
+        "warm_hosts",
     )
 
     def __init__(self, event: JobSubmitted, rule: _Rule) -> None:
@@ -211,6 +257,8 @@ class _JobState:
         # Per host, (finish ts, slowdown per byte, vertex) of its finished attempts within the
         # slow-host rule's memory, oldest first: evidence for or against the host.
         self.finished_evidence: dict[str, deque[tuple[int, float, str]]] = {}
+        # Hosts that have finished an attempt of the job: an attempt deployed elsewhere is cold.
+        self.warm_hosts: set[str] = set()
 
     def host_list(self) -> tuple[str, ...]:
         if self.sorted_hosts is None:
@@ -249,7 +297,7 @@ class SlowTaskDetector:
             )
             if vertex is not None and live is not None:
                 live.progress = Progress(record.ts, record.bytes_read, record.bytes_total)
-                if job.rule.slow_host.window > 0:
+                if job.rule.slow_host.enabled:
                     if live.history is None:
                         live.history = ReadHistory(live.deploying_ts)
                     live.history.report(record.ts, record.bytes_read)
@@ -262,7 +310,7 @@ class SlowTaskDetector:
             if vertex is None:
                 return []
             if isinstance(record, AttemptDeploying):
-                self._deploying(record, vertex)
+                self._deploying(record, vertex, cold=record.host not in job.warm_hosts)
             elif isinstance(record, AttemptFinished):
                 return self._finished(record, job, vertex)
             else:
@@ -314,8 +362,8 @@ class SlowTaskDetector:
             return None
         return vertex
 
-    def _deploying(self, event: AttemptDeploying, vertex: _VertexState) -> None:
-        live = _LiveAttempt(event.attempt, event.host, event.speculative, event.ts)
+    def _deploying(self, event: AttemptDeploying, vertex: _VertexState, cold: bool) -> None:
+        live = _LiveAttempt(event.attempt, event.host, event.speculative, event.ts, cold=cold)
         vertex.live.setdefault(event.subtask, {})[event.attempt] = live
         vertex.live_by_age.pop((event.subtask, event.attempt), None)  # a repeat moves to the end
         vertex.reporting.pop((event.subtask, event.attempt), None)  # ...and starts unreported
@@ -342,6 +390,7 @@ class SlowTaskDetector:
         self, event: AttemptFinished, job: _JobState, vertex: _VertexState
     ) -> list[Record]:
         live = self._pop_live(vertex, event.subtask, event.attempt)
+        job.warm_hosts.add(event.host)
         won = event.subtask not in vertex.done
         vertex.done.add(event.subtask)
         vertex.finished.add(event.subtask)
@@ -362,8 +411,10 @@ class SlowTaskDetector:
                     if median:
                         job.last_finished_slowdown[live.host] = execution_ms / size / median
                     if job.rule.slow_host.enabled:
-                        self._finished_evidence(event, job, vertex, execution_ms / size)
+                        self._finished_evidence(event, job, vertex, execution_ms / size, live.cold)
                     vertex.finished_per_byte.add(execution_ms / size)
+                    if live.cold:
+                        vertex.finished_cold_per_byte.add(execution_ms / size)
         if not (won and live.speculative):
             return []
         self._speculative_wins += 1
@@ -382,18 +433,20 @@ class SlowTaskDetector:
 
     @staticmethod
     def _finished_evidence(
-        event: AttemptFinished, job: _JobState, vertex: _VertexState, per_byte: float
+        event: AttemptFinished, job: _JobState, vertex: _VertexState, per_byte: float, cold: bool
     ) -> None:
         """A finished attempt's slowdown per byte against its vertex's finished attempts (or,
         while fewer than `min-peers` have finished, the running ones of the last check): a
-        finished attempt far above its peers is evidence against its host, one at par for it."""
+        finished attempt far above its peers is evidence against its host, one at par for it.
+        A cold attempt is compared with the cold ones only."""
         rule = job.rule.slow_host
-        finished = vertex.finished_per_byte
+        finished = vertex.finished_cold_per_byte if cold else vertex.finished_per_byte
+        running = vertex.running_cold_reference if cold else vertex.running_reference
         reference = None
         if len(finished) >= rule.min_peers:
             reference = finished.median()
-        elif vertex.running_reference is not None and vertex.running_reference[1] >= rule.min_peers:
-            reference = vertex.running_reference[0]
+        elif running is not None and running[1] >= rule.min_peers:
+            reference = running[0]
         ratio = None if reference is None else slowdown(per_byte, reference)
         if ratio is not None:
             seen = job.finished_evidence.setdefault(event.host, deque())
@@ -462,8 +515,8 @@ class SlowTaskDetector:
         for name, vertex in job.vertices.items():
             if not vertex.reporting:
                 continue
-            judged: list[tuple[_LiveAttempt, float]] = []
-            drained: list[tuple[str, float, int]] = []
+            judged: list[_Judged] = []
+            drained: list[tuple[_LiveAttempt, float]] = []
             for (subtask, _), live in vertex.reporting.items():
                 p = live.progress
                 if p is None or subtask in vertex.done:
@@ -476,56 +529,38 @@ class SlowTaskDetector:
                     # nothing): its rate says nothing any more, but its time per byte can only
                     # grow from (now - deploying) / total, as good a lower bound as a finished
                     # attempt's exact figure. No peer is judged by it.
-                    per_byte = (now - live.deploying_ts) / max(total, 1)
-                    drained.append((live.host, per_byte, live.deploying_ts))
+                    drained.append((live, (now - live.deploying_ts) / max(total, 1)))
                 elif live.reports >= rule.min_reports:
-                    judged.append((live, (p.ts - live.deploying_ts) / p.bytes_read))
+                    judged.append(_Judged(live, (p.ts - live.deploying_ts) / p.bytes_read, total))
             self._attempts_examined += len(vertex.reporting)
-            finished = vertex.finished_per_byte
-            finished_count, finished_median = len(finished), finished.median()
-            if finished_count >= rule.min_peers and finished_median is not None:
-                for host, per_byte, started in drained:
-                    ratio = slowdown(per_byte, finished_median)
-                    if ratio is not None:
-                        evidence.setdefault(host, []).append(ratio)
-                        where[host] = name
-                        oldest[host] = min(started, oldest.get(host, started))
+            found = _Evidence(name, evidence, where, oldest)
+            for live, per_byte in drained:
+                finished = vertex.finished_cold_per_byte if live.cold else vertex.finished_per_byte
+                median = finished.median()
+                if len(finished) >= rule.min_peers and median is not None:
+                    found.add(live, slowdown(per_byte, median))
             if not judged:
                 continue
-            values = sorted(per_byte for _, per_byte in judged)
-            middle = median_of_sorted(values)
-            assert middle is not None
-            vertex.running_reference = (middle, len(values))
-            # Per host, its attempts' average times per byte (what the peers' median is made
-            # of) and what each says against the host: the larger of its average and its
-            # recent window's, as both are bounded by the same noise.
-            by_host: dict[str, tuple[list[float], list[float]]] = {}
-            for live, per_byte in judged:
-                own_values, own_evidence = by_host.setdefault(live.host, ([], []))
-                own_values.append(per_byte)
-                own_evidence.append(max(per_byte, self._recent_per_byte(live, middle, rule)))
-                oldest[live.host] = min(live.deploying_ts, oldest.get(live.host, live.deploying_ts))
-            for host, (own, against) in by_host.items():
-                peers = len(values) - len(own)
-                below = values[max(0, (len(values) - 1) // 2 - len(own))]
-                if finished_count > peers:
-                    reference, peers = finished_median, finished_count
-                elif max(against) < rule.slowdown * below:
-                    # Without its own k values the median is at least the value k places below
-                    # the middle, so no attempt of the host can reach the slowdown: the median
-                    # of all serves (every ratio stays under the threshold, all the verdict
-                    # reads), and the exact one is computed only for hosts that may be slow.
-                    reference = middle
-                else:
-                    own.sort()
-                    reference = median_without(values, own)
-                if peers < rule.min_peers or reference is None:
-                    continue
-                for per_byte in against:
-                    ratio = slowdown(per_byte, reference)
-                    if ratio is not None:
-                        evidence.setdefault(host, []).append(ratio)
-                        where[host] = name
+            # A warm attempt is judged against every peer (a cold one can only make it look
+            # faster); a cold one only against cold ones, not against peers that paid no start.
+            cold = [j for j in judged if j.live.cold]
+            if len(cold) == len(judged):
+                # All cold (a vertex's first wave): there is no warm one to judge, and the
+                # reference of all is the reference of the cold.
+                vertex.running_reference = vertex.running_cold_reference = self._running_evidence(
+                    now, cold, lambda live: True, vertex.finished_cold_per_byte, rule, found
+                )
+                continue
+            vertex.running_reference = self._running_evidence(
+                now, judged, lambda live: not live.cold, vertex.finished_per_byte, rule, found
+            )
+            vertex.running_cold_reference = (
+                self._running_evidence(
+                    now, cold, lambda live: True, vertex.finished_cold_per_byte, rule, found
+                )
+                if cold
+                else None
+            )
         for host, seen in list(job.finished_evidence.items()):
             while seen and seen[0][0] < now - rule.memory_ms:
                 seen.popleft()
@@ -541,6 +576,84 @@ class SlowTaskDetector:
                 where[host] = seen[-1][2]
         verdict = frozenset(h for h, items in evidence.items() if found_slow(items, rule))
         return verdict, where
+
+    def _running_evidence(
+        self,
+        now: int,
+        population: Sequence[_Judged],
+        judge: Callable[[_LiveAttempt], bool],
+        finished: RunningMedian,
+        rule: SlowHostRule,
+        found: _Evidence,
+    ) -> tuple[float, int]:
+        """The slowdowns of the judged running attempts of `population` that `judge` takes,
+        each against the median of the population on other hosts, or of `finished` when those
+        are more numerous, into `found`; returns the population's median and size.
+
+        Like is compared with like. Against running peers an attempt's average since deploying
+        serves: theirs include a start as its does. A finished attempt's figure is its whole
+        time over its whole input, its start spread over all of it, so against finished peers
+        a young attempt's average (its start over a part of its input) would read slower than
+        it will finish: it is judged by a lower bound of its own whole figure instead
+        (`_finished_figure`). Its recent windows (reading only, no start) serve against
+        both."""
+        values = sorted(j.per_byte for j in population)
+        middle = median_of_sorted(values)
+        assert middle is not None
+        # Per host, its attempts' averages (what the peers' median is made of), and what each
+        # judged one says against the host when compared with running peers and with finished
+        # ones.
+        by_host: dict[str, tuple[list[float], list[_Judged], list[float], list[float]]] = {}
+        for j in population:
+            own, judged, recent, against = by_host.setdefault(j.live.host, ([], [], [], []))
+            own.append(j.per_byte)
+            if judge(j.live):
+                judged.append(j)
+                recent.append(self._recent_per_byte(j.live, middle, rule))
+                against.append(max(j.per_byte, recent[-1]))
+                found.judged(j.live)
+        finished_count, finished_median = len(finished), finished.median()
+        for own, judged, recent, against in by_host.values():
+            if not judged:
+                continue
+            peers = len(values) - len(own)
+            below = values[max(0, (len(values) - 1) // 2 - len(own))]
+            if finished_count > peers:
+                reference, peers = finished_median, finished_count
+                against = [
+                    max(self._finished_figure(now, j), r)
+                    for j, r in zip(judged, recent, strict=True)
+                ]
+            elif max(against) < rule.slowdown * below:
+                # Without its own k values the median is at least the value k places below the
+                # middle, so no attempt of the host can reach the slowdown: the median of all
+                # serves (every ratio stays under the threshold, all the verdict reads), and the
+                # exact one is computed only for hosts that may be slow.
+                reference = middle
+            else:
+                own.sort()
+                reference = median_without(values, own)
+            if peers < rule.min_peers or reference is None:
+                continue
+            for j, per_byte in zip(judged, against, strict=True):
+                if per_byte > 0:
+                    found.add(j.live, slowdown(per_byte, reference))
+        return middle, len(values)
+
+    @staticmethod
+    def _finished_figure(now: int, judged: _Judged) -> float:
+        """What a running attempt's time per byte will be at least when it finishes: its time so
+        far over its whole input, or better, that plus the rest at the most favourable rate it
+        has read at (`ReadHistory.projected_per_byte`). 0 when its input size is unknown."""
+        live, total = judged.live, judged.total
+        if total is None or total <= 0:
+            return 0.0
+        bound = (now - live.deploying_ts) / total
+        p, history = live.progress, live.history
+        if p is None or history is None:
+            return bound
+        projected = history.projected_per_byte(p.ts, p.bytes_read, total)
+        return bound if projected is None else max(bound, projected)
 
     @staticmethod
     def _recent_per_byte(live: _LiveAttempt, middle: float, rule: SlowHostRule) -> float:

@@ -17,11 +17,19 @@ keeps up with the hosts running the same vertex. This rule compares those rates.
   an attempt is also read over each window ending at its last report that starts where its
   reads grew and spans at least `window` times what the vertex's median attempt takes to read
   the attempt's largest growth; each counts one grain (its smallest growth, a batch) more than
-  was reported (`ReadHistory`). Its time per byte is the largest of these and its average.
+  was reported (`ReadHistory`).
 - **Its peers**: the judged running attempts of its vertex on *other* hosts, or the vertex's
   finished attempts when those are more numerous. Their **median** time per byte is the
   reference: the median does not move however slow a minority of peers (the slow host's other
   attempts, or several slow hosts) is. At least `…slow-host.min-peers` peers are needed.
+  Against running peers an attempt's time per byte is the larger of its average and its
+  windows'; against finished ones, the larger of its windows' and a lower bound of its whole
+  figure (`ReadHistory.projected_per_byte`): a finished attempt spread its start over all its
+  input, a young one's average spreads its start over the part it has read.
+- **Cold attempts** (deployed on a host that had finished no attempt of the job: they pay the
+  worker's start) are compared with cold peers only, running or finished; a warm one with all
+  (a cold peer can only make it look faster). A host that joins late is not condemned for its
+  start.
 - **An attempt that has read all its input** and still runs (processing it) has no rate any
   more; its time per byte is at least (now − deploying) / total, which over the vertex's
   finished median is evidence like a finished attempt's. It is no peer.
@@ -99,10 +107,14 @@ class ReadHistory:
     and the last `KEPT` points are enough for any window the rule asks (a few increments)."""
 
     KEPT: ClassVar[int] = 16
-    __slots__ = ("grain", "largest", "points")
+    __slots__ = ("deploying_ts", "first", "grain", "largest", "points")
 
     def __init__(self, deploying_ts: int) -> None:
+        self.deploying_ts = deploying_ts
         self.points: deque[tuple[int, int]] = deque(((deploying_ts, 0),), maxlen=self.KEPT)
+        # The first point of growth (kept when the deque drops it): where its reading began to
+        # show, after whatever start it paid.
+        self.first: tuple[int, int] | None = None
         # The smallest growth between two reports: the read's grain. Reads arrive in batches
         # (an Arrow record batch, a row group; about one size per attempt), so a report lags the
         # work by less than one, and a growth is one batch or more.
@@ -117,6 +129,20 @@ class ReadHistory:
             self.grain = min(self.grain, growth) if self.grain else growth
             self.largest = max(self.largest, growth)
             self.points.append((ts, bytes_read))
+            if self.first is None:
+                self.first = (ts, bytes_read)
+
+    def projected_per_byte(self, now_ts: int, bytes_read: int, total: int) -> float | None:
+        """A lower bound of the attempt's whole time per byte when it finishes, the figure a
+        finished attempt has: the time so far (its start included, once), and the rest of
+        `total` at the most favourable rate its reading has shown since it first grew (one
+        grain more than reported, and one grain less left). None before any growth."""
+        if self.first is None or total <= 0:
+            return None
+        first_ts, first_read = self.first
+        rate = (now_ts - first_ts) / (bytes_read - first_read + self.grain)
+        left = max(0, total - bytes_read - self.grain)
+        return (now_ts - self.deploying_ts + left * rate) / total
 
     def recent_per_byte(self, now_ts: int, bytes_read: int, span: float) -> float | None:
         """The largest time per byte over a window of at least `span` ms that ends at the last
@@ -128,13 +154,18 @@ class ReadHistory:
         when no point is that old, or nothing has grown yet."""
         if self.grain <= 0:
             return None
-        worst = None
+        worst = -1.0
+        ahead = bytes_read + self.grain
         for ts, read in reversed(self.points):
             elapsed = now_ts - ts
-            if elapsed >= span:
-                per_byte = elapsed / (bytes_read - read + self.grain)
-                worst = per_byte if worst is None else max(worst, per_byte)
-        return worst
+            # From points of growth only: a window from deploying would hold the attempt's
+            # start, which its average already counts against running peers and which finished
+            # peers have spread over all their input.
+            if elapsed >= span and read > 0:
+                per_byte = elapsed / (ahead - read)
+                if per_byte > worst:
+                    worst = per_byte
+        return worst if worst >= 0 else None
 
 
 def median_of_sorted(values: Sequence[float]) -> float | None:
