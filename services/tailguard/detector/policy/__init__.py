@@ -133,8 +133,7 @@ class _Evidence:
             return
         self.slowdowns.setdefault(live.host, []).append(ratio)
         self.where[live.host] = self.vertex
-        if live.host not in self.oldest or live.deploying_ts < self.oldest[live.host]:
-            self.oldest[live.host] = live.deploying_ts
+        self.judged(live)
 
     def judged(self, live: _LiveAttempt) -> None:
         """The host has this attempt running, judged: what it finished before it started is
@@ -526,10 +525,10 @@ class SlowTaskDetector:
                     total = self._assigned(job, vertex, subtask)
                 if total is not None and p.bytes_read >= total:
                     # All its input read, still running (the rest is processing, which reads
-                    # nothing): its rate says nothing any more, but its time per byte can only
-                    # grow from (now - deploying) / total, as good a lower bound as a finished
-                    # attempt's exact figure. No peer is judged by it.
-                    drained.append((live, (now - live.deploying_ts) / max(total, 1)))
+                    # nothing): its rate says nothing any more, but the lower bound of its whole
+                    # figure is as good as a finished attempt's exact one. No peer is judged by
+                    # it.
+                    drained.append((live, self._finished_figure(now, live, total)))
                 elif live.reports >= rule.min_reports:
                     judged.append(_Judged(live, (p.ts - live.deploying_ts) / p.bytes_read, total))
             self._attempts_examined += len(vertex.reporting)
@@ -544,23 +543,17 @@ class SlowTaskDetector:
             # A warm attempt is judged against every peer (a cold one can only make it look
             # faster); a cold one only against cold ones, not against peers that paid no start.
             cold = [j for j in judged if j.live.cold]
-            if len(cold) == len(judged):
-                # All cold (a vertex's first wave): there is no warm one to judge, and the
-                # reference of all is the reference of the cold.
-                vertex.running_reference = vertex.running_cold_reference = self._running_evidence(
-                    now, cold, lambda live: True, vertex.finished_cold_per_byte, rule, found
+            vertex.running_cold_reference = None
+            if cold:
+                vertex.running_cold_reference = self._running_evidence(
+                    now, vertex, cold, True, rule, found
                 )
-                continue
-            vertex.running_reference = self._running_evidence(
-                now, judged, lambda live: not live.cold, vertex.finished_per_byte, rule, found
-            )
-            vertex.running_cold_reference = (
-                self._running_evidence(
-                    now, cold, lambda live: True, vertex.finished_cold_per_byte, rule, found
+            if len(cold) < len(judged):
+                vertex.running_reference = self._running_evidence(
+                    now, vertex, judged, False, rule, found
                 )
-                if cold
-                else None
-            )
+            else:  # all cold (a vertex's first wave): the reference of all is theirs
+                vertex.running_reference = vertex.running_cold_reference
         for host, seen in list(job.finished_evidence.items()):
             while seen and seen[0][0] < now - rule.memory_ms:
                 seen.popleft()
@@ -580,15 +573,16 @@ class SlowTaskDetector:
     def _running_evidence(
         self,
         now: int,
+        vertex: _VertexState,
         population: Sequence[_Judged],
-        judge: Callable[[_LiveAttempt], bool],
-        finished: RunningMedian,
+        cold: bool,
         rule: SlowHostRule,
         found: _Evidence,
     ) -> tuple[float, int]:
-        """The slowdowns of the judged running attempts of `population` that `judge` takes,
-        each against the median of the population on other hosts, or of `finished` when those
-        are more numerous, into `found`; returns the population's median and size.
+        """The slowdowns of the `cold` (or warm) running attempts of `population`, each against
+        the median of the population on other hosts, or of the vertex's finished attempts of the
+        same kind when those are more numerous, into `found`; returns the population's median
+        and size.
 
         Like is compared with like. Against running peers an attempt's average since deploying
         serves: theirs include a start as its does. A finished attempt's figure is its whole
@@ -607,11 +601,12 @@ class SlowTaskDetector:
         for j in population:
             own, judged, recent, against = by_host.setdefault(j.live.host, ([], [], [], []))
             own.append(j.per_byte)
-            if judge(j.live):
+            if j.live.cold == cold:
                 judged.append(j)
                 recent.append(self._recent_per_byte(j.live, middle, rule))
                 against.append(max(j.per_byte, recent[-1]))
                 found.judged(j.live)
+        finished = vertex.finished_cold_per_byte if cold else vertex.finished_per_byte
         finished_count, finished_median = len(finished), finished.median()
         for own, judged, recent, against in by_host.values():
             if not judged:
@@ -621,7 +616,7 @@ class SlowTaskDetector:
             if finished_count > peers:
                 reference, peers = finished_median, finished_count
                 against = [
-                    max(self._finished_figure(now, j), r)
+                    max(self._finished_figure(now, j.live, j.total), r)
                     for j, r in zip(judged, recent, strict=True)
                 ]
             elif max(against) < rule.slowdown * below:
@@ -641,14 +636,13 @@ class SlowTaskDetector:
         return middle, len(values)
 
     @staticmethod
-    def _finished_figure(now: int, judged: _Judged) -> float:
+    def _finished_figure(now: int, live: _LiveAttempt, total: int | None) -> float:
         """What a running attempt's time per byte will be at least when it finishes: its time so
         far over its whole input, or better, that plus the rest at the most favourable rate it
         has read at (`ReadHistory.projected_per_byte`). 0 when its input size is unknown."""
-        live, total = judged.live, judged.total
-        if total is None or total <= 0:
+        if total is None:
             return 0.0
-        bound = (now - live.deploying_ts) / total
+        bound = (now - live.deploying_ts) / max(total, 1)
         p, history = live.progress, live.history
         if p is None or history is None:
             return bound

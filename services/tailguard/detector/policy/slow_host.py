@@ -102,16 +102,17 @@ class SlowHostRule:
 
 
 class ReadHistory:
-    """An attempt's reads, as the points where its reported bytes grew: (report ts, bytes),
-    from (deploying ts, 0). Only growth is kept, so a stalled attempt costs nothing per report,
-    and the last `KEPT` points are enough for any window the rule asks (a few increments)."""
+    """An attempt's reads, as the points where its reported bytes grew: (report ts, bytes).
+    Only growth is kept, so a stalled attempt costs nothing per report, and the last `KEPT`
+    points are enough for any window the rule asks (a few increments). A window starts at a
+    point of growth, never at deploying: it holds reading only, not the attempt's start."""
 
     KEPT: ClassVar[int] = 16
     __slots__ = ("deploying_ts", "first", "grain", "largest", "points")
 
     def __init__(self, deploying_ts: int) -> None:
         self.deploying_ts = deploying_ts
-        self.points: deque[tuple[int, int]] = deque(((deploying_ts, 0),), maxlen=self.KEPT)
+        self.points: deque[tuple[int, int]] = deque(maxlen=self.KEPT)
         # The first point of growth (kept when the deque drops it): where its reading began to
         # show, after whatever start it paid.
         self.first: tuple[int, int] | None = None
@@ -124,7 +125,7 @@ class ReadHistory:
         self.largest = 0
 
     def report(self, ts: int, bytes_read: int) -> None:
-        growth = bytes_read - self.points[-1][1]
+        growth = bytes_read - (self.points[-1][1] if self.points else 0)
         if growth > 0:
             self.grain = min(self.grain, growth) if self.grain else growth
             self.largest = max(self.largest, growth)
@@ -132,40 +133,36 @@ class ReadHistory:
             if self.first is None:
                 self.first = (ts, bytes_read)
 
+    def _window(self, start: tuple[int, int], now_ts: int, bytes_read: int) -> float:
+        """Time per byte from a point of growth to the last report, counting one grain more than
+        was reported: the most favourable reading, so that a report's lag behind the work (a
+        batch half read) never makes an attempt look slower than it is."""
+        return (now_ts - start[0]) / (bytes_read - start[1] + self.grain)
+
     def projected_per_byte(self, now_ts: int, bytes_read: int, total: int) -> float | None:
         """A lower bound of the attempt's whole time per byte when it finishes, the figure a
         finished attempt has: the time so far (its start included, once), and the rest of
         `total` at the most favourable rate its reading has shown since it first grew (one
-        grain more than reported, and one grain less left). None before any growth."""
+        grain less left). None before any growth."""
         if self.first is None or total <= 0:
             return None
-        first_ts, first_read = self.first
-        rate = (now_ts - first_ts) / (bytes_read - first_read + self.grain)
+        rate = self._window(self.first, now_ts, bytes_read)
         left = max(0, total - bytes_read - self.grain)
         return (now_ts - self.deploying_ts + left * rate) / total
 
     def recent_per_byte(self, now_ts: int, bytes_read: int, span: float) -> float | None:
-        """The largest time per byte over a window of at least `span` ms that ends at the last
-        report (`now_ts`, `bytes_read`) and starts at a point of growth, each counting one
-        grain more than was reported: the most favourable reading of each window, so that a
-        report's lag behind the work (a batch half read) never makes an attempt look slower
-        than it is. The window that starts where the attempt slowed down shows it most; which
-        one that is nobody knows, so all are read (each is bounded by the same noise). None
-        when no point is that old, or nothing has grown yet."""
-        if self.grain <= 0:
-            return None
-        worst = -1.0
-        ahead = bytes_read + self.grain
-        for ts, read in reversed(self.points):
-            elapsed = now_ts - ts
-            # From points of growth only: a window from deploying would hold the attempt's
-            # start, which its average already counts against running peers and which finished
-            # peers have spread over all their input.
-            if elapsed >= span and read > 0:
-                per_byte = elapsed / (ahead - read)
-                if per_byte > worst:
-                    worst = per_byte
-        return worst if worst >= 0 else None
+        """The largest time per byte (`_window`) over the windows of at least `span` ms that
+        end at the last report (`now_ts`, `bytes_read`). The window that starts where the
+        attempt slowed down shows it most; which one that is nobody knows, so all are read
+        (each is bounded by the same noise). None when no point is that old."""
+        worst = None
+        for point in self.points:
+            if now_ts - point[0] < span:
+                break  # oldest first: the rest are younger
+            per_byte = self._window(point, now_ts, bytes_read)
+            if worst is None or per_byte > worst:
+                worst = per_byte
+        return worst
 
 
 def median_of_sorted(values: Sequence[float]) -> float | None:
