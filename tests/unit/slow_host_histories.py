@@ -11,7 +11,6 @@ what is decided, and when).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from speculation_histories import JobEvents, one_split_each, source
@@ -145,12 +144,11 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
             per_mb = job.ms_per_mb * job.task_factor[task] / MB
             start = now if host in warm else now + job.cold_start_ms
             warm.add(host)
+            attempt = _Attempt(task, start, per_mb * factor(host, now))
             switch = job.turns_slow_at
             if host // job.slots == 0 and switch is not None and now < switch:
-                attempt = _Attempt(task, start, per_mb * factor(host, now), switch)
-                running[host] = dataclasses.replace(attempt, late_per_byte=per_mb * job.late_factor)
-            else:
-                running[host] = _Attempt(task, start, per_mb * factor(host, now))
+                attempt = _Attempt(task, start, attempt.per_byte, switch, per_mb * job.late_factor)
+            running[host] = attempt
             emit(ev.deploying("v", task, now, hosts[host]))
 
     join(0)
