@@ -51,6 +51,11 @@ class Job:
     # A slot's first attempt reads nothing for this long (its worker starts: a Python process,
     # libraries, a JIT), then at its rate; later attempts on the slot start at once.
     cold_start_ms: int = 0
+    # Spark's view (attach mode): no attempt's input size is known before it finishes (no
+    # assigned splits, reports without a total), and a running attempt reports only with its
+    # executor's heartbeat, every `report_every` Ticks.
+    sizes_known: bool = True
+    report_every: int = 1
 
 
 @dataclass(frozen=True)
@@ -117,10 +122,13 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
 
     blocked_until: dict[str, int] = {}
     n = len(job.task_bytes)
-    emit(ev.submitted((source("v", job.task_bytes),), config=config))
+    if job.sizes_known:
+        emit(ev.submitted((source("v", job.task_bytes),), config=config))
+    else:
+        emit(ev.submitted((source("v", ()),), config=config))
     joins = job.joins_at or (0,) * len(job.host_factor)
     waiting = sorted((at, index) for index, at in enumerate(joins))
-    emit(ev.initialized("v", one_split_each(n)))
+    emit(ev.initialized("v", one_split_each(n) if job.sizes_known else (), parallelism=n))
     pending = list(range(n))
     # slot index -> its running attempt
     running: dict[int, _Attempt] = {}
@@ -153,7 +161,7 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
 
     join(0)
     place(0)
-    now = 0
+    now, ticks = 0, 0
     while (pending or running) and now < limit_ms:
         tick = now + INTERVAL_MS
         ends = sorted((a.end(job.task_bytes[a.task]), host) for host, a in running.items())
@@ -164,9 +172,9 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
             emit(ev.finished("v", task, end, hosts[host], input_bytes=job.task_bytes[task]))
             free.append(host)
             place(end)
-        now = tick
+        now, ticks = tick, ticks + 1
         join(now)
-        for host, attempt in sorted(running.items()):
+        for host, attempt in sorted(running.items()) if ticks % job.report_every == 0 else ():
             task = attempt.task
             read = min(job.task_bytes[task], int(attempt.read_at(now)))
             if job.batch_bytes is not None and read < job.task_bytes[task]:
@@ -175,7 +183,8 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
                 read = job.task_bytes[task]
             if read > 0:
                 out.first_report.setdefault(hosts[host], now)
-            emit(ev.progress("v", task, now, read, job.task_bytes[task], host=hosts[host]))
+            total = job.task_bytes[task] if job.sizes_known else None
+            emit(ev.progress("v", task, now, read, total, host=hosts[host]))
         emit(ev.tick(now))
         place(now)
     return out

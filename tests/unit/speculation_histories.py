@@ -89,12 +89,16 @@ class JobEvents:
         return NodeAdded(**self._ids(ts), host=host, slots=slots)  # type: ignore[arg-type]
 
     def initialized(
-        self, vertex: str, inputs: tuple[SubtaskInputs, ...], ts: int = 0
+        self,
+        vertex: str,
+        inputs: tuple[SubtaskInputs, ...],
+        ts: int = 0,
+        parallelism: int | None = None,
     ) -> VertexInitialized:
         return VertexInitialized(
             **self._ids(ts),  # type: ignore[arg-type]
             vertex=vertex,
-            parallelism=len(inputs),
+            parallelism=len(inputs) if parallelism is None else parallelism,
             subtask_inputs=inputs,
             decided_by="fixed",
         )

@@ -236,6 +236,45 @@ def test_a_moderately_slow_host_is_left_to_the_other_rules():
     assert run_job(job).found("h5") == []
 
 
+# Spark's view (attach mode): no size known before a task ends, a report per 2 s heartbeat; the
+# bench-attach job's scan tasks of 4 s read their split as one batch (`mapInPandas`).
+SPARK_5X = dataclasses.replace(
+    FIVE_X, task_bytes=(20 * MB,) * 36, front_loaded=True, sizes_known=False, report_every=4
+)
+
+
+def test_a_slow_host_whose_spark_tasks_read_at_once_is_found_before_its_first_task_ends() -> None:
+    # Its reads say nothing (all read at the first heartbeat), and its size is unknown, but it
+    # has read what a finished task reads: its time per byte so far passes 2.5x theirs at 10 s,
+    # half-way through its 20 s task. It gets no second task.
+    run = run_job(SPARK_5X)
+    assert run.found("h5")[0] == 10_000
+    assert {h for f in run.findings for h in f.slow_hosts} == {"h5"}
+    deploys = [e for e in run.events if isinstance(e, AttemptDeploying) and e.host == "h5"]
+    assert len(deploys) == 1
+
+
+@pytest.mark.parametrize("front_loaded", [True, False])
+def test_in_sparks_view_long_tasks_of_skewed_data_condemn_no_host(front_loaded: bool) -> None:
+    # Two tasks with 16x the data on one 2-slot host, which is on the slow side of the noise
+    # (1.25 against 0.75). Their sizes are unknown until they end, so their time says nothing
+    # of their host; what they have read says they read at the usual pace (FLIP-168's rule
+    # flags them, in plain time; the blocklist weighs them per byte read).
+    job = Job(
+        host_factor=(1.0, 1.0, 1.0, 1.25, 0.75, 0.75, 0.75),
+        task_bytes=(10 * MB,) * 26 + (161 * MB,) * 2,
+        task_factor=(1.0,) * 28,
+        ms_per_mb=300.0,
+        slots=2,
+        front_loaded=front_loaded,
+        sizes_known=False,
+        report_every=4,
+    )
+    run = run_job(job)
+    assert all(f.slow_hosts == () for f in run.findings)
+    assert run.blocked() == set()
+
+
 def test_the_rule_needs_enough_peers_on_other_hosts():
     # Three hosts: two peers for the slow one, under min-peers 3.
     job = Job(host_factor=(1, 1, 5), task_bytes=(10 * MB,) * 3, task_factor=(1,) * 3)

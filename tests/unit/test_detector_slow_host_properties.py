@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from tailguard.replay.engine import Recorded, replay
 EXAMPLES = settings(max_examples=examples(25), deadline=None)
 
 noise = st.floats(0.7, 1.3)
+SPARK_VIEW: dict[str, Any] = {"sizes_known": False, "report_every": 4}
 
 
 @st.composite
@@ -28,6 +30,8 @@ def noisy_jobs(draw: st.DrawFn, slow_factor: float | None = None) -> Job:
     (byte by byte, or in batches of 0.125-1.5 MB, up to 0.9 of a report interval, so that a
     report lags the work: docs/policies/detector.md says why not longer) or all at once, every
     time per byte within +-30% of one value: per task, per host, or both within the band.
+    Either tailguard's runners' view (sizes known, a report every Tick) or Spark's (no size
+    known before an attempt ends, a report every 4 Ticks: an executor's heartbeat).
     With `slow_factor`, host 0 is that many times slower on top."""
     hosts = draw(st.integers(4, 8))
     tasks = draw(st.integers(8, 30))
@@ -49,6 +53,7 @@ def noisy_jobs(draw: st.DrawFn, slow_factor: float | None = None) -> Job:
         slots=draw(st.integers(1, 2)),
         front_loaded=draw(st.booleans()),
         batch_bytes=draw(st.one_of(st.none(), st.integers(1, 12).map(lambda b: b * MB // 8))),
+        **(SPARK_VIEW if draw(st.booleans()) else {}),
     )
 
 
@@ -72,7 +77,9 @@ def test_a_uniformly_slow_host_is_found_by_its_third_report_and_alone(
     # Steady readers, byte by byte: their rate shows from the first reports (one that reads its
     # input at once is found later, at 2.5x its peers' time, and one that reads in batches at
     # the batches' pace: test_detector_slow_host.py).
-    job = dataclasses.replace(job, slots=1, front_loaded=False, batch_bytes=None)
+    job = dataclasses.replace(
+        job, slots=1, front_loaded=False, batch_bytes=None, sizes_known=True, report_every=1
+    )
     run = run_job(job)
     found = run.found("h0")
     assert found and found[0] <= run.first_report["h0"] + 2 * INTERVAL_MS
@@ -99,6 +106,10 @@ def test_a_host_that_turns_slow_in_a_long_attempt_is_found_from_its_recent_reads
         host_factor=(1.0,) * len(job.host_factor),
         turns_slow_at=healthy_s * 1000,
         late_factor=factor,
+        # The runners' view: with Spark's, no size is known and only finished peers judge a
+        # running attempt (none has finished in these long attempts' first minute).
+        sizes_known=True,
+        report_every=1,
     )
     run = run_job(job)
     found = run.found("h0")

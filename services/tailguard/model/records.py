@@ -183,6 +183,9 @@ class SlowAttempt:
     attempt: int
     host: str
     execution_time_ms: int
+    # Its input's size; when that is unknown (a Spark task: Spark says what a running task has
+    # read, never what it will read), the bytes it had read by its last report (its size is at
+    # least that); None when neither is known.
     input_bytes: int | None = None
     speculative: bool = False
     # Whether this live attempt met the slow rule itself. A slow subtask lists all its live

@@ -166,6 +166,7 @@ class _VertexState:
         "done",
         "finished",
         "finished_cold_per_byte",
+        "finished_input",
         "finished_per_byte",
         "inputs",
         "k",
@@ -210,6 +211,9 @@ class _VertexState:
         self.finished_per_byte = RunningMedian()
         # ...and of those that were cold (`_LiveAttempt.cold`): a cold attempt's reference.
         self.finished_cold_per_byte = RunningMedian()
+        # ...and their input bytes: what a whole input of this vertex is, when a running
+        # attempt's own is not known (Spark's tasks, `_unsized_slowdown`).
+        self.finished_input = RunningMedian()
         self.k = 0
         self.plain: BaselineElement | None = None
         self.per_byte: BaselineElement | None = None
@@ -412,6 +416,7 @@ class SlowTaskDetector:
                     if job.rule.slow_host.enabled:
                         self._finished_evidence(event, job, vertex, execution_ms / size, live.cold)
                     vertex.finished_per_byte.add(execution_ms / size)
+                    vertex.finished_input.add(size)
                     if live.cold:
                         vertex.finished_cold_per_byte.add(execution_ms / size)
         if not (won and live.speculative):
@@ -516,6 +521,7 @@ class SlowTaskDetector:
                 continue
             judged: list[_Judged] = []
             drained: list[tuple[_LiveAttempt, float]] = []
+            unsized: list[_LiveAttempt] = []
             for (subtask, _), live in vertex.reporting.items():
                 p = live.progress
                 if p is None or subtask in vertex.done:
@@ -523,7 +529,10 @@ class SlowTaskDetector:
                 total = p.bytes_total
                 if total is None:
                     total = self._assigned(job, vertex, subtask)
-                if total is not None and p.bytes_read >= total:
+                if total is None:
+                    if live.reports >= rule.min_reports:
+                        unsized.append(live)
+                elif p.bytes_read >= total:
                     # All its input read, still running (the rest is processing, which reads
                     # nothing): its rate says nothing any more, but the lower bound of its whole
                     # figure is as good as a finished attempt's exact one. No peer is judged by
@@ -538,6 +547,10 @@ class SlowTaskDetector:
                 median = finished.median()
                 if len(finished) >= rule.min_peers and median is not None:
                     found.add(live, slowdown(per_byte, median))
+            for live in unsized:
+                ratio = self._unsized_slowdown(now, vertex, live, rule)
+                if ratio is not None and ratio >= 1.0:
+                    found.add(live, ratio)
             if not judged:
                 continue
             # A warm attempt is judged against every peer (a cold one can only make it look
@@ -642,12 +655,51 @@ class SlowTaskDetector:
         has read at (`ReadHistory.projected_per_byte`). 0 when its input size is unknown."""
         if total is None:
             return 0.0
-        bound = (now - live.deploying_ts) / max(total, 1)
         p, history = live.progress, live.history
+        bound = (now - live.deploying_ts) / max(total, 1)
         if p is None or history is None:
             return bound
         projected = history.projected_per_byte(p.ts, p.bytes_read, total)
         return bound if projected is None else max(bound, projected)
+
+    def _unsized_slowdown(
+        self, now: int, vertex: _VertexState, live: _LiveAttempt, rule: SlowHostRule
+    ) -> float | None:
+        """The slowdown of a running attempt whose input size is unknown (Spark says what a
+        running task has read, never what it will read), against the finished attempts of its
+        kind: None while fewer than `min-peers` have finished, or while nothing bounds it.
+
+        Without a size, an attempt that has read all its input and is processing cannot be
+        told from one that has stalled reading, so its average since deploying is no rate:
+        it keeps growing once the reads end (a `mapInPandas` scan reads its split as one batch
+        in its first second). Running peers' averages are then no reference either, and such
+        an attempt is judged against finished peers only, by what its whole figure will be at
+        least:
+        - its time to its last report over what it had read, once that is at least the median
+          input of the vertex's finished attempts: its start is then spread over as many bytes
+          as a typical finished peer spread its own over, and whatever it does after (reads,
+          processing) adds time as it did to theirs;
+        - its recent windows, ending where its reads last grew (reading only, never a stall
+          that may be processing), each `window` times what the finished median takes to read
+          its largest growth.
+        Such a figure only ever bounds the attempt from below, so it is evidence against its
+        host when it reaches the median peer (>= 1), and no evidence for it before."""
+        finished = vertex.finished_cold_per_byte if live.cold else vertex.finished_per_byte
+        median = finished.median()
+        p, history = live.progress, live.history
+        if len(finished) < rule.min_peers or not median or p is None or p.bytes_read <= 0:
+            return None
+        figure = 0.0
+        typical = vertex.finished_input.median()
+        if typical is not None and p.bytes_read >= typical:
+            # As of its last report: by now it may have read more (a heartbeat is seconds).
+            figure = (p.ts - live.deploying_ts) / p.bytes_read
+        if rule.window > 0 and history is not None and history.points:
+            last_ts, last_read = history.points[-1]
+            span = rule.window * median * history.largest
+            recent = history.recent_per_byte(last_ts, last_read, span)
+            figure = max(figure, recent or 0.0)
+        return slowdown(figure, median) if figure > 0 else None
 
     @staticmethod
     def _recent_per_byte(live: _LiveAttempt, middle: float, rule: SlowHostRule) -> float:
@@ -857,6 +909,7 @@ class SlowTaskDetector:
         any_slow = False
         for live in attempts.values():
             execution_ms = now - live.deploying_ts
+            read = live.progress.bytes_read if live.progress is not None else 0
             slow = False
             total = None
             if tau is not None and live.progress is not None:
@@ -885,10 +938,19 @@ class SlowTaskDetector:
                 else:
                     # Unknown sizes, or a 0 baseline (ratio 0): plain times, as Flink does.
                     slow = execution_ms >= baseline_ms
+                    if slow and size is None and read > 0 and baseline_per_byte is not None:
+                        # ...but a running Spark task says what it has read so far (its size
+                        # is at least that): one that has read more than the median attempt
+                        # at the usual time per byte is long by its data, not slow.
+                        slow = time_per_byte(execution_ms, read) >= baseline_per_byte
             slow = slow or live.host in slow_hosts
             any_slow = any_slow or slow
+            # Without a size (Spark), what it has read so far: its size is at least that, so the
+            # blocklist weighs it per byte read, not in plain time that counts a task's data
+            # against its host.
+            known = size if size is not None else (read or None)
             entries.append(
-                SlowAttempt(live.attempt, live.host, execution_ms, size, live.speculative, slow)
+                SlowAttempt(live.attempt, live.host, execution_ms, known, live.speculative, slow)
             )
         if not any_slow:
             return None
