@@ -11,6 +11,7 @@ import pytest
 from tailguard import cli
 from tailguard.blocklist import fleet_topic
 from tailguard.kafka.signing import SIGNER_HEADER
+from tailguard.kafka.topic_scan import read_only_consumer, read_to_end
 from tailguard.model.config import Settings
 from tailguard.model.fleet import FleetBlock, current_entries
 from tailguard.testing import Broker
@@ -88,6 +89,29 @@ def test_an_entry_from_another_signer_or_unsigned_is_ignored(settings, host) -> 
     [read] = [c for c in fleet_topic.read_changes(settings) if c.host == host]
     assert read == entry
     assert SIGNER_HEADER  # the header the reader checked
+
+
+def test_a_hosts_entries_share_a_partition_whichever_client_wrote_them(settings) -> None:  # type: ignore[no-untyped-def]
+    # The blocklist service (faust, over aiokafka) writes a host's entries where Kafka's Java
+    # client would: murmur2 of the key. An operator's entry (`tailguard blocklist add|remove`,
+    # over librdkafka) must land in the same partition, or compaction keeps both and a reader
+    # folding the partitions may see a removed host still listed.
+    from aiokafka.partitioner import DefaultPartitioner
+
+    hosts = [f"host-{uuid.uuid4().hex[:8]}" for _ in range(16)]
+    for h in hosts:
+        fleet_topic.publish(settings, fleet_topic.operator_removal(h, 1), "operator")
+    consumer = read_only_consumer(settings, "tailguard-test-partitions")
+    try:
+        messages = list(read_to_end(consumer, fleet_topic.BLOCKLIST_TOPIC))
+    finally:
+        consumer.close()
+    written = {(m.key() or b"").decode(): m.partition() for m in messages}
+    partitions = sorted(set(written.values()) | {0, 1, 2, 3})
+    aiokafka = DefaultPartitioner()
+    expected = {h: aiokafka(h.encode(), partitions, partitions) for h in hosts}
+    assert {h: written[h] for h in hosts} == expected
+    assert len(set(expected.values())) > 1  # the keys spread: the test can tell hashes apart
 
 
 def test_encoding_round_trip_and_tombstone() -> None:

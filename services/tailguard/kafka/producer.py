@@ -16,6 +16,13 @@ from tailguard.model.records import Record
 # Idempotence keeps order within a partition even with several requests in flight (and
 # retries); librdkafka's mock cluster supports it (checked by the contract tests).
 PRODUCER_DEFAULTS: Mapping[str, Any] = {
+    # A key's partition as Kafka's Java client and aiokafka (the services' faust apps) compute
+    # it: murmur2. librdkafka's default (CRC32) sends the same key elsewhere, and a topic two
+    # kinds of client write by key then splits one key's records over two partitions: an
+    # operator's `tailguard blocklist remove HOST` landed beside the blocklist service's entry
+    # for HOST, not after it, so compaction kept both and a reader folding the partitions could
+    # see the host still listed (the bench-attach run of 2026-11-29 did).
+    "partitioner": "murmur2_random",
     "enable.idempotence": True,
     "linger.ms": 2,
     "batch.num.messages": 10_000,
