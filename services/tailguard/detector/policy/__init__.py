@@ -548,7 +548,7 @@ class SlowTaskDetector:
                 if len(finished) >= rule.min_peers and median is not None:
                     found.add(live, slowdown(per_byte, median))
             for live in unsized:
-                ratio = self._unsized_slowdown(now, vertex, live, rule)
+                ratio = self._unsized_slowdown(vertex, live, rule)
                 if ratio is not None and ratio >= 1.0:
                     found.add(live, ratio)
             if not judged:
@@ -655,15 +655,16 @@ class SlowTaskDetector:
         has read at (`ReadHistory.projected_per_byte`). 0 when its input size is unknown."""
         if total is None:
             return 0.0
-        p, history = live.progress, live.history
         bound = (now - live.deploying_ts) / max(total, 1)
+        p, history = live.progress, live.history
         if p is None or history is None:
             return bound
         projected = history.projected_per_byte(p.ts, p.bytes_read, total)
         return bound if projected is None else max(bound, projected)
 
+    @staticmethod
     def _unsized_slowdown(
-        self, now: int, vertex: _VertexState, live: _LiveAttempt, rule: SlowHostRule
+        vertex: _VertexState, live: _LiveAttempt, rule: SlowHostRule
     ) -> float | None:
         """The slowdown of a running attempt whose input size is unknown (Spark says what a
         running task has read, never what it will read), against the finished attempts of its
