@@ -254,6 +254,18 @@ def test_a_slow_host_whose_spark_tasks_read_at_once_is_found_before_its_first_ta
     assert len(deploys) == 1
 
 
+def test_in_sparks_view_a_slow_host_whose_tasks_read_steadily_is_found_from_running_peers() -> None:
+    # Tasks of 30 s that read as they go: at each heartbeat every one is still reading, so its
+    # average is a rate and its running peers judge it. Found at its third heartbeat (6 s),
+    # not once peers have finished (30 s); a task that read at once is found from finished
+    # peers only, at 2.5x their time.
+    job = dataclasses.replace(SPARK_5X, task_bytes=(100 * MB,) * 36, ms_per_mb=300.0)
+    steady = run_job(dataclasses.replace(job, front_loaded=False))
+    assert steady.found("h5")[0] == 6_000
+    assert {h for f in steady.findings for h in f.slow_hosts} == {"h5"}
+    assert run_job(job).found("h5")[0] == 76_000
+
+
 @pytest.mark.parametrize("front_loaded", [True, False])
 def test_in_sparks_view_long_tasks_of_skewed_data_condemn_no_host(front_loaded: bool) -> None:
     # Two tasks with 16x the data on one 2-slot host, which is on the slow side of the noise

@@ -118,6 +118,20 @@ class _Judged:
     total: int | None
 
 
+def _still_reading(live: _LiveAttempt) -> bool:
+    """Whether an attempt of unknown size was reading at its last report (its reads grew there,
+    and at least once before), so that its average since deploying is a reading rate: one
+    whose reads have stopped may be processing all it read, or stalled, and nothing tells
+    which."""
+    history, p = live.history, live.progress
+    return (
+        history is not None
+        and p is not None
+        and len(history.points) >= 2
+        and history.points[-1][0] == p.ts
+    )
+
+
 @dataclass(slots=True)
 class _Evidence:
     """What the slow-host rule gathers in one check: per host its slowdowns, the vertex of its
@@ -530,7 +544,14 @@ class SlowTaskDetector:
                 if total is None:
                     total = self._assigned(job, vertex, subtask)
                 if total is None:
-                    if live.reports >= rule.min_reports:
+                    if live.reports < rule.min_reports:
+                        pass
+                    elif _still_reading(live):
+                        # Reading at its last report, as at the one before: its average is a
+                        # reading rate, as a sized attempt's is, and it is a peer like one.
+                        per_byte = (p.ts - live.deploying_ts) / p.bytes_read
+                        judged.append(_Judged(live, per_byte, None))
+                    else:
                         unsized.append(live)
                 elif p.bytes_read >= total:
                     # All its input read, still running (the rest is processing, which reads
@@ -626,10 +647,16 @@ class SlowTaskDetector:
                 continue
             peers = len(values) - len(own)
             below = values[max(0, (len(values) - 1) // 2 - len(own))]
-            if finished_count > peers:
+            reference: float | None
+            if finished_median is not None and finished_count > peers:
                 reference, peers = finished_median, finished_count
                 against = [
-                    max(self._finished_figure(now, j.live, j.total), r)
+                    max(
+                        self._finished_figure(now, j.live, j.total)
+                        if j.total is not None
+                        else self._unsized_figure(vertex, j.live, finished_median, rule),
+                        r,
+                    )
                     for j, r in zip(judged, recent, strict=True)
                 ]
             elif max(against) < rule.slowdown * below:
@@ -667,8 +694,9 @@ class SlowTaskDetector:
         vertex: _VertexState, live: _LiveAttempt, rule: SlowHostRule
     ) -> float | None:
         """The slowdown of a running attempt whose input size is unknown (Spark says what a
-        running task has read, never what it will read), against the finished attempts of its
-        kind: None while fewer than `min-peers` have finished, or while nothing bounds it.
+        running task has read, never what it will read) and whose reads have stopped
+        (`_still_reading` is false), against the finished attempts of its kind: None while
+        fewer than `min-peers` have finished, or while nothing bounds it.
 
         Without a size, an attempt that has read all its input and is processing cannot be
         told from one that has stalled reading, so its average since deploying is no rate:
@@ -687,9 +715,20 @@ class SlowTaskDetector:
         host when it reaches the median peer (>= 1), and no evidence for it before."""
         finished = vertex.finished_cold_per_byte if live.cold else vertex.finished_per_byte
         median = finished.median()
-        p, history = live.progress, live.history
-        if len(finished) < rule.min_peers or not median or p is None or p.bytes_read <= 0:
+        if len(finished) < rule.min_peers or not median:
             return None
+        figure = SlowTaskDetector._unsized_figure(vertex, live, median, rule)
+        return slowdown(figure, median) if figure > 0 else None
+
+    @staticmethod
+    def _unsized_figure(
+        vertex: _VertexState, live: _LiveAttempt, median: float, rule: SlowHostRule
+    ) -> float:
+        """`_unsized_slowdown`'s lower bound of the attempt's whole time per byte, against
+        finished peers of median `median`; 0 when nothing bounds it."""
+        p, history = live.progress, live.history
+        if p is None or p.bytes_read <= 0:
+            return 0.0
         figure = 0.0
         typical = vertex.finished_input.median()
         if typical is not None and p.bytes_read >= typical:
@@ -700,7 +739,7 @@ class SlowTaskDetector:
             span = rule.window * median * history.largest
             recent = history.recent_per_byte(last_ts, last_read, span)
             figure = max(figure, recent or 0.0)
-        return slowdown(figure, median) if figure > 0 else None
+        return figure
 
     @staticmethod
     def _recent_per_byte(live: _LiveAttempt, middle: float, rule: SlowHostRule) -> float:
