@@ -118,20 +118,6 @@ class _Judged:
     total: int | None
 
 
-def _still_reading(live: _LiveAttempt) -> bool:
-    """Whether an attempt of unknown size was reading at its last report (its reads grew there,
-    and at least once before), so that its average since deploying is a reading rate: one
-    whose reads have stopped may be processing all it read, or stalled, and nothing tells
-    which."""
-    history, p = live.history, live.progress
-    return (
-        history is not None
-        and p is not None
-        and len(history.points) >= 2
-        and history.points[-1][0] == p.ts
-    )
-
-
 @dataclass(slots=True)
 class _Evidence:
     """What the slow-host rule gathers in one check: per host its slowdowns, the vertex of its
@@ -543,23 +529,20 @@ class SlowTaskDetector:
                 total = p.bytes_total
                 if total is None:
                     total = self._assigned(job, vertex, subtask)
-                if total is None:
-                    if live.reports < rule.min_reports:
-                        pass
-                    elif _still_reading(live):
-                        # Reading at its last report, as at the one before: its average is a
-                        # reading rate, as a sized attempt's is, and it is a peer like one.
-                        per_byte = (p.ts - live.deploying_ts) / p.bytes_read
-                        judged.append(_Judged(live, per_byte, None))
-                    else:
-                        unsized.append(live)
-                elif p.bytes_read >= total:
+                if total is not None and p.bytes_read >= total:
                     # All its input read, still running (the rest is processing, which reads
                     # nothing): its rate says nothing any more, but the lower bound of its whole
                     # figure is as good as a finished attempt's exact one. No peer is judged by
                     # it.
                     drained.append((live, self._finished_figure(now, live, total)))
-                elif live.reports >= rule.min_reports:
+                elif live.reports < rule.min_reports:
+                    continue
+                elif total is None and not (live.history and live.history.reading_at(p.ts)):
+                    # Its size unknown and its reads stopped: processing what it read, or
+                    # stalled, nothing tells which; its average is no rate (`_unsized_slowdown`).
+                    unsized.append(live)
+                else:
+                    # Sized, or still reading at its last report: its average is a rate.
                     judged.append(_Judged(live, (p.ts - live.deploying_ts) / p.bytes_read, total))
             self._attempts_examined += len(vertex.reporting)
             found = _Evidence(name, evidence, where, oldest)
@@ -569,7 +552,7 @@ class SlowTaskDetector:
                 if len(finished) >= rule.min_peers and median is not None:
                     found.add(live, slowdown(per_byte, median))
             for live in unsized:
-                ratio = self._unsized_slowdown(vertex, live, rule)
+                ratio = self._unsized_slowdown(now, vertex, live, rule)
                 if ratio is not None and ratio >= 1.0:
                     found.add(live, ratio)
             if not judged:
@@ -650,13 +633,9 @@ class SlowTaskDetector:
             reference: float | None
             if finished_median is not None and finished_count > peers:
                 reference, peers = finished_median, finished_count
+                typical = vertex.finished_input.median()
                 against = [
-                    max(
-                        self._finished_figure(now, j.live, j.total)
-                        if j.total is not None
-                        else self._unsized_figure(vertex, j.live, finished_median, rule),
-                        r,
-                    )
+                    max(self._finished_figure(now, j.live, j.total, typical), r)
                     for j, r in zip(judged, recent, strict=True)
                 ]
             elif max(against) < rule.slowdown * below:
@@ -676,14 +655,25 @@ class SlowTaskDetector:
         return middle, len(values)
 
     @staticmethod
-    def _finished_figure(now: int, live: _LiveAttempt, total: int | None) -> float:
+    def _finished_figure(
+        now: int, live: _LiveAttempt, total: int | None, typical: float | None = None
+    ) -> float:
         """What a running attempt's time per byte will be at least when it finishes: its time so
         far over its whole input, or better, that plus the rest at the most favourable rate it
-        has read at (`ReadHistory.projected_per_byte`). 0 when its input size is unknown."""
-        if total is None:
-            return 0.0
-        bound = (now - live.deploying_ts) / max(total, 1)
+        has read at (`ReadHistory.projected_per_byte`).
+
+        Its input size unknown (Spark's tasks): once it has read at least `typical` (the median
+        input of its vertex's finished attempts), its time to its last report over what it had
+        read; its start is then spread over as many bytes as a typical finished attempt spread
+        its own over, and whatever it does after (more reads, processing) adds time as it did
+        to theirs. As of the report, not now: a heartbeat is seconds, and it may have read more
+        since. 0 before that."""
         p, history = live.progress, live.history
+        if total is None:
+            if p is None or typical is None or p.bytes_read <= 0 or p.bytes_read < typical:
+                return 0.0
+            return (p.ts - live.deploying_ts) / p.bytes_read
+        bound = (now - live.deploying_ts) / max(total, 1)
         if p is None or history is None:
             return bound
         projected = history.projected_per_byte(p.ts, p.bytes_read, total)
@@ -691,11 +681,11 @@ class SlowTaskDetector:
 
     @staticmethod
     def _unsized_slowdown(
-        vertex: _VertexState, live: _LiveAttempt, rule: SlowHostRule
+        now: int, vertex: _VertexState, live: _LiveAttempt, rule: SlowHostRule
     ) -> float | None:
         """The slowdown of a running attempt whose input size is unknown (Spark says what a
         running task has read, never what it will read) and whose reads have stopped
-        (`_still_reading` is false), against the finished attempts of its kind: None while
+        (`ReadHistory.reading_at` is false), against the finished attempts of its kind: None while
         fewer than `min-peers` have finished, or while nothing bounds it.
 
         Without a size, an attempt that has read all its input and is processing cannot be
@@ -704,10 +694,8 @@ class SlowTaskDetector:
         in its first second). Running peers' averages are then no reference either, and such
         an attempt is judged against finished peers only, by what its whole figure will be at
         least:
-        - its time to its last report over what it had read, once that is at least the median
-          input of the vertex's finished attempts: its start is then spread over as many bytes
-          as a typical finished peer spread its own over, and whatever it does after (reads,
-          processing) adds time as it did to theirs;
+        - `_finished_figure`'s, for an unknown size: its average to its last report, once it
+          has read a typical finished attempt's input;
         - its recent windows, ending where its reads last grew (reading only, never a stall
           that may be processing), each `window` times what the finished median takes to read
           its largest growth.
@@ -715,31 +703,15 @@ class SlowTaskDetector:
         host when it reaches the median peer (>= 1), and no evidence for it before."""
         finished = vertex.finished_cold_per_byte if live.cold else vertex.finished_per_byte
         median = finished.median()
-        if len(finished) < rule.min_peers or not median:
-            return None
-        figure = SlowTaskDetector._unsized_figure(vertex, live, median, rule)
-        return slowdown(figure, median) if figure > 0 else None
-
-    @staticmethod
-    def _unsized_figure(
-        vertex: _VertexState, live: _LiveAttempt, median: float, rule: SlowHostRule
-    ) -> float:
-        """`_unsized_slowdown`'s lower bound of the attempt's whole time per byte, against
-        finished peers of median `median`; 0 when nothing bounds it."""
         p, history = live.progress, live.history
-        if p is None or p.bytes_read <= 0:
-            return 0.0
-        figure = 0.0
-        typical = vertex.finished_input.median()
-        if typical is not None and p.bytes_read >= typical:
-            # As of its last report: by now it may have read more (a heartbeat is seconds).
-            figure = (p.ts - live.deploying_ts) / p.bytes_read
+        if len(finished) < rule.min_peers or not median or p is None:
+            return None
+        figure = SlowTaskDetector._finished_figure(now, live, None, vertex.finished_input.median())
         if rule.window > 0 and history is not None and history.points:
             last_ts, last_read = history.points[-1]
             span = rule.window * median * history.largest
-            recent = history.recent_per_byte(last_ts, last_read, span)
-            figure = max(figure, recent or 0.0)
-        return figure
+            figure = max(figure, history.recent_per_byte(last_ts, last_read, span) or 0.0)
+        return slowdown(figure, median) if figure > 0 else None
 
     @staticmethod
     def _recent_per_byte(live: _LiveAttempt, middle: float, rule: SlowHostRule) -> float:
@@ -949,7 +921,9 @@ class SlowTaskDetector:
         any_slow = False
         for live in attempts.values():
             execution_ms = now - live.deploying_ts
+            # Without a size (Spark), what it has read so far: its size is at least that.
             read = live.progress.bytes_read if live.progress is not None else 0
+            known = size if size is not None else (read or None)
             slow = False
             total = None
             if tau is not None and live.progress is not None:
@@ -978,17 +952,15 @@ class SlowTaskDetector:
                 else:
                     # Unknown sizes, or a 0 baseline (ratio 0): plain times, as Flink does.
                     slow = execution_ms >= baseline_ms
-                    if slow and size is None and read > 0 and baseline_per_byte is not None:
-                        # ...but a running Spark task says what it has read so far (its size
-                        # is at least that): one that has read more than the median attempt
-                        # at the usual time per byte is long by its data, not slow.
-                        slow = time_per_byte(execution_ms, read) >= baseline_per_byte
+                    if slow and known is not None and baseline_per_byte is not None:
+                        # ...but a running Spark task says what it has read so far: one that
+                        # has read more than the median attempt at the usual time per byte is
+                        # long by its data, not slow.
+                        slow = time_per_byte(execution_ms, known) >= baseline_per_byte
             slow = slow or live.host in slow_hosts
             any_slow = any_slow or slow
-            # Without a size (Spark), what it has read so far: its size is at least that, so the
-            # blocklist weighs it per byte read, not in plain time that counts a task's data
-            # against its host.
-            known = size if size is not None else (read or None)
+            # The blocklist weighs it per byte (read, without a size), not in plain time that
+            # counts a task's data against its host.
             entries.append(
                 SlowAttempt(live.attempt, live.host, execution_ms, known, live.speculative, slow)
             )

@@ -133,6 +133,12 @@ class ReadHistory:
             if self.first is None:
                 self.first = (ts, bytes_read)
 
+    def reading_at(self, ts: int) -> bool:
+        """Whether its reads grew at the report of `ts`, and at least once before: its average
+        since deploying is then a reading rate. One whose reads have stopped may be processing
+        all it read, or stalled, and without its size nothing tells which."""
+        return len(self.points) >= 2 and self.points[-1][0] == ts
+
     def _window(self, start: tuple[int, int], now_ts: int, bytes_read: int) -> float:
         """Time per byte from a point of growth to the last report, counting one grain more than
         was reported: the most favourable reading, so that a report's lag behind the work (a
