@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
         "by its slowness factor",
         "CPU mode": f"{runner_workers('cpu', io)} workers × 1 core, {size.splits} splits of "
         f"{size.rows_per_file // 2} rows, score work {size.work}",
-        "broker": broker_name(args.mock),
+        "broker": broker_name(args.mock)
+        + (f"; {result.broker_warm_up}" if result.broker_warm_up else ""),
         "runs": f"{runs} per contender, interleaved",
         "contenders": ", ".join(c.name for c in contenders),
         "total wall time": f"{result.wall_s / 60:.1f} min (including cluster and session start-up)",

@@ -108,6 +108,8 @@ class BenchRun:
     wall_s: float
     # The bench policy's values this run changed, and why.
     policy_changes: dict[str, str] = field(default_factory=dict)
+    # How the broker was warmed before the first run (None: it was not).
+    broker_warm_up: str | None = None
 
 
 def write_settings(
@@ -269,6 +271,7 @@ class Bench:
             ) as up_,
         ):
             self._control_plane = _control_plane_pids(up_)
+            warmed = self._warm_broker(settings)
             for mode in modes:
                 # One cluster at a time, each in its own dir (its shape differs): 6 idle
                 # workers would only add load to the CPU-mode runs.
@@ -281,7 +284,23 @@ class Bench:
                                 records.append(self._logged(*run))
                                 if contender.attach and scenario.slow_throughout:
                                     records.append(self._logged(*run, second=True))
-        return BenchRun(records, defaults, time.monotonic() - started, changes)
+        return BenchRun(records, defaults, time.monotonic() - started, changes, warmed)
+
+    def _warm_broker(self, settings: Any) -> str | None:
+        """Warm Kafka's request paths before the first run (`broker_warmup`), when a contender
+        talks to the broker; what was done, for the report."""
+        if self.mock_broker or not any(c.attach or c.services for c in self.contenders):
+            return None
+        from tailguard.bench.broker_warmup import warm_broker
+
+        done = warm_broker(settings)
+        what = (
+            f"warmed before the first run: {done.records} records, one request each, read by "
+            f"{done.readers} consumer groups ({done.seconds:.1f} s), as a running deployment's "
+            "broker has been"
+        )
+        self.say(f"broker {what}")
+        return what
 
     def _logged(
         self,
