@@ -56,6 +56,10 @@ class Job:
     # executor's heartbeat, every `report_every` Ticks.
     sizes_known: bool = True
     report_every: int = 1
+    # The share of an attempt's time spent reading: it reads its input at 1/read_share its
+    # pace, then processes what it read for the rest of its time, reading nothing (a task that
+    # aggregates or writes after its scan). 1: it reads until it ends. Not with `turns_slow_at`.
+    read_share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -65,12 +69,13 @@ class _Attempt:
     per_byte: float  # ms per byte from the start...
     switch: int | None = None  # ...until this ts (host 0 turning slow), then:
     late_per_byte: float = 0.0
+    read_share: float = 1.0  # `Job.read_share`: reads at 1/read_share the pace, then processes
 
     def read_at(self, ts: int) -> float:
         if ts <= self.start:
             return 0.0
         if self.switch is None or ts <= self.switch:
-            return (ts - self.start) / self.per_byte
+            return (ts - self.start) / (self.per_byte * self.read_share)
         return (self.switch - self.start) / self.per_byte + (ts - self.switch) / self.late_per_byte
 
     def end(self, total: int) -> int:
@@ -120,6 +125,8 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
             return job.late_factor
         return job.host_factor[host]
 
+    if job.read_share != 1.0 and (job.turns_slow_at is not None or not 0 < job.read_share < 1):
+        raise ValueError("read_share is a share in (0, 1], and not with turns_slow_at")
     blocked_until: dict[str, int] = {}
     n = len(job.task_bytes)
     if job.sizes_known:
@@ -152,7 +159,7 @@ def run_job(job: Job, config: dict[str, str] | None = None, limit_ms: int = 600_
             per_mb = job.ms_per_mb * job.task_factor[task] / MB
             start = now if host in warm else now + job.cold_start_ms
             warm.add(host)
-            attempt = _Attempt(task, start, per_mb * factor(host, now))
+            attempt = _Attempt(task, start, per_mb * factor(host, now), read_share=job.read_share)
             switch = job.turns_slow_at
             if host // job.slots == 0 and switch is not None and now < switch:
                 attempt = _Attempt(task, start, attempt.per_byte, switch, per_mb * job.late_factor)

@@ -287,6 +287,46 @@ def test_in_sparks_view_long_tasks_of_skewed_data_condemn_no_host(front_loaded: 
     assert run.blocked() == set()
 
 
+def _reads_then_processes(read_share: float, **kwargs: object) -> Job:
+    """Six healthy hosts whose 30 s tasks read steadily for `read_share` of their time and then
+    process what they read (an aggregation, a write), reading nothing more."""
+    job = Job(
+        host_factor=(1, 1, 1, 1, 1, 1),
+        task_bytes=(100 * MB,) * 24,
+        task_factor=(1,) * 24,
+        ms_per_mb=300.0,
+        report_every=4,
+        read_share=read_share,
+    )
+    return dataclasses.replace(job, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("read_share", [0.3, 0.6])
+@pytest.mark.parametrize("joins_at", [None, (0, 0, 0, 20_000, 20_000, 20_000)])
+def test_in_sparks_view_tasks_that_process_after_reading_condemn_no_host(
+    read_share: float, joins_at: tuple[int, ...] | None
+) -> None:
+    # A task whose reads have stopped is judged against finished peers, by windows that end
+    # where its reads last grew (one running on into the processing would count time with no
+    # reads as slow reading). A finished task's figure holds its processing, a task still
+    # reading averages its reading alone: the first finished tasks (at 30 s, while the hosts
+    # that joined at 20 s still read) are not judged by those, nor by the reading rates of an
+    # earlier check (at 0.3, 3.3x under their whole figure: found slow before).
+    run = run_job(_reads_then_processes(read_share, sizes_known=False, joins_at=joins_at))
+    assert all(f.slow_hosts == () for f in run.findings)
+    assert run.blocked() == set()
+
+
+def test_a_finished_attempt_is_not_judged_by_the_reading_rates_of_a_check_long_past() -> None:
+    # Sizes known (tailguard's runners): every first attempt has read all by 9 s and processes
+    # until 30 s, so no check after 9 s judges any; the first to finish, while fewer than
+    # min-peers have, was compared with the reading rates of the check at 8.5 s and found
+    # 3.3x slow, its healthy host with it.
+    run = run_job(_reads_then_processes(0.3))
+    assert all(f.slow_hosts == () for f in run.findings)
+    assert run.blocked() == set()
+
+
 def test_the_rule_needs_enough_peers_on_other_hosts():
     # Three hosts: two peers for the slow one, under min-peers 3.
     job = Job(host_factor=(1, 1, 5), task_bytes=(10 * MB,) * 3, task_factor=(1,) * 3)

@@ -440,7 +440,8 @@ class SlowTaskDetector:
         event: AttemptFinished, job: _JobState, vertex: _VertexState, per_byte: float, cold: bool
     ) -> None:
         """A finished attempt's slowdown per byte against its vertex's finished attempts (or,
-        while fewer than `min-peers` have finished, the running ones of the last check): a
+        while fewer than `min-peers` have finished, the running ones of the last check, when
+        their sizes are known): a
         finished attempt far above its peers is evidence against its host, one at par for it.
         A cold attempt is compared with the cold ones only."""
         rule = job.rule.slow_host
@@ -555,12 +556,14 @@ class SlowTaskDetector:
                 ratio = self._unsized_slowdown(now, vertex, live, rule)
                 if ratio is not None and ratio >= 1.0:
                     found.add(live, ratio)
+            # The references a finished attempt is judged by while few have finished: this
+            # check's, never an earlier one's (attempts since drained, stopped or finished).
+            vertex.running_reference = vertex.running_cold_reference = None
             if not judged:
                 continue
             # A warm attempt is judged against every peer (a cold one can only make it look
             # faster); a cold one only against cold ones, not against peers that paid no start.
             cold = [j for j in judged if j.live.cold]
-            vertex.running_cold_reference = None
             if cold:
                 vertex.running_cold_reference = self._running_evidence(
                     now, vertex, cold, True, rule, found
@@ -571,6 +574,12 @@ class SlowTaskDetector:
                 )
             else:  # all cold (a vertex's first wave): the reference of all is theirs
                 vertex.running_reference = vertex.running_cold_reference
+            if any(j.total is None for j in judged):
+                # Spark's view: a task still reading averages its reading alone, while a
+                # finished task's figure holds what it did after its reads (a scan's
+                # aggregation, a write): the one is no reference for the other, and a
+                # finished task waits for `min-peers` finished ones.
+                vertex.running_reference = vertex.running_cold_reference = None
         for host, seen in list(job.finished_evidence.items()):
             while seen and seen[0][0] < now - rule.memory_ms:
                 seen.popleft()
