@@ -308,21 +308,36 @@ def test_in_sparks_view_tasks_that_process_after_reading_condemn_no_host(
 ) -> None:
     # A task whose reads have stopped is judged against finished peers, by windows that end
     # where its reads last grew (one running on into the processing would count time with no
-    # reads as slow reading). A finished task's figure holds its processing, a task still
-    # reading averages its reading alone: the first finished tasks (at 30 s, while the hosts
-    # that joined at 20 s still read) are not judged by those, nor by the reading rates of an
-    # earlier check (at 0.3, 3.3x under their whole figure: found slow before).
+    # reads as slow reading). The first tasks to finish (at 30 s, while the hosts that joined
+    # at 20 s still read) are judged by their reading against those that still read.
     run = run_job(_reads_then_processes(read_share, sizes_known=False, joins_at=joins_at))
     assert all(f.slow_hosts == () for f in run.findings)
     assert run.blocked() == set()
 
 
-def test_a_finished_attempt_is_not_judged_by_the_reading_rates_of_a_check_long_past() -> None:
-    # Sizes known (tailguard's runners): every first attempt has read all by 9 s and processes
-    # until 30 s, so no check after 9 s judges any; the first to finish, while fewer than
-    # min-peers have, was compared with the reading rates of the check at 8.5 s and found
-    # 3.3x slow, its healthy host with it.
-    run = run_job(_reads_then_processes(0.3))
+@pytest.mark.parametrize(
+    "job",
+    [
+        # No noise, sizes known, skew only: h0's 10 MB task reads for 0.9 s, processes until
+        # 3 s and finishes while its three peers (28 MB) still read (hypothesis found it).
+        Job(
+            host_factor=(1.0,) * 4,
+            task_bytes=(10 * MB,) + (28 * MB,) * 3 + (10 * MB,) * 4,
+            task_factor=(1.0,) * 8,
+            ms_per_mb=300.0,
+            read_share=0.3,
+        ),
+        # Every first attempt has read all by 9 s and processes until 30 s, so no check after
+        # 9 s judges any: the first to finish meets the reference of the check at 8.5 s.
+        _reads_then_processes(0.3),
+    ],
+    ids=["peers-still-reading", "a-past-check"],
+)
+def test_a_finished_attempt_is_judged_by_its_reading_against_running_peers(job: Job) -> None:
+    # Running peers' averages time their reading; a finished attempt's whole figure holds its
+    # processing too (3.3x theirs here: found slow before). Its average while it read is the
+    # like figure.
+    run = run_job(job)
     assert all(f.slow_hosts == () for f in run.findings)
     assert run.blocked() == set()
 

@@ -139,6 +139,16 @@ class ReadHistory:
         all it read, or stalled, and without its size nothing tells which."""
         return len(self.points) >= 2 and self.points[-1][0] == ts
 
+    def reading_per_byte(self) -> float | None:
+        """Its average since deploying at its last growth: what a running peer's average is,
+        for an attempt that has finished, whose whole figure holds whatever it did after its
+        reads too. It may overstate the reading by up to a report interval (its reads ended
+        before the report that showed them). None before any growth."""
+        if not self.points:
+            return None
+        ts, read = self.points[-1]
+        return (ts - self.deploying_ts) / read
+
     def _window(self, start: tuple[int, int], now_ts: int, bytes_read: int) -> float:
         """Time per byte from a point of growth to the last report, counting one grain more than
         was reported: the most favourable reading, so that a report's lag behind the work (a
