@@ -25,6 +25,10 @@ def test_a_small_side_known_only_at_run_time_is_broadcast_on_three_hosts(
     tailguard_spark: Any, tmp_path: Path
 ) -> None:
     job, large_dir, dims_dir = broadcast_job(tmp_path)
-    job_run = run_job(job, tailguard_spark, tmp_path, settings=POLICY)
+    # Every host's runner joins before placement: on the first alone (the default) a loaded
+    # machine ran the whole job on one host.
+    job_run = run_job(
+        job, tailguard_spark, tmp_path, settings={**POLICY, "tailguard.runners.min-ratio": "1"}
+    )
     assert_broadcast_and_fused(job_run, large_dir, dims_dir)
     assert len({a.host for a in job_run.result.attempts}) >= 2, "the attempts ran on one host"

@@ -100,7 +100,15 @@ def test_a_slow_host_is_speculated_around_and_blocked(
     orders = write_orders(tmp_path / "orders", files=8, rows=12_000)
     job = country_revenue.build_job(orders, tmp_path / "out", rounds=30_000)
 
-    run = run_job(job, tailguard_spark, tmp_path, services=tailguard_services)
+    # Placement waits for every host's runner: a job started on the first (the default) could
+    # end before the slow host's runner, which starts 10x slower too, joins.
+    run = run_job(
+        job,
+        tailguard_spark,
+        tmp_path,
+        services=tailguard_services,
+        settings={"tailguard.runners.min-ratio": "1"},
+    )
 
     assert_succeeded(run)
     assert_output_equals(run, reference(orders), ignore_order=True)

@@ -30,7 +30,7 @@ from tailguard.kafka.decision_reader import start_margin_ms
 from tailguard.logs import hide_secrets, job_context
 from tailguard.model import records as r
 from tailguard.model.authority import Unauthentic
-from tailguard.model.config import SERVICES_KEY, Settings, parse_duration_ms
+from tailguard.model.config import SERVICES_KEY, ConfigError, Settings, parse_duration_ms
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,14 @@ def run(
                 archive.append(item.topic, "received", item.record, item.record.ts)
         codec = codec_for(settings)
         use_services = services and log_mode == "kafka"
-        options = RunOptions(services=use_services, storage=store, progress=progress)
+        min_ratio, max_wait_s = runner_wait(settings)
+        options = RunOptions(
+            services=use_services,
+            storage=store,
+            progress=progress,
+            runners_min_ratio=min_ratio,
+            runners_max_wait_s=max_wait_s,
+        )
         if use_services:
             from tailguard.blocklist.fleet_topic import read_changes
 
@@ -239,3 +246,25 @@ def refuse_used_job_id(archive_dir: str, job_id: str) -> None:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+RUNNERS_MIN_RATIO = "tailguard.runners.min-ratio"
+RUNNERS_MAX_WAIT = "tailguard.runners.max-wait"
+
+
+def runner_wait(settings: Settings) -> tuple[float, float]:
+    """`RunOptions`' wait for slot runners before placement: the share of them from
+    `tailguard.runners.min-ratio` (0-1, default 0: start on the first) and the most seconds
+    after the first from `tailguard.runners.max-wait` (default 30 s)."""
+    raw = (settings.get(RUNNERS_MIN_RATIO) or "0").strip()
+    try:
+        ratio = float(raw)
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio <= 1.0:
+        raise ConfigError(f"{RUNNERS_MIN_RATIO}: expected a share from 0 to 1, got {raw!r}")
+    try:
+        wait_ms = parse_duration_ms((settings.get(RUNNERS_MAX_WAIT) or "30 s").strip())
+    except ConfigError as err:
+        raise ConfigError(f"{RUNNERS_MAX_WAIT}: {err}") from None
+    return ratio, wait_ms / 1000.0

@@ -5,6 +5,7 @@ finalised, `JobFinished` recorded) whatever ended it."""
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import time
 from collections.abc import Callable
@@ -87,9 +88,12 @@ class Lifecycle:
         waiting: placement starts on the hosts that have joined, and each later runner joins
         the pool when it connects. Waiting for every runner launched made the slowest host
         (a throttled node, an executor whose Python starts late) the start of the job for all.
+        With `runners_min_ratio` set, placement waits for that share of them, at most
+        `runners_max_wait_s` after the first (a test that needs every host at work sets 1).
         `launched` is how many runners the runtime started (0: none can connect)."""
         pool = self._ctx.pool
-        wait_s = self._ctx.options.executor_wait_s
+        options = self._ctx.options
+        wait_s = options.executor_wait_s
         deadline = time.monotonic() + wait_s
         while not pool.hosts:
             left = deadline - time.monotonic()
@@ -104,6 +108,22 @@ class Lifecycle:
             except queue.Empty:
                 continue
             dispatch(message)
+        wanted = math.ceil(options.runners_min_ratio * launched)
+        until = time.monotonic() + options.runners_max_wait_s
+        while pool.total_slots() < wanted:  # each runner is one slot (`Runners.on_connected`)
+            left = until - time.monotonic()
+            if left <= 0:
+                log.warning(
+                    "%d of %d slot runners connected within %s of the first "
+                    "(tailguard.runners.min-ratio asks %d): placing on those",
+                    pool.total_slots(), launched, seconds_text(options.runners_max_wait_s),
+                    wanted,
+                )  # fmt: skip
+                break
+            try:
+                dispatch(inbox.get(timeout=left))
+            except queue.Empty:
+                continue
         while True:
             try:
                 message = inbox.get_nowait()

@@ -16,5 +16,10 @@ class RunOptions:
     storage: Storage | None = None
     progress: bool = True
     executor_wait_s: float = 60.0
+    # Placement waits for this share of the runners launched to connect, at most
+    # `runners_max_wait_s` after the first did (Spark's minRegisteredResourcesRatio and
+    # maxRegisteredResourcesWaitingTime); 0: it starts on the first (`Lifecycle.await_runners`).
+    runners_min_ratio: float = 0.0
+    runners_max_wait_s: float = 30.0
     # Reads the fleet blocklist's changes (tailguard.agent.fleet_blocks); None: not read.
     fleet_list: Callable[[], list[FleetBlock]] | None = None
