@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tailguard.agent.entry import runner_wait
+from tailguard.agent.driver.options import runner_wait
 from tailguard.model.config import ConfigError, Settings
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from tailguard import filesystems
 from tailguard.agent.driver.driver import JobDriver, RunOptions, new_job_id
 from tailguard.agent.driver.hooks import JobHooks
+from tailguard.agent.driver.options import runner_wait
 from tailguard.agent.driver.ports import (
     AgentThreadFailed,
     CommandReceived,
@@ -30,7 +31,7 @@ from tailguard.kafka.decision_reader import start_margin_ms
 from tailguard.logs import hide_secrets, job_context
 from tailguard.model import records as r
 from tailguard.model.authority import Unauthentic
-from tailguard.model.config import SERVICES_KEY, ConfigError, Settings, parse_duration_ms
+from tailguard.model.config import SERVICES_KEY, Settings, parse_duration_ms
 
 log = logging.getLogger(__name__)
 
@@ -246,25 +247,3 @@ def refuse_used_job_id(archive_dir: str, job_id: str) -> None:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-RUNNERS_MIN_RATIO = "tailguard.runners.min-ratio"
-RUNNERS_MAX_WAIT = "tailguard.runners.max-wait"
-
-
-def runner_wait(settings: Settings) -> tuple[float, float]:
-    """`RunOptions`' wait for slot runners before placement: the share of them from
-    `tailguard.runners.min-ratio` (0-1, default 0: start on the first) and the most seconds
-    after the first from `tailguard.runners.max-wait` (default 30 s)."""
-    raw = (settings.get(RUNNERS_MIN_RATIO) or "0").strip()
-    try:
-        ratio = float(raw)
-    except ValueError:
-        ratio = -1.0
-    if not 0.0 <= ratio <= 1.0:
-        raise ConfigError(f"{RUNNERS_MIN_RATIO}: expected a share from 0 to 1, got {raw!r}")
-    try:
-        wait_ms = parse_duration_ms((settings.get(RUNNERS_MAX_WAIT) or "30 s").strip())
-    except ConfigError as err:
-        raise ConfigError(f"{RUNNERS_MAX_WAIT}: {err}") from None
-    return ratio, wait_ms / 1000.0

@@ -94,36 +94,23 @@ class Lifecycle:
         pool = self._ctx.pool
         options = self._ctx.options
         wait_s = options.executor_wait_s
-        deadline = time.monotonic() + wait_s
-        while not pool.hosts:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RuntimeError(
-                    f"no slot runner connected within {seconds_text(wait_s)} "
-                    f"({launched} launched, {self._runners.lost} ended before connecting; "
-                    "see the log)"
-                )
-            try:
-                message = inbox.get(timeout=left)
-            except queue.Empty:
-                continue
-            dispatch(message)
+        if not _dispatch_until(lambda: bool(pool.hosts), wait_s, inbox, dispatch):
+            raise RuntimeError(
+                f"no slot runner connected within {seconds_text(wait_s)} "
+                f"({launched} launched, {self._runners.lost} ended before connecting; "
+                "see the log)"
+            )
         wanted = math.ceil(options.runners_min_ratio * launched)
-        until = time.monotonic() + options.runners_max_wait_s
-        while pool.total_slots() < wanted:  # each runner is one slot (`Runners.on_connected`)
-            left = until - time.monotonic()
-            if left <= 0:
-                log.warning(
-                    "%d of %d slot runners connected within %s of the first "
-                    "(tailguard.runners.min-ratio asks %d): placing on those",
-                    pool.total_slots(), launched, seconds_text(options.runners_max_wait_s),
-                    wanted,
-                )  # fmt: skip
-                break
-            try:
-                dispatch(inbox.get(timeout=left))
-            except queue.Empty:
-                continue
+        # Each runner is one slot (`Runners.on_connected`).
+        enough = _dispatch_until(
+            lambda: pool.total_slots() >= wanted, options.runners_max_wait_s, inbox, dispatch
+        )
+        if not enough:
+            log.warning(
+                "%d of %d slot runners connected within %s of the first "
+                "(tailguard.runners.min-ratio asks %d): placing on those",
+                pool.total_slots(), launched, seconds_text(options.runners_max_wait_s), wanted,
+            )  # fmt: skip
         while True:
             try:
                 message = inbox.get_nowait()
@@ -194,3 +181,23 @@ class Lifecycle:
             ctx.runtime.close()
         finally:
             ctx.events.publisher.close()
+
+
+def _dispatch_until(
+    done: Callable[[], bool],
+    wait_s: float,
+    inbox: queue.Queue[InboxMessage],
+    dispatch: Callable[[InboxMessage], None],
+) -> bool:
+    """Dispatch the inbox's messages as they arrive until `done()`; False if `wait_s` passed
+    first."""
+    deadline = time.monotonic() + wait_s
+    while not done():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            dispatch(inbox.get(timeout=left))
+        except queue.Empty:
+            continue
+    return True
