@@ -2,18 +2,13 @@
 
 A platform team's Kafka has been running for days when a job attaches; the bench's broker
 starts minutes before its first run, and its JVM compiles its request paths (idempotent produce,
-fetches woken by new data, offset commits) on first use, on the 2 cores the executors use too.
-In `make bench-attach` (2026-11-29) the first attached run's broker took 2.8-3.0 CPU-s against
-1.5-2.3 for every later one, and that rep was the healthy target's only miss. Measured on this
-machine the same day (a fresh embedded broker, C1 only as `kafka_server.JVM_OPTIONS` starts it,
-rounds of 300 records at the relay's pace read by 3 consumer groups, as the detector, the
-decider and failover read the events topic): 2.0 CPU-s for the first round, then 1.3, 1.1;
-after this warm-up (2.8 s), 1.1 for the first round, then 1.2.
+fetches woken by new data, offset commits) on first use, on the 2 cores the executors use too:
+the first attached run of a bench paid for it (figures: docs/benchmarks.md, "Stack").
 
 So before the first run the broker carries that kind of traffic once: records each in its own
-request, read by as many consumer groups, committed as the services commit. Plain PySpark never
-talks to the broker, so only the contenders that do gain, and they gain what a running
-deployment has.
+request, read by as many consumer groups as read the events topic, committed as the services
+commit. Plain PySpark never talks to the broker, so only the contenders that do gain, and they
+gain what a running deployment has.
 """
 
 from __future__ import annotations
@@ -24,19 +19,20 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 
+from tailguard.broker.kafka_server import create_topics
+from tailguard.kafka.bootstrap import resolve_bootstrap
 from tailguard.kafka.config import client_config
-from tailguard.kafka.producer import producer_config
+from tailguard.kafka.producer import RecordProducer
+from tailguard.kafka.topics import TopicSpec
 
 TOPIC = "tailguard.bench.warm-up"
 # Enough requests for the JVM's compiler to settle in the experiment above (about 1,500).
 RECORDS = 2_000
 # As the services read the events topic: the detector, the decider, failover.
 READERS = 3
-PARTITIONS = 4  # as tailguard's topics
 VALUE = b"x" * 300  # about an event's size
 DEADLINE_S = 120.0
 
@@ -62,9 +58,9 @@ def warm_broker(
     """Send `records` records through the broker, one request each, read by `readers` consumer
     groups that commit as they go; the topic is deleted afterwards. Raises `WarmUpFailed` if
     they have not all been read by `deadline_s`."""
-    admin = AdminClient(client_config(settings, "producer", {}))
     topic = f"{TOPIC}.{uuid.uuid4().hex[:8]}"  # a rerun never reads an earlier run's records
-    _wait(admin.create_topics([NewTopic(topic, PARTITIONS, 1)]), deadline_s)
+    # As tailguard's topics (4 partitions), and led by the broker before the readers start.
+    create_topics(resolve_bootstrap(settings), [TopicSpec(topic)], deadline_s)
     started = clock()
     readers_: list[_Reader] = []
     try:
@@ -72,9 +68,9 @@ def warm_broker(
         for reader in readers_:  # every reader assigned before the first record
             if not reader.assigned.wait(_left(started, deadline_s, clock)):
                 raise WarmUpFailed(f"no partitions of {topic} assigned in {deadline_s:g} s")
-        producer = Producer(producer_config(settings))
+        producer = RecordProducer(settings)
         for n in range(records):
-            producer.produce(topic, key=str(n % 16).encode(), value=VALUE)
+            producer.send_bytes(topic, str(n % 16).encode(), VALUE)
             producer.flush(deadline_s)  # one request per record, as the relay's events go
         for reader in readers_:
             if not reader.done.wait(_left(started, deadline_s, clock)):
@@ -86,7 +82,9 @@ def warm_broker(
     finally:
         for reader in readers_:
             reader.stop()
-        _wait(admin.delete_topics([topic]), deadline_s)
+        admin = AdminClient(client_config(settings, "producer", {}))
+        for future in admin.delete_topics([topic]).values():
+            future.result(timeout=deadline_s)
 
 
 def _left(started: float, deadline_s: float, clock: Callable[[], float]) -> float:
@@ -130,8 +128,3 @@ class _Reader:
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def _wait(futures: Mapping[str, object], timeout_s: float) -> None:
-    for future in futures.values():
-        future.result(timeout=timeout_s)  # type: ignore[attr-defined]

@@ -54,12 +54,9 @@ ADDRESS_FILE = "address.json"
 PROPERTIES_FILE = KAFKA_PROPERTIES_FILE
 LOG4J_FILE = "log4j2.properties"
 MAIN_CLASS = KAFKA_MAIN_CLASS
-# C1 only (no C2): the embedded broker carries a control plane's traffic (hundreds of small
-# records a second at most), and C2 kept recompiling its request paths for minutes, on the same
-# 2 cores as the jobs. Measured on this machine (2026-11-29, a fresh broker, rounds of 300
-# records at the relay's pace read by 3 consumer groups): 2.8, 2.3, 1.8 CPU-s per round with
-# C2, of which 1.4, 1.1, 0.7 in the compiler threads; 2.0, 1.3, 1.1 with C1 only, the request
-# threads' own share unchanged (1.2, 0.9, 0.8 either way). A deployment's own Kafka is not this.
+# C1 only (no C2): the embedded broker carries a control plane's traffic, and C2 kept
+# recompiling its request paths for minutes on the cores the jobs use, which cost more CPU and a
+# p99 latency 8x C1's (figures: docs/log.md, "Its compiler"). A deployment's own Kafka is not this.
 JVM_OPTIONS = (
     "-Xms64m",
     "-Xmx512m",
