@@ -715,29 +715,32 @@ class SlowTaskDetector:
         host when it reaches the median peer (>= 1), and no evidence for it before."""
         finished = vertex.finished_cold_per_byte if live.cold else vertex.finished_per_byte
         median = finished.median()
-        p, history = live.progress, live.history
-        if len(finished) < rule.min_peers or not median or p is None:
+        if len(finished) < rule.min_peers or not median or live.progress is None:
             return None
-        figure = SlowTaskDetector._finished_figure(now, live, None, vertex.finished_input.median())
-        if rule.window > 0 and history is not None and history.points:
-            last_ts, last_read = history.points[-1]
-            span = rule.window * median * history.largest
-            figure = max(figure, history.recent_per_byte(last_ts, last_read, span) or 0.0)
+        figure = max(
+            SlowTaskDetector._finished_figure(now, live, None, vertex.finished_input.median()),
+            SlowTaskDetector._recent_per_byte(live, median, rule, to_last_growth=True),
+        )
         return slowdown(figure, median) if figure > 0 else None
 
     @staticmethod
-    def _recent_per_byte(live: _LiveAttempt, middle: float, rule: SlowHostRule) -> float:
+    def _recent_per_byte(
+        live: _LiveAttempt, middle: float, rule: SlowHostRule, to_last_growth: bool = False
+    ) -> float:
         """The attempt's time per byte over its recent windows (`ReadHistory.recent_per_byte`),
         each at least `window` times what the vertex's median attempt takes to read the
         attempt's largest growth between two reports (about `window` report intervals, or
         batches, of reading at the peers' pace: as much evidence as `min-reports` gives the
         average). A node that turns slow after a long healthy stretch shows within a few of its
-        reads, not once its slow part outweighs its healthy one. 0 when there is none."""
+        reads, not once its slow part outweighs its healthy one. The windows end at its last
+        report, or `to_last_growth` where its reads last grew (reading only, never a stop that
+        may be processing). 0 when there is none."""
         history, p = live.history, live.progress
-        if rule.window <= 0 or history is None or p is None:
+        if rule.window <= 0 or history is None or p is None or not history.points:
             return 0.0
+        end_ts, end_read = history.points[-1] if to_last_growth else (p.ts, p.bytes_read)
         span = rule.window * middle * history.largest
-        recent = history.recent_per_byte(p.ts, p.bytes_read, span)
+        recent = history.recent_per_byte(end_ts, end_read, span)
         return 0.0 if recent is None else recent
 
     def _check_vertex(
