@@ -101,13 +101,15 @@ def test_a_slow_host_is_speculated_around_and_blocked(
     job = country_revenue.build_job(orders, tmp_path / "out", rounds=30_000)
 
     # Placement waits for every host's runner: a job started on the first (the default) could
-    # end before the slow host's runner, which starts 10x slower too, joins.
+    # end before the slow host's runner, which starts 10x slower too, joins. On a 0.1-CPU budget
+    # that start (a Python worker importing tailguard) took over the default 30 s in CI, so the
+    # wait here is longer.
     run = run_job(
         job,
         tailguard_spark,
         tmp_path,
         services=tailguard_services,
-        settings={"tailguard.runners.min-ratio": "1"},
+        settings={"tailguard.runners.min-ratio": "1", "tailguard.runners.max-wait": "180 s"},
     )
 
     assert_succeeded(run)
