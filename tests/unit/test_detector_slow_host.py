@@ -31,14 +31,56 @@ FIVE_X = Job(host_factor=(1, 1, 1, 1, 1, 5), task_bytes=(10 * MB,) * 36, task_fa
 def test_a_uniformly_slow_host_is_found_on_its_third_report_blocked_and_its_attempt_copied():
     run = run_job(FIVE_X)
     first = run.first_report["h5"]
-    # Reports at 0.5, 1.0 and 1.5 s: judged on the third, found at that Tick.
+    # Reports at 0.5, 1.0 and 1.5 s: judged on the third, found at that report (before the
+    # Tick that follows it).
     assert run.found("h5")[0] == first + 2 * INTERVAL_MS
+    finding = next(f for f in run.findings if "h5" in f.slow_hosts)
+    (cause,) = (e for e in run.events if e.id in finding.caused_by)
+    assert (type(cause).__name__, cause.host) == ("AttemptProgress", "h5")
     assert {h for f in run.findings for h in f.slow_hosts} == {"h5"}
     at = run.found("h5")[0]
     blocks = [c for c in run.commands if isinstance(c, BlockNodes) and c.ts == at]
     assert [b.hosts for b in blocks] == [("h5",)]
     copies = [c for c in run.commands if isinstance(c, LaunchSpeculativeAttempts) and c.ts == at]
     assert [(c.subtask, c.avoid_hosts) for c in copies] == [(5, ("h5",))]
+
+
+def test_a_slow_host_is_found_at_the_report_that_shows_it_not_at_the_next_tick():
+    """Six hosts; h5's attempt deployed 400 ms after its peers, so it is judged (its third
+    report) between two Ticks. The check runs at that report: the finding is caused by it and
+    has its time. Reports that show no new slow host give nothing, and neither does h5's next
+    one once it is found; the next Tick repeats the finding."""
+    detector = SlowTaskDetector(Settings())
+    ev = JobEvents()
+
+    def out(record: Record) -> list[Record]:
+        return detector.handle(record)
+
+    for record in (
+        ev.submitted((source("v", (10 * MB,) * 6),)),
+        *(ev.node(f"h{i}") for i in range(6)),
+        ev.initialized("v", one_split_each(6)),
+        *(ev.deploying("v", s, 0, f"h{s}") for s in range(5)),
+        ev.deploying("v", 5, 400, "h5"),
+    ):
+        assert out(record) == []
+
+    # Peers read 4 MB/s and h5 0.8 MB/s from its start, each reporting every 250 ms; the Ticks
+    # come with the peers' reports, h5's reports 150 ms after them.
+    def h5_report(ts: int) -> Record:
+        return ev.progress("v", 5, ts, 8 * (ts - 400) * MB // 10_000, 10 * MB, host="h5")
+
+    for ts in (250, 500, 750, 1000):
+        for s in range(5):
+            assert out(ev.progress("v", s, ts, 4 * ts * MB // 1000, 10 * MB, host=f"h{s}")) == []
+        assert not [f for f in out(ev.tick(ts)) if getattr(f, "slow_hosts", ())]
+        if 400 < ts + 150 < 1000:
+            assert out(h5_report(ts + 150)) == []  # fewer than three reports: not judged yet
+    third = h5_report(1150)
+    findings = out(third)
+    assert [(f.ts, f.caused_by, f.slow_hosts) for f in findings] == [(1150, (third.id,), ("h5",))]
+    assert out(h5_report(1400)) == []
+    assert [f.slow_hosts for f in out(ev.tick(1500))] == [("h5",)]
 
 
 def test_a_slow_host_that_read_its_input_at_once_is_found_once_it_runs_past_its_peers():

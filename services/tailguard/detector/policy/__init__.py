@@ -13,7 +13,9 @@ gives a 0 baseline: every live attempt past B is slow.
 
 Execution time, as FLIP-168 defines it: finish − deploying for a finished attempt, now −
 deploying for a live one, 0 for a failed or cancelled one (so those are never slow and never in
-the baseline). Only `Tick` triggers a check, so every decision happens at a logged instant.
+the baseline). A `Tick` triggers a check, and so does a progress report that gives a host not yet
+found slow enough evidence for the slow-host rule (`_check_on_evidence`): every decision
+happens at a logged instant, the time of the event that triggered it.
 
 Work per Tick does not grow with the finished attempts: the baseline elements are kept
 incrementally as attempts finish (`BaselineElement`), assigned input bytes are cached per
@@ -27,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -77,6 +79,8 @@ from tailguard.model.records import (
 __all__ = ["SlowTaskDetector", "time_per_byte"]
 
 _NS_PER_MS = 1_000_000
+# What a check runs at: the agent's Tick, or the progress report that shows a host slow.
+_Trigger = Tick | AttemptProgress
 # Java's Double.MIN_VALUE: Flink divides by max(input bytes, this), so 0 bytes is the smallest
 # positive size (a positive time over it is +inf), not "unknown".
 _MIN_BYTES = 5e-324
@@ -219,7 +223,8 @@ class _VertexState:
         self.per_byte: BaselineElement | None = None
         self.reported_slow = False
         # The slow-host rule's median time per byte of the judged running attempts at the last
-        # Tick, and how many: a finished attempt's reference while few have finished.
+        # check, and how many: a finished attempt's reference while few have finished, and the
+        # gate of a check on a report (`_may_find_host`).
         self.running_reference: tuple[float, int] | None = None
         # The same over the cold judged running attempts only.
         self.running_cold_reference: tuple[float, int] | None = None
@@ -244,6 +249,7 @@ class _JobState:
         "hosts",
         "last_finished_slowdown",
         "rule",
+        "slow_hosts",
         "sorted_hosts",
         "vertices",
         "warm_hosts",
@@ -262,6 +268,9 @@ class _JobState:
         self.finished_evidence: dict[str, deque[tuple[int, float, str]]] = {}
         # Hosts that have finished an attempt of the job: an attempt deployed elsewhere is cold.
         self.warm_hosts: set[str] = set()
+        # The slow-host rule's verdict at the last check: a host in it is not checked for
+        # again when new evidence against it arrives (the next Tick repeats the finding).
+        self.slow_hosts: frozenset[str] = frozenset()
 
     def host_list(self) -> tuple[str, ...]:
         if self.sorted_hosts is None:
@@ -307,6 +316,8 @@ class SlowTaskDetector:
                 if record.bytes_read > 0:
                     live.reports += 1
                     vertex.reporting[(record.subtask, record.attempt)] = live
+                    if job.rule.slow_host.enabled and self._may_find_host(job, vertex, live):
+                        return self._check_on_evidence(record, job)
             return []
         if isinstance(record, AttemptDeploying | AttemptFinished | AttemptFailed | AttemptCanceled):
             vertex = self._subtask_vertex(job, record.vertex, record.subtask)
@@ -491,14 +502,66 @@ class SlowTaskDetector:
 
     # ------------------------------------------------------------------ the check
 
-    def _check(self, tick: Tick, job: _JobState) -> list[Record]:
+    def _may_find_host(self, job: _JobState, vertex: _VertexState, live: _LiveAttempt) -> bool:
+        """Whether a report makes its attempt, on a host not found slow, slow enough against its
+        vertex's reference of the last check to be worth a check now: a gate that costs one
+        attempt's figures, so that a report checks every rule only when it may be the one that
+        shows a slow host (most reports are not). The check then decides, with every attempt's
+        figures as of now; a report the gate misses waits for the next Tick, as before. Before
+        the vertex has a reference, an attempt's report that makes it judged opens the gate.
+
+        The figure is the one a judged running attempt is compared with running peers by, the
+        larger of its average since deploying and its recent windows (`_running_evidence`)."""
+        rule = job.rule.slow_host
+        p = live.progress
+        if live.host in job.slow_hosts or live.reports < rule.min_reports or p is None:
+            return False
+        if p.bytes_total is not None and p.bytes_read >= p.bytes_total:
+            return False  # read all: no rate any more (judged at the Tick, as a finished one)
+        if p.bytes_total is None and not (live.history and live.history.reading_at(p.ts)):
+            return False  # unsized and its reads stopped: no rate (`_unsized_slowdown`)
+        reference = vertex.running_cold_reference if live.cold else vertex.running_reference
+        if reference is None or reference[1] - 1 < rule.min_peers:
+            # No reference with enough peers at the last check (a vertex's first reports):
+            # the attempt that has just become judged checks, which makes one; this happens
+            # once per attempt, and only until the vertex has one.
+            return live.reports == rule.min_reports
+        per_byte = max(
+            (p.ts - live.deploying_ts) / p.bytes_read,
+            self._recent_per_byte(live, reference[0], rule),
+        )
+        ratio = slowdown(per_byte, reference[0])
+        return ratio is not None and ratio >= rule.slowdown
+
+    def _check_on_evidence(self, trigger: AttemptProgress, job: _JobState) -> list[Record]:
+        """A check at `trigger`'s time when the slow-host rule now finds a host it had not:
+        the finding comes with the report that shows the host slow, up to a check interval
+        before the next Tick would (issue 24's finding within 3 intervals). Still a pure
+        function of the events: the report's time is the check's."""
+        verdict = self._slow_hosts(trigger.ts, job)
+        if not verdict[0] - job.slow_hosts:
+            return []
+        return self._check(trigger, job, verdict)
+
+    def _check(
+        self,
+        trigger: _Trigger,
+        job: _JobState,
+        verdict: tuple[frozenset[str], dict[str, str]] | None = None,
+    ) -> list[Record]:
+        """Every rule, at `trigger`'s time: a Tick, or the report that gave a host not yet found
+        slow enough evidence (`_check_on_evidence`), whose slow-host `verdict` is then already
+        made."""
         out: list[SlowTasksDetected] = []
         slow_hosts: frozenset[str] = frozenset()
         where: dict[str, str] = {}
-        if job.rule.slow_host.enabled:
-            slow_hosts, where = self._slow_hosts(tick.ts, job)
+        if verdict is not None:
+            slow_hosts, where = verdict
+        elif job.rule.slow_host.enabled:
+            slow_hosts, where = self._slow_hosts(trigger.ts, job)
+        job.slow_hosts = slow_hosts
         for name, vertex in job.vertices.items():
-            finding = self._check_vertex(tick, job, name, vertex, slow_hosts)
+            finding = self._check_vertex(trigger, job, name, vertex, slow_hosts)
             if finding is not None:
                 out.append(finding)
         if slow_hosts and not out:
@@ -506,7 +569,7 @@ class SlowTaskDetector:
             # must still reach the blocklist: a finding with no slow subtask, on the vertex of
             # its latest evidence.
             name = where[min(slow_hosts)]
-            out.append(self._finding(tick, job, name, job.vertices[name], (), (0, None)))
+            out.append(self._finding(trigger, job, name, job.vertices[name], (), (0, None)))
         if slow_hosts:
             hosts = tuple(sorted(slow_hosts))
             out = [dataclasses.replace(f, slow_hosts=hosts) for f in out]
@@ -528,6 +591,13 @@ class SlowTaskDetector:
         evidence: dict[str, list[float]] = {}
         where: dict[str, str] = {}
         oldest: dict[str, int] = {}
+        # Per host, its running attempts that have read but are not judged yet (fewer than
+        # `min-reports` reports): too young to condemn it, but current work of the host that
+        # nothing shows slow, so each counts as a piece of evidence for it. Otherwise the
+        # host's first attempt to reach `min-reports` would be its only evidence until the
+        # others do: a task slow by its own data, deployed beside healthy ones at the same
+        # time, would condemn its host for the interval or two the others' reports lag.
+        young: Counter[str] = Counter()
         for name, vertex in job.vertices.items():
             if not vertex.reporting:
                 continue
@@ -548,6 +618,7 @@ class SlowTaskDetector:
                     # it.
                     drained.append((live, self._finished_figure(now, live, total)))
                 elif live.reports < rule.min_reports:
+                    young[live.host] += 1
                     continue
                 elif total is None and not (live.history and live.history.reading_at(p.ts)):
                     # Its size unknown and its reads stopped: processing what it read, or
@@ -596,7 +667,9 @@ class SlowTaskDetector:
                     where.setdefault(host, vertex_name)
             if since is None:
                 where[host] = seen[-1][2]
-        verdict = frozenset(h for h, items in evidence.items() if found_slow(items, rule))
+        verdict = frozenset(
+            h for h, items in evidence.items() if found_slow(items + [0.0] * young[h], rule)
+        )
         return verdict, where
 
     def _running_evidence(
@@ -745,7 +818,7 @@ class SlowTaskDetector:
 
     def _check_vertex(
         self,
-        tick: Tick,
+        trigger: _Trigger,
         job: _JobState,
         name: str,
         vertex: _VertexState,
@@ -775,21 +848,23 @@ class SlowTaskDetector:
             return None
         candidates: dict[int, None] = dict.fromkeys(on_slow_hosts)
         if flink is not None:
-            candidates.update(dict.fromkeys(self._old_enough(tick.ts, rule.lower_bound_ms, vertex)))
+            candidates.update(
+                dict.fromkeys(self._old_enough(trigger.ts, rule.lower_bound_ms, vertex))
+            )
         if tau is not None:
-            candidates.update(dict.fromkeys(self._reporting(tick.ts, vertex, rule.progress)))
+            candidates.update(dict.fromkeys(self._reporting(trigger.ts, vertex, rule.progress)))
         peers = None
         if tau is not None and rule.progress.host_corroboration > 0:
             # Walked on the first attempt the progress rule finds slow, once per tick: most
             # ticks find none, and need no third walk of the live attempts.
             peers = functools.cache(
-                functools.partial(self._slowdowns_by_host, tick.ts, vertex, rule.progress, tau)
+                functools.partial(self._slowdowns_by_host, trigger.ts, vertex, rule.progress, tau)
             )
         slow: list[SlowSubtask] = []
         for subtask in candidates:
             attempts = vertex.live[subtask]
             entries = self._judge(
-                tick.ts, job, vertex, subtask, attempts, flink, tau, peers, slow_hosts
+                trigger.ts, job, vertex, subtask, attempts, flink, tau, peers, slow_hosts
             )
             if entries is not None:
                 slow.append(SlowSubtask(subtask, entries, vertex.latest_attempt[subtask]))
@@ -799,12 +874,12 @@ class SlowTaskDetector:
         slow.sort(key=lambda s: s.subtask)
         # Flink's baseline once R has finished; before that, the progress rule's reference.
         return self._finding(
-            tick, job, name, vertex, tuple(slow), flink if flink is not None else (0, tau)
+            trigger, job, name, vertex, tuple(slow), flink if flink is not None else (0, tau)
         )
 
     def _finding(
         self,
-        tick: Tick,
+        trigger: _Trigger,
         job: _JobState,
         name: str,
         vertex: _VertexState,
@@ -816,10 +891,10 @@ class SlowTaskDetector:
         if per_byte is not None and math.isfinite(per_byte):
             ns_per_byte = per_byte * _NS_PER_MS
         return SlowTasksDetected(
-            job_id=tick.job_id,
-            ts=tick.ts,
-            id=derived_id(self.SERVICE, tick.id, name),
-            caused_by=(tick.id,),
+            job_id=trigger.job_id,
+            ts=trigger.ts,
+            id=derived_id(self.SERVICE, trigger.id, name),
+            caused_by=(trigger.id,),
             vertex=name,
             speculation_safe=vertex.spec.speculation_safe,
             baseline_ms=baseline_ms,

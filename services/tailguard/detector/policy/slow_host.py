@@ -41,7 +41,9 @@ keeps up with the hosts running the same vertex. This rule compares those rates.
   running attempts in every vertex, and of its finished attempts within the memory) is at least
   `…slow-host.slowdown`: more than half of its evidence is that slow. A majority verdict: a host
   with one slow task and as many healthy ones (a task whose own data is slow per byte) is not
-  found slow; a host with a single piece of evidence is judged by it.
+  found slow; a host with a single piece of evidence is judged by it. Its running attempts not
+  judged yet count as evidence for it (never against), so that its first attempt to be judged
+  is not its only voice while its neighbours' reports lag.
 
 **Noise never trips it.** If every attempt's time per byte is within ±30% of one common value,
 any slowdown is at most 1.3 / 0.7 ≈ 1.86 (the reference is a median of values within the same
@@ -51,7 +53,8 @@ no slower than the attempt's true rate, so it keeps the bound however many are r
 slow node (the 5× node of issue 24) is far above
 it from its first reports.
 
-Pure: every value comes from the events and the Tick's time; replay reaches the same verdicts.
+Pure: every value comes from the events and the time of the event that triggers the check (a
+Tick, or a report that shows a new slow host); replay reaches the same verdicts.
 """
 
 from __future__ import annotations
