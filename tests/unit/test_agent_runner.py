@@ -42,7 +42,7 @@ from tailguard.agent.executor.protocol import (
     receive,
     send,
 )
-from tailguard.agent.executor.runner import RunnerConfig, serve
+from tailguard.agent.executor.runner import RunnerConfig, serve, until_next_report
 from tailguard.agent.executor.sources import SourceDef, discover_splits
 from tailguard.agent.executor.steps import OperatorStep
 from tailguard.agent.executor.storage import Storage
@@ -297,6 +297,18 @@ def _progress_while_waiting(driver: Driver, task: TaskSpec, reports: int) -> lis
     driver.send(Cancel(task.key))
     assert driver.until_ended(task.key)[-1].outcome.cancelled
     return [m for m in seen if isinstance(m, AttemptProgressed)]
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "expected"),
+    [(0.0, 0.25), (0.01, 0.24), (0.254, 0.246), (0.74, 0.01), (0.75, 0.25), (1.9, 0.1)],
+)
+def test_reports_keep_to_the_attempts_grid_whatever_the_loop_costs(
+    elapsed: float, expected: float
+) -> None:
+    # Woken 4 ms late (0.254 s), the loop sleeps 246 ms, not 250: the next report is at 0.5 s,
+    # not 0.504 s. Woken more than an interval late (1.9 s), it waits for the next grid point.
+    assert until_next_report(elapsed, 0.25) == pytest.approx(expected)
 
 
 def test_an_attempt_still_reading_reports_every_interval_and_one_that_read_all_does_not(
