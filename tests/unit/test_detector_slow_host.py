@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
+import slow_host_histories
 from slow_host_histories import INTERVAL_MS, MB, Job, run_job
 from speculation_histories import JobEvents, one_split_each, slow_finding, source
 
@@ -16,6 +19,7 @@ from tailguard.detector.policy.slow_host import ReadHistory, SlowHostRule, media
 from tailguard.model.config import FLIP_168, ConfigError, Settings
 from tailguard.model.records import (
     AttemptDeploying,
+    AttemptProgress,
     BlockNodes,
     LaunchSpeculativeAttempts,
     Record,
@@ -306,6 +310,52 @@ def test_in_sparks_view_a_slow_host_whose_tasks_read_steadily_is_found_from_runn
     assert steady.found("h5")[0] == 6_000
     assert {h for f in steady.findings for h in f.slow_hosts} == {"h5"}
     assert run_job(job).found("h5")[0] == 76_000
+
+
+def test_a_host_is_checked_at_a_report_at_most_once_between_two_checks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Tasks slow by their own data (3x, 5% of them) on 4-slot hosts: their reports open the
+    # gate, and a host they do not condemn is not walked again at a report before the next
+    # check, however many of its attempts report meanwhile.
+    checks: list[tuple[int, str]] = []
+
+    class Counting(SlowTaskDetector):
+        def _check_on_evidence(self, trigger: AttemptProgress, job: Any) -> list[Record]:
+            checks.append((trigger.ts, trigger.host))
+            return super()._check_on_evidence(trigger, job)
+
+    monkeypatch.setattr(slow_host_histories, "SlowTaskDetector", Counting)
+    draw = random.Random(0)
+    n = 600
+    sizes = tuple(draw.randint(10, 20) * MB for _ in range(n))
+    factor = tuple(3.0 if draw.random() < 0.05 else draw.uniform(0.8, 1.2) for _ in range(n))
+    run_job(Job(host_factor=(1,) * 12, task_bytes=sizes, task_factor=factor, slots=4))
+    # The simulator's reports of one interval share its time, and a Tick follows them.
+    assert checks
+    assert len(checks) == len(set(checks))
+
+
+def test_young_attempts_already_slow_do_not_outvote_their_hosts_judged_ones() -> None:
+    # Spark's view with its default 10 s heartbeat (a report every 20 Ticks): a 16-slot host,
+    # 5x slow, always has attempts younger than three reports. Counted for their host whatever
+    # they read, they outvoted its judged slow attempts until 22 s; an attempt that already
+    # reads at 2.5x its peers abstains, and the host is found at 15 s, when it would be
+    # without any young vote.
+    n = 12 * 16 * 6
+    draw = random.Random(0)
+    sizes = tuple(draw.randint(15, 25) * MB for _ in range(n))
+    job = Job(
+        host_factor=(5,) + (1,) * 5,
+        task_bytes=sizes,
+        task_factor=(1,) * n,
+        slots=16,
+        sizes_known=False,
+        report_every=20,
+    )
+    run = run_job(job)
+    assert run.found("h0")[0] <= 15_000
+    assert {h for f in run.findings for h in f.slow_hosts} == {"h0"}
 
 
 @pytest.mark.parametrize("front_loaded", [True, False])

@@ -248,6 +248,7 @@ class _JobState:
         "finished_evidence",
         "hosts",
         "last_finished_slowdown",
+        "not_found_since_check",
         "rule",
         "slow_hosts",
         "sorted_hosts",
@@ -271,6 +272,8 @@ class _JobState:
         # The slow-host rule's verdict at the last check: a host in it is not checked for
         # again when new evidence against it arrives (the next Tick repeats the finding).
         self.slow_hosts: frozenset[str] = frozenset()
+        # Hosts a report's check did not find slow since the last check (`_may_find_host`).
+        self.not_found_since_check: set[str] = set()
 
     def host_list(self) -> tuple[str, ...]:
         if self.sorted_hosts is None:
@@ -316,7 +319,9 @@ class SlowTaskDetector:
                 if record.bytes_read > 0:
                     live.reports += 1
                     vertex.reporting[(record.subtask, record.attempt)] = live
-                    if job.rule.slow_host.enabled and self._may_find_host(job, vertex, live):
+                    if job.rule.slow_host.enabled and self._may_find_host(
+                        job, vertex, record.subtask, live
+                    ):
                         return self._check_on_evidence(record, job)
             return []
         if isinstance(record, AttemptDeploying | AttemptFinished | AttemptFailed | AttemptCanceled):
@@ -362,7 +367,8 @@ class SlowTaskDetector:
             "slow_vertices": float(slow_vertices),
             "speculative_wins": float(self._speculative_wins),
             "config_errors": float(self._config_errors),
-            # Live attempts walked by Ticks: what the per-Tick cost is proportional to.
+            # Live attempts walked by checks (Ticks, and reports that may show a slow host):
+            # what a check's cost is proportional to.
             "attempts_examined": float(self._attempts_examined),
         }
 
@@ -502,19 +508,26 @@ class SlowTaskDetector:
 
     # ------------------------------------------------------------------ the check
 
-    def _may_find_host(self, job: _JobState, vertex: _VertexState, live: _LiveAttempt) -> bool:
+    def _may_find_host(
+        self, job: _JobState, vertex: _VertexState, subtask: int, live: _LiveAttempt
+    ) -> bool:
         """Whether a report makes its attempt, on a host not found slow, slow enough against its
         vertex's reference of the last check to be worth a check now: a gate that costs one
         attempt's figures, so that a report checks every rule only when it may be the one that
         shows a slow host (most reports are not). The check then decides, with every attempt's
         figures as of now; a report the gate misses waits for the next Tick, as before. Before
-        the vertex has a reference, an attempt's report that makes it judged opens the gate.
+        the vertex has a reference, an attempt's report that makes it judged opens the gate. A
+        host that a report's check did not find slow is not checked at a report again until
+        the next Tick: a task slow by its own data, outvoted on its host, would otherwise make
+        every one of its reports walk the whole job.
 
         The figure is the one a judged running attempt is compared with running peers by, the
         larger of its average since deploying and its recent windows (`_running_evidence`)."""
         rule = job.rule.slow_host
         p = live.progress
-        if live.host in job.slow_hosts or live.reports < rule.min_reports or p is None:
+        if live.host in job.slow_hosts or live.host in job.not_found_since_check:
+            return False  # found, or checked at a report since the last check and not found
+        if live.reports < rule.min_reports or p is None or subtask in vertex.done:
             return False
         if p.bytes_total is not None and p.bytes_read >= p.bytes_total:
             return False  # read all: no rate any more (judged at the Tick, as a finished one)
@@ -540,6 +553,7 @@ class SlowTaskDetector:
         function of the events: the report's time is the check's."""
         verdict = self._slow_hosts(trigger.ts, job)
         if not verdict[0] - job.slow_hosts:
+            job.not_found_since_check.add(trigger.host)
             return []
         return self._check(trigger, job, verdict)
 
@@ -560,6 +574,7 @@ class SlowTaskDetector:
         elif job.rule.slow_host.enabled:
             slow_hosts, where = self._slow_hosts(trigger.ts, job)
         job.slow_hosts = slow_hosts
+        job.not_found_since_check.clear()
         for name, vertex in job.vertices.items():
             finding = self._check_vertex(trigger, job, name, vertex, slow_hosts)
             if finding is not None:
@@ -592,11 +607,12 @@ class SlowTaskDetector:
         where: dict[str, str] = {}
         oldest: dict[str, int] = {}
         # Per host, its running attempts that have read but are not judged yet (fewer than
-        # `min-reports` reports): too young to condemn it, but current work of the host that
-        # nothing shows slow, so each counts as a piece of evidence for it. Otherwise the
-        # host's first attempt to reach `min-reports` would be its only evidence until the
-        # others do: a task slow by its own data, deployed beside healthy ones at the same
-        # time, would condemn its host for the interval or two the others' reports lag.
+        # `min-reports` reports) and read at their peers' pace so far: too young to condemn it,
+        # but current work of the host that nothing shows slow, so each counts as a piece of
+        # evidence for it (`_young_vote`). Otherwise the host's first attempt to reach
+        # `min-reports` would be its only evidence until the others do: a task slow by its own
+        # data, deployed beside healthy ones at the same time, would condemn its host for the
+        # interval or two the others' reports lag.
         young: Counter[str] = Counter()
         for name, vertex in job.vertices.items():
             if not vertex.reporting:
@@ -618,7 +634,8 @@ class SlowTaskDetector:
                     # it.
                     drained.append((live, self._finished_figure(now, live, total)))
                 elif live.reports < rule.min_reports:
-                    young[live.host] += 1
+                    if self._young_vote(vertex, live, p, rule):
+                        young[live.host] += 1
                     continue
                 elif total is None and not (live.history and live.history.reading_at(p.ts)):
                     # Its size unknown and its reads stopped: processing what it read, or
@@ -671,6 +688,28 @@ class SlowTaskDetector:
             h for h, items in evidence.items() if found_slow(items + [0.0] * young[h], rule)
         )
         return verdict, where
+
+    @staticmethod
+    def _young_vote(
+        vertex: _VertexState, live: _LiveAttempt, p: Progress, rule: SlowHostRule
+    ) -> bool:
+        """Whether a young attempt (fewer than `min-reports` reports) speaks for its host: its
+        average so far is under the slowdown against its vertex's reference of the last check
+        (or the finished median of its kind), or there is no reference yet. One already that
+        slow abstains: it is too young to count against its host, but it is no sign that the
+        host keeps up either. (Counted for its host regardless, the young attempts of a host
+        with many slots, in Spark's view where an attempt reports once per heartbeat, outvoted
+        its judged slow ones for seconds: in a simulated 16-slot 5x host with 10 s heartbeats it
+        was found at 22-26 s instead of 12-15 s.)"""
+        running = vertex.running_cold_reference if live.cold else vertex.running_reference
+        finished = vertex.finished_cold_per_byte if live.cold else vertex.finished_per_byte
+        reference = running[0] if running is not None else None
+        if reference is None and len(finished) >= rule.min_peers:
+            reference = finished.median()
+        if reference is None:
+            return True
+        ratio = slowdown((p.ts - live.deploying_ts) / p.bytes_read, reference)
+        return ratio is None or ratio < rule.slowdown
 
     def _running_evidence(
         self,

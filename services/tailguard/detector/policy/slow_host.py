@@ -42,8 +42,9 @@ keeps up with the hosts running the same vertex. This rule compares those rates.
   `…slow-host.slowdown`: more than half of its evidence is that slow. A majority verdict: a host
   with one slow task and as many healthy ones (a task whose own data is slow per byte) is not
   found slow; a host with a single piece of evidence is judged by it. Its running attempts not
-  judged yet count as evidence for it (never against), so that its first attempt to be judged
-  is not its only voice while its neighbours' reports lag.
+  judged yet count as evidence for it (never against) while they read at under the slowdown,
+  so that its first attempt to be judged is not its only voice while its neighbours' reports
+  lag.
 
 **Noise never trips it.** If every attempt's time per byte is within ±30% of one common value,
 any slowdown is at most 1.3 / 0.7 ≈ 1.86 (the reference is a median of values within the same
