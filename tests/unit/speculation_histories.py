@@ -257,6 +257,7 @@ def simulate(params: SimulationParams, settings: Settings | None = None) -> Simu
     from tailguard.speculator.policy import SpeculationStrategy
 
     settings = settings or Settings()
+    max_concurrent = settings.integer("execution.batch.speculative.max-concurrent-executions")
     rng = random.Random(params.seed)
     run = SimulationRun()
     detector = SlowTaskDetector(settings)
@@ -317,6 +318,14 @@ def simulate(params: SimulationParams, settings: Settings | None = None) -> Simu
             return
         applied.add(command.id)
         if isinstance(command, LaunchSpeculativeAttempts):
+            # The agent's guard (`_guard_speculate` in agent/driver/commands.py): the running
+            # and queued attempts and those asked for must stay within max-concurrent, or the
+            # command is rejected. The speculator cannot see a copy it asked for an attempt
+            # that has since failed and been restarted: that copy is still queued.
+            task = (command.vertex, command.subtask)
+            queued = sum(c.count for _, c in launches if (c.vertex, c.subtask) == task)
+            if len(live.get(task, {})) + queued + command.count > max_concurrent:
+                return
             # The agent places speculative attempts asynchronously: findings of the same state
             # may come in before, which the speculator must not answer again.
             launches.append((now, command))

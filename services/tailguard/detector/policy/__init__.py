@@ -478,8 +478,9 @@ class SlowTaskDetector:
             # its reads (an aggregation, a write): 3.3x its peers' for tasks that read for 30%
             # of their time, without any noise.
             reading = live.history.reading_per_byte() if live.history is not None else None
-            if reading is not None:
-                per_byte = min(per_byte, reading)
+            if reading is None:
+                return  # a single read: nothing like its peers' averages to compare
+            per_byte = min(per_byte, reading)
         ratio = None if reference is None else slowdown(per_byte, reference)
         if ratio is not None:
             seen = job.finished_evidence.setdefault(event.host, deque())
@@ -539,11 +540,8 @@ class SlowTaskDetector:
             # the attempt that has just become judged checks, which makes one; this happens
             # once per attempt, and only until the vertex has one.
             return live.reports == rule.min_reports
-        per_byte = max(
-            (p.ts - live.deploying_ts) / p.bytes_read,
-            self._recent_per_byte(live, reference[0], rule),
-        )
-        ratio = slowdown(per_byte, reference[0])
+        judged = _Judged(live, (p.ts - live.deploying_ts) / p.bytes_read, p.bytes_total)
+        ratio = slowdown(max(self._reading_figures(judged, reference[0], rule)), reference[0])
         return ratio is not None and ratio >= rule.slowdown
 
     def _check_on_evidence(self, trigger: AttemptProgress, job: _JobState) -> list[Record]:
@@ -744,8 +742,9 @@ class SlowTaskDetector:
             own.append(j.per_byte)
             if j.live.cold == cold:
                 judged.append(j)
-                recent.append(self._recent_per_byte(j.live, middle, rule))
-                against.append(max(j.per_byte, recent[-1]))
+                own_figure, own_recent = self._reading_figures(j, middle, rule)
+                recent.append(own_recent)
+                against.append(max(own_figure, own_recent))
                 found.judged(j.live)
         finished = vertex.finished_cold_per_byte if cold else vertex.finished_per_byte
         finished_count, finished_median = len(finished), finished.median()
@@ -836,6 +835,21 @@ class SlowTaskDetector:
         return slowdown(figure, median) if figure > 0 else None
 
     @staticmethod
+    def _reading_figures(j: _Judged, middle: float, rule: SlowHostRule) -> tuple[float, float]:
+        """What a judged running attempt is held against running peers by: its average and its
+        recent windows. Its size unknown (Spark's tasks), its reads grew at its last report but
+        may have ended early in that interval and the rest be processing: both then end where
+        its reads ended at the earliest (`ReadHistory.reading_end`), not at the report. Only
+        its own figures: its peers' averages, which make the reference, can only be slower
+        for it, which is in its favour."""
+        if j.total is not None:
+            return j.per_byte, SlowTaskDetector._recent_per_byte(j.live, middle, rule)
+        history = j.live.history
+        reading = history.reading_per_byte() if history is not None else None
+        own = j.per_byte if reading is None else min(j.per_byte, reading)
+        return own, SlowTaskDetector._recent_per_byte(j.live, middle, rule, to_last_growth=True)
+
+    @staticmethod
     def _recent_per_byte(
         live: _LiveAttempt, middle: float, rule: SlowHostRule, to_last_growth: bool = False
     ) -> float:
@@ -845,12 +859,16 @@ class SlowTaskDetector:
         batches, of reading at the peers' pace: as much evidence as `min-reports` gives the
         average). A node that turns slow after a long healthy stretch shows within a few of its
         reads, not once its slow part outweighs its healthy one. The windows end at its last
-        report, or `to_last_growth` where its reads last grew (reading only, never a stop that
-        may be processing). 0 when there is none."""
+        report, or `to_last_growth` where its reads ended at the earliest
+        (`ReadHistory.reading_end`: reading only, never a stop that may be processing). 0 when
+        there is none."""
         history, p = live.history, live.progress
         if rule.window <= 0 or history is None or p is None or not history.points:
             return 0.0
         end_ts, end_read = history.points[-1] if to_last_growth else (p.ts, p.bytes_read)
+        ended = history.reading_end() if to_last_growth else None
+        if ended is not None:
+            end_ts = ended  # where its reads ended at the earliest, not at the report
         span = rule.window * middle * history.largest
         recent = history.recent_per_byte(end_ts, end_read, span)
         return 0.0 if recent is None else recent
