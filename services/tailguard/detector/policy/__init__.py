@@ -32,7 +32,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from tailguard.detector.policy.inputs import ProducerOutputs, assigned_bytes, split_prefix_sums
 from tailguard.detector.policy.median import BaselineElement
@@ -81,6 +81,7 @@ __all__ = ["SlowTaskDetector", "time_per_byte"]
 _NS_PER_MS = 1_000_000
 # What a check runs at: the agent's Tick, or the progress report that shows a host slow.
 _Trigger = Tick | AttemptProgress
+_ReadingKind = Literal["none", "drained", "young", "stopped", "judged"]
 # Java's Double.MIN_VALUE: Flink divides by max(input bytes, this), so 0 bytes is the smallest
 # positive size (a positive time over it is +inf), not "unknown".
 _MIN_BYTES = 5e-324
@@ -525,24 +526,54 @@ class SlowTaskDetector:
         The figure is the one a judged running attempt is compared with running peers by, the
         larger of its average since deploying and its recent windows (`_running_evidence`)."""
         rule = job.rule.slow_host
-        p = live.progress
         if live.host in job.slow_hosts or live.host in job.not_found_since_check:
             return False  # found, or checked at a report since the last check and not found
-        if live.reports < rule.min_reports or p is None or subtask in vertex.done:
-            return False
-        if p.bytes_total is not None and p.bytes_read >= p.bytes_total:
-            return False  # read all: no rate any more (judged at the Tick, as a finished one)
-        if p.bytes_total is None and not (live.history and live.history.reading_at(p.ts)):
-            return False  # unsized and its reads stopped: no rate (`_unsized_slowdown`)
+        kind, total = self._reading_kind(job, vertex, subtask, live)
+        if kind != "judged":
+            return False  # no rate yet, or none any more: the Tick judges it
         reference = vertex.running_cold_reference if live.cold else vertex.running_reference
         if reference is None or reference[1] - 1 < rule.min_peers:
             # No reference with enough peers at the last check (a vertex's first reports):
             # the attempt that has just become judged checks, which makes one; this happens
             # once per attempt, and only until the vertex has one.
             return live.reports == rule.min_reports
-        judged = _Judged(live, (p.ts - live.deploying_ts) / p.bytes_read, p.bytes_total)
-        ratio = slowdown(max(self._reading_figures(judged, reference[0], rule)), reference[0])
+        figures = self._reading_figures(self._judged(live, total), reference[0], rule)
+        ratio = slowdown(max(figures), reference[0])
         return ratio is not None and ratio >= rule.slowdown
+
+    def _reading_kind(
+        self, job: _JobState, vertex: _VertexState, subtask: int, live: _LiveAttempt
+    ) -> tuple[_ReadingKind, int | None]:
+        """What the slow-host rule can say of a reporting attempt, and its input size if known
+        (reported, or assigned), for the check and the gate alike:
+        - "none": no report, or its subtask has finished (a loser about to be cancelled);
+        - "drained": all its input read, still running (the rest is processing, which reads
+          nothing): its rate says nothing any more, but the lower bound of its whole figure is
+          as good as a finished attempt's exact one; no peer is judged by it;
+        - "young": fewer than `min-reports` reports with bytes (`_young_vote`);
+        - "stopped": its size unknown and its reads stopped: processing what it read, or
+          stalled, nothing tells which; its average is no rate (`_unsized_slowdown`);
+        - "judged": sized, or still reading at its last report: its average is a rate."""
+        p = live.progress
+        if p is None or subtask in vertex.done:
+            return "none", None
+        total = p.bytes_total
+        if total is None:
+            total = self._assigned(job, vertex, subtask)
+        if total is not None and p.bytes_read >= total:
+            return "drained", total
+        if live.reports < job.rule.slow_host.min_reports:
+            return "young", total
+        if total is None and not (live.history and live.history.reading_at(p.ts)):
+            return "stopped", None
+        return "judged", total
+
+    @staticmethod
+    def _judged(live: _LiveAttempt, total: int | None) -> _Judged:
+        """A judged attempt with its average since deploying, to its last report."""
+        p = live.progress
+        assert p is not None
+        return _Judged(live, (p.ts - live.deploying_ts) / p.bytes_read, total)
 
     def _check_on_evidence(self, trigger: AttemptProgress, job: _JobState) -> list[Record]:
         """A check at `trigger`'s time when the slow-host rule now finds a host it had not:
@@ -619,29 +650,18 @@ class SlowTaskDetector:
             drained: list[tuple[_LiveAttempt, float]] = []
             unsized: list[_LiveAttempt] = []
             for (subtask, _), live in vertex.reporting.items():
-                p = live.progress
-                if p is None or subtask in vertex.done:
-                    continue
-                total = p.bytes_total
-                if total is None:
-                    total = self._assigned(job, vertex, subtask)
-                if total is not None and p.bytes_read >= total:
-                    # All its input read, still running (the rest is processing, which reads
-                    # nothing): its rate says nothing any more, but the lower bound of its whole
-                    # figure is as good as a finished attempt's exact one. No peer is judged by
-                    # it.
+                kind, total = self._reading_kind(job, vertex, subtask, live)
+                if kind == "drained":
+                    assert total is not None
                     drained.append((live, self._finished_figure(now, live, total)))
-                elif live.reports < rule.min_reports:
-                    if self._young_vote(vertex, live, p, rule):
+                elif kind == "young":
+                    assert live.progress is not None
+                    if self._young_vote(vertex, live, live.progress, rule):
                         young[live.host] += 1
-                    continue
-                elif total is None and not (live.history and live.history.reading_at(p.ts)):
-                    # Its size unknown and its reads stopped: processing what it read, or
-                    # stalled, nothing tells which; its average is no rate (`_unsized_slowdown`).
+                elif kind == "stopped":
                     unsized.append(live)
-                else:
-                    # Sized, or still reading at its last report: its average is a rate.
-                    judged.append(_Judged(live, (p.ts - live.deploying_ts) / p.bytes_read, total))
+                elif kind == "judged":
+                    judged.append(self._judged(live, total))
             self._attempts_examined += len(vertex.reporting)
             found = _Evidence(name, evidence, where, oldest)
             for live, per_byte in drained:

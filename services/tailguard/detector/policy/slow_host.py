@@ -112,7 +112,7 @@ class ReadHistory:
     point of growth, never at deploying: it holds reading only, not the attempt's start."""
 
     KEPT: ClassVar[int] = 16
-    __slots__ = ("deploying_ts", "first", "grain", "largest", "points")
+    __slots__ = ("deploying_ts", "fastest", "first", "grain", "largest", "points")
 
     def __init__(self, deploying_ts: int) -> None:
         self.deploying_ts = deploying_ts
@@ -127,10 +127,17 @@ class ReadHistory:
         # The largest growth: what one report interval (or batch) can bring, the unit a window's
         # length is counted in.
         self.largest = 0
+        # The fastest pace (time per byte) it has shown: between two growths, or from deploying
+        # to its first (a start included: never faster than it read, so still a pace it reached
+        # at least). Kept as reports come, for `reading_end`, which every check asks.
+        self.fastest: float | None = None
 
     def report(self, ts: int, bytes_read: int) -> None:
-        growth = bytes_read - (self.points[-1][1] if self.points else 0)
+        since = self.points[-1] if self.points else (self.deploying_ts, 0)
+        growth = bytes_read - since[1]
         if growth > 0:
+            pace = (ts - since[0]) / growth
+            self.fastest = pace if self.fastest is None else min(self.fastest, pace)
             self.grain = min(self.grain, growth) if self.grain else growth
             self.largest = max(self.largest, growth)
             self.points.append((ts, bytes_read))
@@ -150,22 +157,11 @@ class ReadHistory:
         (between two growths, or from deploying to its first). A report interval after the
         reads ended (a task that processes what it read, reported once a heartbeat) no longer
         counts as reading, while a steady reader's last growth takes its whole interval and
-        ends at its report. None before two growths:
-        nothing bounds when the first one ended."""
-        if len(self.points) < 2:
+        ends at its report. None before two growths: nothing bounds when the first one ended."""
+        if len(self.points) < 2 or self.fastest is None:
             return None
-        # Its paces between growths, and from deploying to its first (a start included: never
-        # faster than it read, so still a pace it reached at least).
-        first_ts, first_read = self.first or self.points[0]
-        fastest = min(
-            (first_ts - self.deploying_ts) / first_read,
-            *(
-                (t1 - t0) / (b1 - b0)
-                for (t0, b0), (t1, b1) in zip(self.points, list(self.points)[1:], strict=False)
-            ),
-        )
         (prev_ts, prev_read), (last_ts, last_read) = self.points[-2], self.points[-1]
-        return min(last_ts, prev_ts + math.ceil((last_read - prev_read) * fastest))
+        return min(last_ts, prev_ts + math.ceil((last_read - prev_read) * self.fastest))
 
     def reading_per_byte(self) -> float | None:
         """Its average since deploying while it read (to `reading_end`): what a running peer's
